@@ -234,7 +234,9 @@ impl Machine {
                 return Err(bad(format!("region {i} is empty or reversed")));
             }
             if r.element_bytes == 0 || !r.element_bytes.is_power_of_two() {
-                return Err(bad(format!("region {i}: element size must be a power of two")));
+                return Err(bad(format!(
+                    "region {i}: element size must be a power of two"
+                )));
             }
             if (r.start % r.element_span()) != 0 || (r.end - r.start) % r.element_span() != 0 {
                 return Err(bad(format!(
