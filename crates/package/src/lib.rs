@@ -1,1 +1,7 @@
-//! (stub)
+//! The package: what the compiler hands to the simulator (and to a loader). It owns
+//! the in-memory model of a package and its versioned, checksummed binary format,
+//! with a validating reader. It must never interpret instructions or depend on the
+//! compiler; it knows byte offsets of its own format and nothing of kernels.
+
+mod model;
+pub use model::*;

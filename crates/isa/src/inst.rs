@@ -1,0 +1,408 @@
+//! The instruction set as a Rust type. This enum is the contract between the
+//! assembler, the disassembler, the kernel emitters and the simulator. Semantics are
+//! specified in `docs/isa.md`; the binary encoding lives in `encode.rs`.
+
+/// An address/integer register `$m0`..`$m15`. `$m15` reads as zero and ignores
+/// writes (`$mzero`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MReg(pub u8);
+
+/// An arithmetic register `$a0`..`$a15` (32 bits). Pairs (`$a0:1`) hold 64-bit
+/// values and start at an even register; quads (`$a0:3`) start at a multiple of 4.
+/// `$a15` reads as zero and ignores writes (`$azero`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AReg(pub u8);
+
+impl MReg {
+    pub const ZERO: MReg = MReg(15);
+}
+impl AReg {
+    pub const ZERO: AReg = AReg(15);
+}
+
+/// Integer ALU operations on `$m` registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IntOp {
+    Add,
+    Sub,
+    Mul,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+    /// Arithmetic shift right.
+    Sar,
+    /// 1 if equal else 0.
+    CmpEq,
+    /// 1 if unsigned less-than else 0.
+    CmpUlt,
+    /// 1 if signed less-than else 0.
+    CmpSlt,
+    Min,
+    Max,
+}
+
+/// Binary floating-point operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FBinOp {
+    Add,
+    Sub,
+    Mul,
+    Max,
+    Min,
+}
+
+/// Lane format of a floating-point instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FVec {
+    /// One f32 in a single register.
+    F32,
+    /// Two f32 in a register pair.
+    F32V2,
+    /// Two f16 in a single register.
+    F16V2,
+    /// Four f16 in a register pair.
+    F16V4,
+}
+
+/// Scalar f32 transcendental operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FUnOp {
+    Exp,
+    Recip,
+    Rsqrt,
+    Sqrt,
+    Neg,
+    Abs,
+}
+
+/// One instruction. Main-pipe instructions (memory, integer, control, supervisor)
+/// and aux-pipe instructions (floating point, AMP) may be paired into a bundle that
+/// issues in one slot; see [`Word`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Inst {
+    // ---- main pipe: integer and register moves ----
+    Nop,
+    /// `$mD = imm` (zero-extended, imm < 2^20).
+    Setzi {
+        d: MReg,
+        imm: u32,
+    },
+    /// `$mD = $mA op $mB`.
+    Int {
+        op: IntOp,
+        d: MReg,
+        a: MReg,
+        b: MReg,
+    },
+    /// `$mD = $mA op imm` (imm is a 12-bit unsigned value, zero-extended).
+    IntImm {
+        op: IntOp,
+        d: MReg,
+        a: MReg,
+        imm: u16,
+    },
+    /// `$aD = $mA` (bit copy).
+    MovAm {
+        d: AReg,
+        a: MReg,
+    },
+    /// `$mD = $aA` (bit copy).
+    MovMa {
+        d: MReg,
+        a: AReg,
+    },
+
+    // ---- main pipe: memory ----
+    // Effective address = $mBase + imm * access size (imm unsigned, 12 bits) unless
+    // stated. Every access is checked for alignment to its size, SRAM bounds, and
+    // region rules (see docs/isa.md).
+    /// 32-bit load into an `$m` register.
+    Ld32M {
+        d: MReg,
+        base: MReg,
+        imm: u16,
+    },
+    /// 32-bit load into an `$a` register.
+    Ld32 {
+        d: AReg,
+        base: MReg,
+        imm: u16,
+    },
+    /// 32-bit store from an `$m` register.
+    St32M {
+        s: MReg,
+        base: MReg,
+        imm: u16,
+    },
+    /// 32-bit store from an `$a` register.
+    St32 {
+        s: AReg,
+        base: MReg,
+        imm: u16,
+    },
+    /// 64-bit load into a pair.
+    Ld64 {
+        d: AReg,
+        base: MReg,
+        imm: u16,
+    },
+    /// 64-bit store from a pair.
+    St64 {
+        s: AReg,
+        base: MReg,
+        imm: u16,
+    },
+    /// 64-bit load at `$mBase`, then `$mBase += inc * 8` (inc signed, -128..=127).
+    Ld64Step {
+        d: AReg,
+        base: MReg,
+        inc: i8,
+    },
+    /// 64-bit store at `$mBase`, then `$mBase += inc * 8`.
+    St64Step {
+        s: AReg,
+        base: MReg,
+        inc: i8,
+    },
+    /// 128-bit load into a quad; 16-byte aligned, interleaved region only.
+    Ld128 {
+        d: AReg,
+        base: MReg,
+        imm: u16,
+    },
+    /// Two 64-bit loads in one issue, each pointer then advanced by 8 bytes. The two
+    /// addresses must be served by different memory elements (else MemoryConflict).
+    Ld2x64Pace {
+        d0: AReg,
+        d1: AReg,
+        p0: MReg,
+        p1: MReg,
+    },
+    /// A 64-bit load and a 64-bit store in one issue, each pointer then advanced by
+    /// 8 bytes; different elements required.
+    Ldst64Pace {
+        d: AReg,
+        s: AReg,
+        pl: MReg,
+        ps: MReg,
+    },
+    /// Two 64-bit loads and one 64-bit store in one issue (the AMP feeder), each
+    /// pointer then advanced by 8 bytes; all three accesses in different elements.
+    Ld2xSt64Pace {
+        d0: AReg,
+        d1: AReg,
+        s: AReg,
+        p0: MReg,
+        p1: MReg,
+        ps: MReg,
+    },
+    /// Loads 16 bytes at `$mBase` (ld128 rules) into AMP weight quad `quad`
+    /// (0..=31) of this tile, then `$mBase += 16`.
+    AmpLoadW {
+        base: MReg,
+        quad: u8,
+    },
+
+    // ---- main pipe: control ----
+    /// Jump to an absolute address held in `$mA`.
+    Br {
+        a: MReg,
+    },
+    /// Jump to an absolute address (imm < 2^20, 4-byte aligned).
+    Bri {
+        target: u32,
+    },
+    /// Jump if `$mC == 0`.
+    Brz {
+        c: MReg,
+        target: u32,
+    },
+    /// Jump if `$mC != 0`.
+    Brnz {
+        c: MReg,
+        target: u32,
+    },
+    /// `$mLink = pc + 4 (or + 8 in a bundle)`, jump to `target`.
+    Call {
+        link: MReg,
+        target: u32,
+    },
+    /// Repeat the following `body` words (1..=255 bundles or single words) `$mCount`
+    /// times (0..=rpt_max_count; more faults with InvalidOperand). Control
+    /// instructions inside the body fault with InvalidInstruction.
+    Rpt {
+        count: MReg,
+        body: u8,
+    },
+    /// Repeat with an immediate count (< 4096).
+    Rpti {
+        count: u16,
+        body: u8,
+    },
+    /// Worker: finish. Supervisor: the tile's program is complete.
+    Exit,
+
+    // ---- main pipe: supervisor only ----
+    /// Start worker `worker` (0..=5) at entry `$mEntry` with state pointer `$mState`
+    /// (both 4-byte aligned; entry executable). The worker starts with `$m0 = state`,
+    /// `$m1 = worker index`, all other registers zero.
+    Run {
+        entry: MReg,
+        state: MReg,
+        worker: u8,
+    },
+    /// Start all six workers at `$mEntry`, worker i with `$m0 = $mState + i * stride`
+    /// and `$m1 = i`.
+    RunAll {
+        entry: MReg,
+        state: MReg,
+        stride: u16,
+    },
+    /// Wait until every worker of this tile has exited.
+    SyncLocal,
+    /// Chip-wide barrier: every tile's supervisor must arrive.
+    SyncGlobal,
+    /// Carry out this tile's part of exchange program `id` of the package. Must
+    /// follow a `SyncGlobal`; every tile named in the program must execute it in the
+    /// same superstep.
+    Exchange {
+        id: u16,
+    },
+    /// Carry out the host transfers described by the descriptor list at `$mDesc`
+    /// (format in docs/isa.md, host section).
+    HostXfer {
+        desc: MReg,
+    },
+    /// Record a trace event (profile marker) with a 16-bit tag.
+    Mark {
+        tag: u16,
+    },
+
+    // ---- aux pipe: floating point ----
+    /// `$aD = $aA op $aB` over the lanes of `vec`.
+    FBin {
+        op: FBinOp,
+        vec: FVec,
+        d: AReg,
+        a: AReg,
+        b: AReg,
+    },
+    /// `$aD += $aA * $aB` over the lanes (computed in f32, rounded once to the lane
+    /// format).
+    FMac {
+        vec: FVec,
+        d: AReg,
+        a: AReg,
+        b: AReg,
+    },
+    /// Scalar f32 `$aD = op($aA)`.
+    FUn {
+        op: FUnOp,
+        d: AReg,
+        a: AReg,
+    },
+    /// Pair of f32 from two f16 in `$aA`: `$aD:pair = (f32(lo), f32(hi))`.
+    F16v2ToF32 {
+        d: AReg,
+        a: AReg,
+    },
+    /// Two f16 (round to nearest even) from the f32 pair `$aA`.
+    F32v2ToF16 {
+        d: AReg,
+        a: AReg,
+    },
+    /// Sum of the lanes, as f32 into a single register (F16V4 and F32V2 read pairs).
+    FSum {
+        vec: FVec,
+        d: AReg,
+        a: AReg,
+    },
+    /// `$aD = $aA` (32 bits) or pair copy when `pair`.
+    FMov {
+        d: AReg,
+        a: AReg,
+        pair: bool,
+    },
+    /// Broadcast the f32 `$aA` to both lanes of the pair `$aD`... or, for F16V4, the
+    /// low f16 of `$aA` to all four lanes of `$aD`.
+    FBcast {
+        vec: FVec,
+        d: AReg,
+        a: AReg,
+    },
+    /// AMP step on this worker's engine: the four f16 in `$aIn` (a pair) multiply
+    /// weight rows `4*phase .. 4*phase+4` (phase 0..=3) into the sixteen f32
+    /// accumulators (64 MACs); the four f16 partial sums in `$aPin` are added to
+    /// accumulators `4*phase..4*phase+4`; `$aOut` receives accumulators
+    /// `4*phase..4*phase+4` of the previously completed row, rounded to f16. At
+    /// phase 3 the row completes: the accumulators move to the output latch and reset.
+    Amp {
+        out: AReg,
+        inp: AReg,
+        pin: AReg,
+        phase: u8,
+    },
+}
+
+/// One issue slot: a single instruction or a bundle of a main-pipe and an aux-pipe
+/// instruction. A bundle occupies 8 bytes and must be 8-byte aligned; both
+/// instructions read their operands before either writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Word {
+    Single(Inst),
+    Bundle(Inst, Inst),
+}
+
+/// Which pipe executes an instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pipe {
+    Main,
+    Aux,
+}
+
+impl Inst {
+    pub fn pipe(&self) -> Pipe {
+        match self {
+            Inst::FBin { .. }
+            | Inst::FMac { .. }
+            | Inst::FUn { .. }
+            | Inst::F16v2ToF32 { .. }
+            | Inst::F32v2ToF16 { .. }
+            | Inst::FSum { .. }
+            | Inst::FMov { .. }
+            | Inst::FBcast { .. }
+            | Inst::Amp { .. } => Pipe::Aux,
+            _ => Pipe::Main,
+        }
+    }
+
+    /// Control-flow instructions: forbidden inside a repeat body.
+    pub fn is_control(&self) -> bool {
+        matches!(
+            self,
+            Inst::Br { .. }
+                | Inst::Bri { .. }
+                | Inst::Brz { .. }
+                | Inst::Brnz { .. }
+                | Inst::Call { .. }
+                | Inst::Rpt { .. }
+                | Inst::Rpti { .. }
+                | Inst::Exit
+        )
+    }
+
+    /// Instructions only the supervisor context may execute.
+    pub fn is_supervisor_only(&self) -> bool {
+        matches!(
+            self,
+            Inst::Run { .. }
+                | Inst::RunAll { .. }
+                | Inst::SyncLocal
+                | Inst::SyncGlobal
+                | Inst::Exchange { .. }
+                | Inst::HostXfer { .. }
+        )
+    }
+}

@@ -1,0 +1,111 @@
+//! The in-memory package model. The binary format (format.rs) is a faithful,
+//! validated serialisation of exactly these types.
+
+use serde::{Deserialize, Serialize};
+
+/// Access permissions of a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Perms {
+    pub read: bool,
+    pub write: bool,
+    pub execute: bool,
+}
+
+/// A contiguous range of one tile's SRAM with its initial contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// For diagnostics (`code`, `weights.fc1`, ...).
+    pub name: String,
+    pub addr: u32,
+    /// Size in bytes; `bytes.len() <= size`, the rest is zero-filled at load.
+    pub size: u32,
+    /// Initial contents written by the loader (may be empty: a zero-filled range).
+    pub bytes: Vec<u8>,
+    pub perms: Perms,
+}
+
+/// What a symbol names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SymbolKind {
+    Code,
+    Data,
+}
+
+/// A named address range on one tile, for diagnostics and disassembly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Symbol {
+    pub name: String,
+    pub addr: u32,
+    pub size: u32,
+    pub kind: SymbolKind,
+}
+
+/// Everything the loader places on one tile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TileImage {
+    pub tile: u32,
+    pub segments: Vec<Segment>,
+    /// Supervisor entry point.
+    pub entry: u32,
+    pub symbols: Vec<Symbol>,
+}
+
+/// One move of bytes from a tile to one or more tiles in an exchange phase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    pub src_tile: u32,
+    pub src_addr: u32,
+    pub bytes: u32,
+    /// (tile, address) of each receiver.
+    pub dsts: Vec<(u32, u32)>,
+}
+
+/// The transfers of one exchange phase, executed by the `exchange #id` instruction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExchangeProgram {
+    pub id: u16,
+    pub name: String,
+    pub transfers: Vec<Transfer>,
+}
+
+/// The direction and lifetime of a host binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BindingKind {
+    /// Host to tiles, every run.
+    Input,
+    /// Tiles to host, every run.
+    Output,
+    /// Host to tiles, once at initialisation.
+    Weight,
+}
+
+/// Where a byte range of a binding lives on a tile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindingSlice {
+    pub tile: u32,
+    pub tile_addr: u32,
+    /// Byte offset within the binding's host buffer.
+    pub offset: u32,
+    pub bytes: u32,
+}
+
+/// A named host buffer and its per-tile slices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostBinding {
+    pub name: String,
+    pub kind: BindingKind,
+    /// Total bytes of the host buffer.
+    pub bytes: u32,
+    pub slices: Vec<BindingSlice>,
+}
+
+/// A complete, loadable program for a machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Package {
+    /// The machine description it was built for, as TOML (so a package runs alone).
+    pub machine_toml: String,
+    /// Tiles in increasing tile order; tiles without an image stay idle.
+    pub tiles: Vec<TileImage>,
+    pub exchanges: Vec<ExchangeProgram>,
+    pub bindings: Vec<HostBinding>,
+}
