@@ -33,6 +33,10 @@ enum Command {
     Sim(cmd::sim::SimArgs),
     /// Place SRAM buffers for one or many tiles.
     Place(cmd::place::PlaceArgs),
+    /// Compile a model into a package.
+    Compile(cmd::compile::CompileArgs),
+    /// Compile a model, simulate it and validate it against the f32 reference.
+    Run(cmd::compile::RunArgs),
     /// Benchmarks that print figures.
     Bench {
         #[command(subcommand)]
@@ -64,6 +68,8 @@ fn main() -> ExitCode {
         Command::Disasm(a) => cmd::asm::run_disasm(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Place(a) => cmd::place::run(a),
+        Command::Compile(a) => cmd::compile::compile(a),
+        Command::Run(a) => cmd::compile::run(a),
         Command::Bench { which } => match which {
             BenchCmd::Sim(a) => cmd::sim::bench(a),
             BenchCmd::Place(a) => cmd::place::bench(a),

@@ -6,3 +6,13 @@
 
 mod inst;
 pub use inst::*;
+mod encode;
+pub use encode::*;
+mod syntax;
+pub use syntax::{SyntaxError, parse_word, parse_word_with};
+mod asm;
+pub use asm::{AsmError, Diagnostic, assemble, assemble_file};
+mod disasm;
+pub use disasm::{check_filter, disassemble};
+#[cfg(feature = "testgen")]
+pub mod testgen;

@@ -89,6 +89,21 @@ pub struct Timing {
     pub memory_read_bytes_per_cycle: u32,
     /// Cycles from a worker issue to the next issue of the same worker (barrel depth).
     pub worker_issue_interval: u32,
+    /// Issue slots taken by an f32 exp, reciprocal, square root or reciprocal square
+    /// root (the other floating-point instructions take one).
+    #[serde(default = "default_transcendental_issues")]
+    pub f32_transcendental_issues: u32,
+    /// Fixed cycles of one chip-wide host transfer phase, on top of the link time.
+    #[serde(default = "default_host_transfer_overhead")]
+    pub host_transfer_overhead_cycles: u32,
+}
+
+fn default_transcendental_issues() -> u32 {
+    2
+}
+
+fn default_host_transfer_overhead() -> u32 {
+    1500
 }
 
 /// A tile machine, as data.
@@ -190,6 +205,8 @@ impl Machine {
                 host_packet_payload_bytes: 1024,
                 memory_read_bytes_per_cycle: 16,
                 worker_issue_interval: 6,
+                f32_transcendental_issues: default_transcendental_issues(),
+                host_transfer_overhead_cycles: default_host_transfer_overhead(),
             },
         }
     }
@@ -253,6 +270,9 @@ impl Machine {
         }
         if self.workers == 0 || self.timing.worker_issue_interval == 0 {
             return Err(bad("workers and issue interval must be positive".into()));
+        }
+        if self.timing.f32_transcendental_issues == 0 {
+            return Err(bad("transcendental issues must be at least 1".into()));
         }
         if self.clock_hz == 0 || self.timing.exchange_bytes_per_cycle == 0 {
             return Err(bad("clock and exchange rate must be positive".into()));
@@ -380,6 +400,17 @@ mod tests {
         let mut bad = Machine::c600();
         bad.loader_limit = 0;
         assert!(bad.validate().is_err());
+        // Descriptions written before the optional timing fields existed still load.
+        let old = m
+            .to_toml()
+            .lines()
+            .filter(|l| {
+                !l.starts_with("f32_transcendental_issues")
+                    && !l.starts_with("host_transfer_overhead_cycles")
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(Machine::from_toml(&old, "old").unwrap(), m);
         assert!(matches!(
             Machine::preset("nope"),
             Err(MachineError::UnknownPreset(_))

@@ -1,1 +1,920 @@
-//! (stub)
+//! The instruction-level simulator: Tessera's hardware. It owns the execution of a
+//! package on the machine it names: per-tile memory, the supervisor and six
+//! barrel-scheduled worker contexts of every tile, AMP state, BSP supersteps
+//! (compute, global sync, exchange), host transfers, the cycle model, faults named
+//! after the architecture's exception types, per-context statistics and the event
+//! trace. Tiles run in parallel (rayon) and the result is deterministic.
+//!
+//! It depends only on `machine`, `isa` and `package`, never on compiler crates: the
+//! simulator is the last, independent checker of what the compiler emits. It must
+//! never panic on any package, however malformed: load problems are a typed
+//! [`LoadError`], run-time problems typed [`Fault`]s; address arithmetic is checked
+//! (a fault, never a wrap); and a cycle budget turns runaway programs into a
+//! deterministic `Timeout` fault. Semantics are in `docs/isa.md`, the timing model
+//! in `docs/sim.md`.
+
+pub mod bench;
+mod fault;
+mod fp;
+mod interp;
+mod mem;
+mod program;
+mod tile;
+
+pub use fault::{Context, Fault, FaultKind};
+
+use interp::{Env, Shared, Trap, trap};
+use mem::Layout;
+use program::ProgramCache;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use tessera_machine::{Machine, MachineError};
+use tessera_package::{BindingKind, Package};
+use tile::{Tile, TileState};
+
+/// Why a package cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("machine description: {0}")]
+    Machine(#[from] MachineError),
+    #[error("tile image for tile {tile}: the machine has {tiles} tiles")]
+    TileOutOfRange { tile: u32, tiles: u32 },
+    #[error("two images for tile {0}")]
+    DuplicateTile(u32),
+    #[error("tile {tile} segment `{segment}`: {reason}")]
+    Segment {
+        tile: u32,
+        segment: String,
+        reason: String,
+    },
+    #[error("binding `{binding}`: {reason}")]
+    Binding { binding: String, reason: String },
+    #[error("exchange programs: {0}")]
+    Exchange(String),
+}
+
+/// Misuse of the simulator's API.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("no binding named `{0}`")]
+    UnknownBinding(String),
+    #[error("binding `{name}` has {expected} bytes, {got} given")]
+    BindingSize {
+        name: String,
+        expected: usize,
+        got: usize,
+    },
+}
+
+/// Options of one run.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// A context whose clock reaches this many cycles faults with `Timeout`.
+    pub cycle_budget: u64,
+    /// Before running, write every Input and Weight binding's slices into tile
+    /// memory; after it, read every Output binding's slices back. A shortcut for
+    /// packages without host-transfer code (docs/sim.md).
+    pub preload_bindings: bool,
+    /// Record trace events.
+    pub trace: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            cycle_budget: DEFAULT_CYCLE_BUDGET,
+            preload_bindings: false,
+            trace: true,
+        }
+    }
+}
+
+/// 50 M cycles: about 33 ms of C600 time, 30 times a one-layer SigLIP step.
+pub const DEFAULT_CYCLE_BUDGET: u64 = 50_000_000;
+
+/// Whether the run completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Fault,
+}
+
+/// Counts of one context of one tile.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ContextStats {
+    /// Issue slots used (a bundle is one issue).
+    pub issues: u64,
+    /// Instructions executed (a bundle is two).
+    pub instructions: u64,
+    /// Cycles from each start to each finish, summed (the supervisor: its whole
+    /// run).
+    pub cycles: u64,
+}
+
+/// Counts of one tile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TileStats {
+    pub tile: u32,
+    /// The tile's clock when it finished (or stopped).
+    pub cycles: u64,
+    pub supervisor: ContextStats,
+    pub workers: Vec<ContextStats>,
+}
+
+/// What a trace event marks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum TraceKind {
+    SuperstepStart { index: u32 },
+    SuperstepEnd { index: u32 },
+    /// `run`/`runall` started `workers` (a bit mask) at `symbol`.
+    KernelStart { symbol: String, workers: u8 },
+    /// The workers that a `KernelStart` started have all exited.
+    KernelEnd { symbol: String, workers: u8 },
+    ExchangeStart { id: u16 },
+    ExchangeEnd { id: u16 },
+    HostTransferStart { bytes: u64 },
+    HostTransferEnd { bytes: u64 },
+    Mark { tag: u16 },
+}
+
+/// One event for the profile. Chip-wide events have no tile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TraceEvent {
+    pub cycle: u64,
+    pub tile: Option<u32>,
+    pub context: Option<Context>,
+    #[serde(flatten)]
+    pub kind: TraceKind,
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimReport {
+    pub status: Status,
+    /// Chip cycles: the latest tile clock (supersteps are summed through syncs).
+    pub cycles: u64,
+    pub supersteps: u32,
+    /// Issue slots and instructions over all tiles and contexts.
+    pub issues: u64,
+    pub instructions: u64,
+    /// Tiles with an image, in tile order.
+    pub per_tile: Vec<TileStats>,
+    /// Every faulting context, by tile then context.
+    pub faults: Vec<Fault>,
+    /// Events in cycle order (tile order within a cycle).
+    pub trace: Vec<TraceEvent>,
+}
+
+/// A loaded package, ready to run.
+pub struct Simulator {
+    machine: Machine,
+    package: Package,
+    layout: Layout,
+    tiles: Vec<Tile>,
+    /// Machine tile -> index into `tiles`.
+    slot_of: HashMap<u32, usize>,
+    bindings: Vec<Vec<u8>>,
+    binding_index: HashMap<String, usize>,
+    exchange_index: HashMap<u16, usize>,
+    dirty: bool,
+}
+
+impl Simulator {
+    /// Loads a package: parses its machine, validates segments (inside SRAM, within
+    /// the loader limit when initialised, code 4-byte aligned in an executable
+    /// region, no overlaps), bindings and exchange ids, and decodes the code.
+    pub fn new(package: &Package) -> Result<Simulator, LoadError> {
+        let machine = Machine::from_toml(&package.machine_toml, "package")?;
+        let layout = Layout::new(&machine);
+        let mut cache = ProgramCache::default();
+        let mut tiles = Vec::with_capacity(package.tiles.len());
+        let mut slot_of = HashMap::new();
+        for (i, image) in package.tiles.iter().enumerate() {
+            if image.tile >= machine.tiles {
+                return Err(LoadError::TileOutOfRange {
+                    tile: image.tile,
+                    tiles: machine.tiles,
+                });
+            }
+            if slot_of.insert(image.tile, i).is_some() {
+                return Err(LoadError::DuplicateTile(image.tile));
+            }
+            validate_segments(&machine, &layout, image)?;
+            let mut mem = vec![0u8; layout.bytes()];
+            tile::load_segments(&mut mem, layout.start, &image.segments);
+            let mut t = Tile {
+                id: image.tile,
+                image: i,
+                sh: Shared {
+                    mem,
+                    prog: cache.get(image),
+                    weights: [[0.0; 16]; 16],
+                    code_dirty: false,
+                },
+                sup: Default::default(),
+                workers: Vec::new(),
+                state: TileState::Running,
+                faults: Vec::new(),
+                trace: Vec::new(),
+                computed_since_sync: false,
+            };
+            t.reset(image, machine.workers as usize);
+            tiles.push(t);
+        }
+        let mut binding_index = HashMap::new();
+        for (i, b) in package.bindings.iter().enumerate() {
+            if binding_index.insert(b.name.clone(), i).is_some() {
+                return Err(LoadError::Binding {
+                    binding: b.name.clone(),
+                    reason: "defined twice".into(),
+                });
+            }
+            for s in &b.slices {
+                let bad = |reason: String| LoadError::Binding {
+                    binding: b.name.clone(),
+                    reason,
+                };
+                if u64::from(s.offset) + u64::from(s.bytes) > u64::from(b.bytes) {
+                    return Err(bad(format!(
+                        "slice at offset {} of {} bytes exceeds the {} bytes of the binding",
+                        s.offset, s.bytes, b.bytes
+                    )));
+                }
+                if !slot_of.contains_key(&s.tile) {
+                    return Err(bad(format!("slice on tile {} which has no image", s.tile)));
+                }
+                if !layout.range_ok(s.tile_addr, s.bytes) {
+                    return Err(bad(format!(
+                        "slice on tile {} at {:#x} of {} bytes is outside SRAM",
+                        s.tile, s.tile_addr, s.bytes
+                    )));
+                }
+            }
+        }
+        let mut exchange_index = HashMap::new();
+        for (i, x) in package.exchanges.iter().enumerate() {
+            if exchange_index.insert(x.id, i).is_some() {
+                return Err(LoadError::Exchange(format!("id {} defined twice", x.id)));
+            }
+        }
+        let bindings = package
+            .bindings
+            .iter()
+            .map(|b| vec![0u8; b.bytes as usize])
+            .collect();
+        Ok(Simulator {
+            machine,
+            package: package.clone(),
+            layout,
+            tiles,
+            slot_of,
+            bindings,
+            binding_index,
+            exchange_index,
+            dirty: false,
+        })
+    }
+
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// Sets a host buffer (an input or weight before a run).
+    pub fn set_binding(&mut self, name: &str, bytes: &[u8]) -> Result<(), SimError> {
+        let &i = self
+            .binding_index
+            .get(name)
+            .ok_or_else(|| SimError::UnknownBinding(name.into()))?;
+        let buf = &mut self.bindings[i];
+        if buf.len() != bytes.len() {
+            return Err(SimError::BindingSize {
+                name: name.into(),
+                expected: buf.len(),
+                got: bytes.len(),
+            });
+        }
+        buf.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    /// A host buffer (an output after a run).
+    pub fn binding(&self, name: &str) -> Option<&[u8]> {
+        self.binding_index
+            .get(name)
+            .map(|&i| self.bindings[i].as_slice())
+    }
+
+    /// Bytes of a tile's memory: the loaded image before a run, the final state
+    /// after one. `None` for a tile without image or a range outside SRAM.
+    pub fn read_memory(&self, tile: u32, addr: u32, len: u32) -> Option<&[u8]> {
+        let t = &self.tiles[*self.slot_of.get(&tile)?];
+        if !self.layout.range_ok(addr, len) {
+            return None;
+        }
+        let off = (addr - self.layout.start) as usize;
+        t.sh.mem.get(off..off + len as usize)
+    }
+
+    /// Writes bytes into a tile's memory before a run (test set-up).
+    pub fn write_memory(&mut self, tile: u32, addr: u32, bytes: &[u8]) -> bool {
+        let Some(&i) = self.slot_of.get(&tile) else {
+            return false;
+        };
+        let Ok(len) = u32::try_from(bytes.len()) else {
+            return false;
+        };
+        if !self.layout.range_ok(addr, len) {
+            return false;
+        }
+        let off = (addr - self.layout.start) as usize;
+        let sh = &mut self.tiles[i].sh;
+        sh.mem[off..off + bytes.len()].copy_from_slice(bytes);
+        if sh.prog.overlaps(addr, len) {
+            Arc::make_mut(&mut sh.prog).redecode(&sh.mem, self.layout.start, addr, len);
+        }
+        true
+    }
+
+    fn env(&self, opts: &SimOptions) -> Env {
+        Env {
+            layout: self.layout.clone(),
+            interval: u64::from(self.machine.timing.worker_issue_interval),
+            transcendental_issues: u64::from(self.machine.timing.f32_transcendental_issues),
+            rpt_max: self.machine.rpt_max_count,
+            budget: opts.cycle_budget,
+        }
+    }
+
+    /// Runs the package from its loaded state until every tile exits, or until
+    /// a superstep in which some context faulted has ended everywhere.
+    pub fn run(&mut self, opts: &SimOptions) -> SimReport {
+        if self.dirty {
+            self.reload();
+        }
+        self.dirty = true;
+        if opts.preload_bindings {
+            self.preload();
+        }
+        let env = self.env(opts);
+        let mut chip_trace = Vec::new();
+        let mut superstep = 0u32;
+        if opts.trace {
+            chip_trace.push(chip_event(0, TraceKind::SuperstepStart { index: 0 }));
+        }
+        loop {
+            let package = &self.package;
+            self.tiles.par_iter_mut().for_each(|t| {
+                if t.state == TileState::Running {
+                    t.run_until_stop(&env, &package.tiles[t.image], opts.trace);
+                }
+            });
+            if self.any_fault() {
+                break;
+            }
+            let pending = self.tiles.iter().any(|t| {
+                matches!(
+                    t.state,
+                    TileState::AtExchange { .. } | TileState::AtHost { .. }
+                )
+            });
+            if pending {
+                self.exchanges(opts.trace, &mut chip_trace);
+                self.host_transfers(opts.trace, &mut chip_trace);
+                if self.any_fault() {
+                    break;
+                }
+                continue;
+            }
+            let arrived = self
+                .tiles
+                .iter()
+                .filter(|t| t.state == TileState::AtSync)
+                .map(|t| t.clock())
+                .max();
+            let Some(arrived) = arrived else { break };
+            let resume = arrived + u64::from(self.machine.timing.sync_cycles);
+            for t in &mut self.tiles {
+                if t.state == TileState::AtSync {
+                    t.sup.clock = resume;
+                    t.state = TileState::Running;
+                    t.computed_since_sync = false;
+                }
+            }
+            if opts.trace {
+                chip_trace.push(chip_event(arrived, TraceKind::SuperstepEnd { index: superstep }));
+                chip_trace.push(chip_event(
+                    resume,
+                    TraceKind::SuperstepStart {
+                        index: superstep + 1,
+                    },
+                ));
+            }
+            superstep += 1;
+        }
+        if opts.preload_bindings {
+            self.collect_outputs();
+        }
+        self.report(superstep, chip_trace)
+    }
+
+    fn any_fault(&self) -> bool {
+        self.tiles.iter().any(|t| !t.faults.is_empty())
+    }
+
+    fn reload(&mut self) {
+        let workers = self.machine.workers as usize;
+        let start = self.layout.start;
+        let package = &self.package;
+        let mut cache = ProgramCache::default();
+        for t in &mut self.tiles {
+            t.sh.prog = cache.get(&package.tiles[t.image]);
+        }
+        self.tiles.par_iter_mut().for_each(|t| {
+            let image = &package.tiles[t.image];
+            t.sh.mem.fill(0);
+            tile::load_segments(&mut t.sh.mem, start, &image.segments);
+            t.reset(image, workers);
+        });
+    }
+
+    fn preload(&mut self) {
+        for (b, binding) in self.package.bindings.iter().enumerate() {
+            if binding.kind == BindingKind::Output {
+                continue;
+            }
+            for s in &binding.slices {
+                let src = &self.bindings[b][s.offset as usize..(s.offset + s.bytes) as usize];
+                let i = self.slot_of[&s.tile];
+                let off = (s.tile_addr - self.layout.start) as usize;
+                self.tiles[i].sh.mem[off..off + src.len()].copy_from_slice(src);
+                write_code_check(&mut self.tiles[i].sh, self.layout.start, s.tile_addr, s.bytes);
+            }
+        }
+    }
+
+    fn collect_outputs(&mut self) {
+        for (b, binding) in self.package.bindings.iter().enumerate() {
+            if binding.kind != BindingKind::Output {
+                continue;
+            }
+            for s in &binding.slices {
+                let i = self.slot_of[&s.tile];
+                let off = (s.tile_addr - self.layout.start) as usize;
+                let src = &self.tiles[i].sh.mem[off..off + s.bytes as usize];
+                self.bindings[b][s.offset as usize..(s.offset + s.bytes) as usize]
+                    .copy_from_slice(src);
+            }
+        }
+    }
+
+    fn exchange_fault(&mut self, slot: usize, cause: String) {
+        let t = &mut self.tiles[slot];
+        let (pc, word) = match t.state {
+            TileState::AtExchange { pc, word, .. } | TileState::AtHost { pc, word, .. } => {
+                (pc, Some(word))
+            }
+            _ => (t.sup.pc, None),
+        };
+        let kind = FaultKind::InvalidExchangeConfiguration;
+        let image = &self.package.tiles[t.image];
+        let cycle = t.clock();
+        t.fault(image, Context::Supervisor, trap(kind, cause, None), pc, word, cycle);
+        t.state = TileState::Faulted;
+    }
+
+    /// Carries out every exchange that tiles stopped at, each as one BSP exchange
+    /// phase: all sources are read before any destination is written.
+    fn exchanges(&mut self, tracing: bool, chip_trace: &mut Vec<TraceEvent>) {
+        let mut by_id: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, t) in self.tiles.iter().enumerate() {
+            if let TileState::AtExchange { id, .. } = t.state {
+                by_id.entry(id).or_default().push(i);
+            }
+        }
+        for (id, executers) in by_id {
+            let Some(&xi) = self.exchange_index.get(&id) else {
+                for &s in &executers {
+                    self.exchange_fault(s, format!("the package has no exchange program #{id}"));
+                }
+                continue;
+            };
+            let program = self.package.exchanges[xi].clone();
+            let mut bad = false;
+            for &s in &executers {
+                if self.tiles[s].computed_since_sync {
+                    self.exchange_fault(
+                        s,
+                        format!("exchange #{id} follows compute without a global sync"),
+                    );
+                    bad = true;
+                }
+            }
+            // Every named tile must execute this exchange now.
+            let mut named: Vec<u32> = program
+                .transfers
+                .iter()
+                .flat_map(|x| std::iter::once(x.src_tile).chain(x.dsts.iter().map(|d| d.0)))
+                .collect();
+            named.sort_unstable();
+            named.dedup();
+            let missing: Vec<u32> = named
+                .iter()
+                .copied()
+                .filter(|t| {
+                    !self.slot_of.get(t).is_some_and(|&s| {
+                        matches!(self.tiles[s].state, TileState::AtExchange { id: i, .. } if i == id)
+                    })
+                })
+                .collect();
+            if !missing.is_empty() {
+                let list = tile_list(&missing);
+                for &s in &executers {
+                    if self.tiles[s].state != TileState::Faulted {
+                        self.exchange_fault(
+                            s,
+                            format!(
+                                "exchange #{id} ({}): tiles {list} did not execute it in this superstep",
+                                program.name
+                            ),
+                        );
+                    }
+                }
+                continue;
+            }
+            if bad {
+                continue;
+            }
+            // Ranges, then overlapping writes per destination tile.
+            let mut writes: BTreeMap<u32, Vec<(u32, u32, usize)>> = BTreeMap::new();
+            let mut faults: Vec<(u32, String)> = Vec::new();
+            for (k, x) in program.transfers.iter().enumerate() {
+                if !self.layout.range_ok(x.src_addr, x.bytes) {
+                    faults.push((
+                        x.src_tile,
+                        format!(
+                            "exchange #{id} transfer {k}: source {:#x}+{} on tile {} is outside SRAM",
+                            x.src_addr, x.bytes, x.src_tile
+                        ),
+                    ));
+                }
+                for &(dt, da) in &x.dsts {
+                    if !self.layout.range_ok(da, x.bytes) {
+                        faults.push((
+                            dt,
+                            format!(
+                                "exchange #{id} transfer {k}: destination {da:#x}+{} on tile {dt} is outside SRAM",
+                                x.bytes
+                            ),
+                        ));
+                    } else if x.bytes > 0 {
+                        writes.entry(dt).or_default().push((da, da + x.bytes, k));
+                    }
+                }
+            }
+            for (dt, ranges) in &mut writes {
+                ranges.sort_unstable();
+                for w in ranges.windows(2) {
+                    if w[1].0 < w[0].1 {
+                        faults.push((
+                            *dt,
+                            format!(
+                                "exchange #{id}: conflict: transfers {} and {} both write bytes {:#x}..{:#x} of tile {dt}",
+                                w[0].2,
+                                w[1].2,
+                                w[1].0,
+                                w[0].1.min(w[1].1)
+                            ),
+                        ));
+                        break;
+                    }
+                }
+            }
+            if !faults.is_empty() {
+                for (t, cause) in faults {
+                    let s = self.slot_of[&t];
+                    if self.tiles[s].state != TileState::Faulted {
+                        self.exchange_fault(s, cause);
+                    }
+                }
+                continue;
+            }
+            // Copy: read every source, then write.
+            let start = self.layout.start;
+            let data: Vec<Vec<u8>> = program
+                .transfers
+                .iter()
+                .map(|x| {
+                    let t = &self.tiles[self.slot_of[&x.src_tile]];
+                    let off = (x.src_addr - start) as usize;
+                    t.sh.mem[off..off + x.bytes as usize].to_vec()
+                })
+                .collect();
+            for (x, bytes) in program.transfers.iter().zip(&data) {
+                for &(dt, da) in &x.dsts {
+                    let sh = &mut self.tiles[self.slot_of[&dt]].sh;
+                    let off = (da - start) as usize;
+                    sh.mem[off..off + bytes.len()].copy_from_slice(bytes);
+                    write_code_check(sh, start, da, x.bytes);
+                }
+            }
+            // Time: the slowest sender or receive bus, at the per-tile rate.
+            let rate = u64::from(self.machine.timing.exchange_bytes_per_cycle);
+            let per_bus = u64::from(self.machine.timing.tiles_per_receive_bus.max(1));
+            let mut sent: HashMap<u32, u64> = HashMap::new();
+            let mut received: HashMap<u64, u64> = HashMap::new();
+            for x in &program.transfers {
+                *sent.entry(x.src_tile).or_default() += u64::from(x.bytes);
+                let mut buses: Vec<u64> = x.dsts.iter().map(|d| u64::from(d.0) / per_bus).collect();
+                buses.sort_unstable();
+                buses.dedup();
+                for b in buses {
+                    *received.entry(b).or_default() += u64::from(x.bytes);
+                }
+            }
+            let busiest = sent.values().chain(received.values()).copied().max().unwrap_or(0);
+            let cost = u64::from(self.machine.timing.exchange_overhead_cycles) + busiest.div_ceil(rate);
+            let begin = executers.iter().map(|&s| self.tiles[s].clock()).max().unwrap_or(0);
+            for &s in &executers {
+                let t = &mut self.tiles[s];
+                t.sup.clock = begin + cost;
+                t.state = TileState::Running;
+            }
+            if tracing {
+                chip_trace.push(chip_event(begin, TraceKind::ExchangeStart { id }));
+                chip_trace.push(chip_event(begin + cost, TraceKind::ExchangeEnd { id }));
+            }
+        }
+    }
+
+    /// Carries out the host transfers of every tile stopped at `hostxfer`, as one
+    /// chip-wide phase sharing the host link.
+    fn host_transfers(&mut self, tracing: bool, chip_trace: &mut Vec<TraceEvent>) {
+        let slots: Vec<usize> = (0..self.tiles.len())
+            .filter(|&i| matches!(self.tiles[i].state, TileState::AtHost { .. }))
+            .collect();
+        if slots.is_empty() {
+            return;
+        }
+        let mut total = 0u64;
+        let mut done = Vec::new();
+        for s in slots {
+            let TileState::AtHost { desc, pc, word } = self.tiles[s].state else {
+                continue;
+            };
+            match self.parse_descriptors(s, desc) {
+                Err(t) => {
+                    let tile = &mut self.tiles[s];
+                    let image = &self.package.tiles[tile.image];
+                    let cycle = tile.clock();
+                    tile.fault(image, Context::Supervisor, t, pc, Some(word), cycle);
+                    tile.state = TileState::Faulted;
+                }
+                Ok(records) => {
+                    let start = self.layout.start;
+                    for r in &records {
+                        let off = (r.tile_addr - start) as usize;
+                        let len = r.len as usize;
+                        let host = r.host_off as usize;
+                        let sh = &mut self.tiles[s].sh;
+                        if r.to_host {
+                            self.bindings[r.binding][host..host + len]
+                                .copy_from_slice(&sh.mem[off..off + len]);
+                        } else {
+                            sh.mem[off..off + len]
+                                .copy_from_slice(&self.bindings[r.binding][host..host + len]);
+                            write_code_check(sh, start, r.tile_addr, r.len);
+                        }
+                        total += u64::from(r.len);
+                    }
+                    done.push(s);
+                }
+            }
+        }
+        if done.is_empty() {
+            return;
+        }
+        let per_cycle = self.machine.host_bytes_per_cycle().max(1e-9);
+        let cost = u64::from(self.machine.timing.host_transfer_overhead_cycles)
+            + (total as f64 / per_cycle).ceil() as u64;
+        let begin = done.iter().map(|&s| self.tiles[s].clock()).max().unwrap_or(0);
+        for &s in &done {
+            self.tiles[s].sup.clock = begin + cost;
+            self.tiles[s].state = TileState::Running;
+        }
+        if tracing {
+            chip_trace.push(chip_event(begin, TraceKind::HostTransferStart { bytes: total }));
+            chip_trace.push(chip_event(begin + cost, TraceKind::HostTransferEnd { bytes: total }));
+        }
+    }
+
+    fn parse_descriptors(&self, s: usize, desc: u32) -> Result<Vec<HostRecord>, Box<Trap>> {
+        let mem = &self.tiles[s].sh.mem;
+        let l = &self.layout;
+        let bad_addr = |cause: String, a: u32| trap(FaultKind::InvalidMemoryAddress, cause, Some(a));
+        let bad_op = |cause: String| trap(FaultKind::InvalidOperand, cause, Some(desc));
+        let off = l
+            .check(u64::from(desc), 4)
+            .map_err(|_| bad_addr(format!("host descriptor list at {desc:#x} is misaligned or outside SRAM"), desc))?;
+        let rd32 = |o: usize| u32::from_le_bytes([mem[o], mem[o + 1], mem[o + 2], mem[o + 3]]);
+        let rd16 = |o: usize| u16::from_le_bytes([mem[o], mem[o + 1]]);
+        let count = rd32(off);
+        if !l.range_ok(desc, 4u32.saturating_add(count.saturating_mul(16))) || count > (1 << 20) {
+            return Err(bad_addr(
+                format!("host descriptor list at {desc:#x} with {count} records runs outside SRAM"),
+                desc,
+            ));
+        }
+        let mut out = Vec::with_capacity(count as usize);
+        for k in 0..count as usize {
+            let o = off + 4 + 16 * k;
+            let (b, flags) = (rd16(o), rd16(o + 2));
+            let (host_off, tile_addr, len) = (rd32(o + 4), rd32(o + 8), rd32(o + 12));
+            let Some(binding) = self.package.bindings.get(usize::from(b)) else {
+                return Err(bad_op(format!("host descriptor {k}: no binding #{b}")));
+            };
+            if flags & !1 != 0 {
+                return Err(bad_op(format!("host descriptor {k}: unknown flags {flags:#x}")));
+            }
+            let to_host = flags & 1 == 1;
+            let ok_dir = match binding.kind {
+                BindingKind::Output => to_host,
+                BindingKind::Input | BindingKind::Weight => !to_host,
+            };
+            if !ok_dir {
+                return Err(bad_op(format!(
+                    "host descriptor {k}: binding `{}` is {:?} but the transfer goes {}",
+                    binding.name,
+                    binding.kind,
+                    if to_host { "to the host" } else { "to the tile" }
+                )));
+            }
+            if u64::from(host_off) + u64::from(len) > u64::from(binding.bytes) {
+                return Err(bad_op(format!(
+                    "host descriptor {k}: bytes {host_off}..{} exceed binding `{}` of {} bytes",
+                    u64::from(host_off) + u64::from(len),
+                    binding.name,
+                    binding.bytes
+                )));
+            }
+            if !l.range_ok(tile_addr, len) {
+                return Err(bad_addr(
+                    format!("host descriptor {k}: tile range {tile_addr:#x}+{len} is outside SRAM"),
+                    tile_addr,
+                ));
+            }
+            out.push(HostRecord {
+                binding: usize::from(b),
+                to_host,
+                host_off,
+                tile_addr,
+                len,
+            });
+        }
+        Ok(out)
+    }
+
+    fn report(&mut self, supersteps: u32, mut trace: Vec<TraceEvent>) -> SimReport {
+        let mut faults = Vec::new();
+        let mut per_tile = Vec::with_capacity(self.tiles.len());
+        let (mut issues, mut instructions) = (0, 0);
+        let mut cycles = 0;
+        for t in &mut self.tiles {
+            faults.append(&mut t.faults);
+            trace.append(&mut t.trace);
+            let sup = ContextStats {
+                issues: t.sup.issues,
+                instructions: t.sup.instructions,
+                cycles: t.clock(),
+            };
+            let workers: Vec<ContextStats> = t
+                .workers
+                .iter()
+                .map(|w| ContextStats {
+                    issues: w.ctx.issues,
+                    instructions: w.ctx.instructions,
+                    cycles: w.busy_cycles,
+                })
+                .collect();
+            issues += sup.issues + workers.iter().map(|w| w.issues).sum::<u64>();
+            instructions += sup.instructions + workers.iter().map(|w| w.instructions).sum::<u64>();
+            cycles = cycles.max(t.clock());
+            per_tile.push(TileStats {
+                tile: t.id,
+                cycles: t.clock(),
+                supervisor: sup,
+                workers,
+            });
+        }
+        per_tile.sort_by_key(|t| t.tile);
+        faults.sort_by_key(|f| (f.tile, f.context));
+        trace.sort_by_key(|e| (e.cycle, e.tile.map_or(0, |t| u64::from(t) + 1)));
+        SimReport {
+            status: if faults.is_empty() {
+                Status::Ok
+            } else {
+                Status::Fault
+            },
+            cycles,
+            supersteps,
+            issues,
+            instructions,
+            per_tile,
+            faults,
+            trace,
+        }
+    }
+}
+
+struct HostRecord {
+    binding: usize,
+    to_host: bool,
+    host_off: u32,
+    tile_addr: u32,
+    len: u32,
+}
+
+fn chip_event(cycle: u64, kind: TraceKind) -> TraceEvent {
+    TraceEvent {
+        cycle,
+        tile: None,
+        context: None,
+        kind,
+    }
+}
+
+fn tile_list(tiles: &[u32]) -> String {
+    let shown: Vec<String> = tiles.iter().take(8).map(|t| t.to_string()).collect();
+    if tiles.len() > 8 {
+        format!("{} (and {} more)", shown.join(", "), tiles.len() - 8)
+    } else {
+        shown.join(", ")
+    }
+}
+
+fn write_code_check(sh: &mut Shared, sram_start: u32, addr: u32, len: u32) {
+    if sh.prog.overlaps(addr, len) {
+        Arc::make_mut(&mut sh.prog).redecode(&sh.mem, sram_start, addr, len);
+    }
+}
+
+fn validate_segments(
+    machine: &Machine,
+    layout: &Layout,
+    image: &tessera_package::TileImage,
+) -> Result<(), LoadError> {
+    let mut ranges: Vec<(u64, u64, &str)> = Vec::new();
+    for s in &image.segments {
+        let bad = |reason: String| LoadError::Segment {
+            tile: image.tile,
+            segment: s.name.clone(),
+            reason,
+        };
+        if s.bytes.len() as u64 > u64::from(s.size) {
+            return Err(bad(format!(
+                "{} initial bytes exceed its size of {}",
+                s.bytes.len(),
+                s.size
+            )));
+        }
+        if !layout.range_ok(s.addr, s.size) {
+            return Err(bad(format!(
+                "{:#x}+{} is outside SRAM {:#x}..{:#x}",
+                s.addr, s.size, layout.start, layout.end
+            )));
+        }
+        if !s.bytes.is_empty() && u64::from(s.addr) + s.bytes.len() as u64 > u64::from(machine.loader_limit)
+        {
+            return Err(bad(format!(
+                "initialised bytes end past the loader limit {:#x}",
+                machine.loader_limit
+            )));
+        }
+        if s.perms.execute {
+            if s.addr % 4 != 0 || s.size % 4 != 0 {
+                return Err(bad("code must be 4-byte aligned and sized".into()));
+            }
+            if !layout.range_executable(s.addr, s.size) {
+                return Err(bad(format!(
+                    "code at {:#x}+{} is not inside an executable region",
+                    s.addr, s.size
+                )));
+            }
+        }
+        ranges.push((u64::from(s.addr), u64::from(s.addr) + u64::from(s.size), &s.name));
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(LoadError::Segment {
+                tile: image.tile,
+                segment: w[1].2.to_string(),
+                reason: format!("overlaps segment `{}`", w[0].2),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,4 +1,5 @@
 pub mod asm;
+pub mod compile;
 pub mod machine;
 pub mod place;
 pub mod sim;

@@ -1,26 +1,276 @@
 //! Owned by the placement work: `tessera place` and `tessera bench place`.
 use crate::Outcome;
-use clap::Args;
-use std::path::PathBuf;
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use tessera_machine::Machine;
+use tessera_place::{
+    Allocation, Mode, ModeSelect, Options, Problem, TileOutcome, bench, parse_csv, place_flat,
+    place_tiles,
+};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    Lifetime,
+    Retry,
+    Search,
+}
 
 #[derive(Args)]
 pub struct PlaceArgs {
-    /// A minimalloc-format CSV or a JSON problem.
+    /// A minimalloc-format CSV (`id,lower,upper,size`) or a JSON problem.
     pub problem: PathBuf,
+    /// Usable bytes: the arena size for CSV; for JSON, bytes from the first SRAM
+    /// address. Without it a CSV's peak is minimised.
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    /// Run one mode only (default: lifetime order, then retry, then search).
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// Machine preset or TOML (JSON problems; overrides the file's `machine`).
+    #[arg(long)]
+    pub machine: Option<String>,
+    /// Search nodes per search order.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub node_budget: u64,
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Args)]
 pub struct BenchPlaceArgs {
+    /// Benchmark directory (default: `../shared/benchmarks` beside the repository).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Only instances whose path contains this text.
+    #[arg(long)]
+    pub filter: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn run(_a: PlaceArgs) -> anyhow::Result<Outcome> {
-    anyhow::bail!("not implemented yet")
+fn options(a: &PlaceArgs) -> Options {
+    Options {
+        modes: match a.mode {
+            None => ModeSelect::Ladder,
+            Some(ModeArg::Lifetime) => ModeSelect::Only(Mode::Lifetime),
+            Some(ModeArg::Retry) => ModeSelect::Only(Mode::Retry),
+            Some(ModeArg::Search) => ModeSelect::Only(Mode::Search),
+        },
+        capacity: a.capacity,
+        node_budget: a.node_budget,
+        diagnose: true,
+    }
 }
 
-pub fn bench(_a: BenchPlaceArgs) -> anyhow::Result<Outcome> {
-    anyhow::bail!("not implemented yet")
+#[derive(Serialize)]
+struct Report<'a> {
+    fits: bool,
+    peak: Option<u64>,
+    lower_bound: u64,
+    time_ms: f64,
+    mode_used: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allocations: Option<&'a [Allocation]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tiles: Option<&'a [TileOutcome]>,
+}
+
+pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
+    let text = std::fs::read_to_string(&a.problem)
+        .with_context(|| format!("cannot read {}", a.problem.display()))?;
+    let opts = options(&a);
+    let is_json = a.problem.extension().is_some_and(|e| e == "json")
+        || text.trim_start().starts_with('{');
+    if !is_json {
+        let p = parse_csv(&text, &a.problem.display().to_string())?;
+        let r = place_flat(&p, &opts)?;
+        if a.json {
+            crate::cmd::print_json(&Report {
+                fits: r.fits,
+                peak: r.peak,
+                lower_bound: r.lower_bound,
+                time_ms: r.time_ms,
+                mode_used: r.mode_used.map(Mode::name),
+                allocations: Some(&r.allocations),
+                tiles: None,
+            })?;
+        } else {
+            let cap = r
+                .capacity
+                .map_or("none (minimising the peak)".to_string(), |c| c.to_string());
+            println!(
+                "{}: {} buffers, capacity {cap}, live-bytes lower bound {}",
+                a.problem.display(),
+                p.buffers.len(),
+                r.lower_bound
+            );
+            match r.peak {
+                Some(pk) => println!(
+                    "fits: peak {pk} ({:.4} x lower bound), mode {}, {:.1} ms{}",
+                    pk as f64 / r.lower_bound.max(1) as f64,
+                    r.mode_used.map_or("-", Mode::name),
+                    r.time_ms,
+                    if r.search_nodes > 0 {
+                        format!(", {} search nodes", r.search_nodes)
+                    } else {
+                        String::new()
+                    }
+                ),
+                None => println!(
+                    "does not fit: search {:?} after {} nodes, {:.1} ms",
+                    r.search, r.search_nodes, r.time_ms
+                ),
+            }
+        }
+        return Ok(if r.fits { Outcome::Ok } else { Outcome::Failed });
+    }
+    let problem = Problem::from_json(&text)?;
+    let machine_name = a
+        .machine
+        .clone()
+        .or(problem.machine.clone())
+        .unwrap_or_else(|| "c600".into());
+    let machine = Machine::load(&machine_name)?;
+    let results = place_tiles(&machine, &problem.tiles, &opts);
+    let mut tiles = Vec::with_capacity(results.len());
+    for r in results {
+        tiles.push(r?);
+    }
+    let fits = tiles.iter().all(|t| t.fits);
+    let worst_mode = tiles
+        .iter()
+        .filter_map(|t| t.mode_used)
+        .max_by_key(|m| *m as u8)
+        .map(Mode::name);
+    if a.json {
+        let single = (tiles.len() == 1)
+            .then(|| tiles[0].placement.as_ref().map(|p| p.allocations.as_slice()))
+            .flatten();
+        crate::cmd::print_json(&Report {
+            fits,
+            peak: tiles.iter().filter_map(|t| t.peak).max(),
+            lower_bound: tiles.iter().map(|t| t.lower_bound).max().unwrap_or(0),
+            time_ms: tiles.iter().map(|t| t.time_ms).sum(),
+            mode_used: worst_mode,
+            allocations: single,
+            tiles: Some(&tiles),
+        })?;
+    } else {
+        for t in &tiles {
+            match (&t.placement, &t.diagnosis) {
+                (Some(p), _) => println!(
+                    "tile {}: fits, peak {:#x}, {} bytes live at most of {}, mode {}, {:.1} ms",
+                    t.tile,
+                    p.peak,
+                    t.lower_bound,
+                    t.capacity,
+                    p.mode_used.name(),
+                    t.time_ms
+                ),
+                (None, Some(d)) => println!("{}", d.summary),
+                (None, None) => println!("tile {}: does not fit", t.tile),
+            }
+        }
+        println!(
+            "{} of {} tiles fit",
+            tiles.iter().filter(|t| t.fits).count(),
+            tiles.len()
+        );
+    }
+    Ok(if fits { Outcome::Ok } else { Outcome::Failed })
+}
+
+fn locate_bench(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(d) = dir {
+        return Ok(d);
+    }
+    let cwd = std::env::current_dir()?;
+    let top = std::process::Command::new("git")
+        .args(["rev-parse", "--show-toplevel"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    for start in top.iter().map(PathBuf::as_path).chain([cwd.as_path()]) {
+        if let Some(d) = bench::find_bench_dir(start) {
+            return Ok(d);
+        }
+    }
+    let fallback = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    bench::find_bench_dir(&fallback)
+        .context("cannot find ../shared/benchmarks beside the repository; pass --dir")
+}
+
+pub fn bench(a: BenchPlaceArgs) -> anyhow::Result<Outcome> {
+    let dir = locate_bench(a.dir)?;
+    let mut paths = bench::instances(&dir)?;
+    if let Some(f) = &a.filter {
+        paths.retain(|p| p.display().to_string().contains(f.as_str()));
+    }
+    let opts = Options::default();
+    let mut rows = Vec::new();
+    let pb = (!a.json).then(|| indicatif::ProgressBar::new(paths.len() as u64));
+    for p in &paths {
+        if let Some(pb) = &pb {
+            pb.set_message(p.display().to_string());
+        }
+        rows.push(bench::run_instance(&dir, p, &opts)?);
+        if let Some(pb) = &pb {
+            pb.inc(1);
+        }
+    }
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    if a.json {
+        crate::cmd::print_json(&rows)?;
+        return Ok(Outcome::Ok);
+    }
+    println!("benchmarks: {}", dir.display());
+    println!(
+        "{:<46} {:>6} {:>13} {:>13} {:>9} {:>5} {:>10} {:>8} {:>9} {:>9}  {:<24} {}",
+        "instance",
+        "bufs",
+        "lower bound",
+        "peak",
+        "peak/LB",
+        "fits",
+        "time ms",
+        "mode",
+        "greedy/LB",
+        "greedy ms",
+        "peer",
+        "goal"
+    );
+    for r in &rows {
+        let peer = match r.reference {
+            Some(rf) => match rf.ratio {
+                Some(x) => format!("{} {x} in {} ms", rf.peer, rf.time_ms),
+                None => format!("{} fits in {} ms", rf.peer, rf.time_ms),
+            },
+            None => "-".into(),
+        };
+        println!(
+            "{:<46} {:>6} {:>13} {:>13} {:>9} {:>5} {:>10.1} {:>8} {:>9} {:>9.1}  {:<24} {}",
+            r.instance,
+            r.buffers,
+            r.lower_bound,
+            r.peak.map_or("-".into(), |p| p.to_string()),
+            r.ratio.map_or("-".into(), |x| format!("{x:.6}")),
+            r.fits.map_or("-", |f| if f { "yes" } else { "NO" }),
+            r.time_ms,
+            r.mode_used.as_deref().unwrap_or("-"),
+            r.first_ratio.map_or("-".into(), |x| format!("{x:.4}")),
+            r.first_ms,
+            peer,
+            match r.goal_met {
+                Some(true) => "met",
+                Some(false) => "NOT met",
+                None => "-",
+            }
+        );
+    }
+    Ok(Outcome::Ok)
 }

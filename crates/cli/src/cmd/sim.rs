@@ -1,7 +1,13 @@
 //! Owned by the simulator work: `tessera sim` and `tessera bench sim`.
 use crate::Outcome;
+use anyhow::Context as _;
 use clap::Args;
+use serde::Serialize;
 use std::path::PathBuf;
+use std::time::Instant;
+use tessera_machine::Machine;
+use tessera_sim::bench::{CalibrationPoint, amp_package, calibration};
+use tessera_sim::{DEFAULT_CYCLE_BUDGET, Fault, SimOptions, Simulator, Status};
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -9,18 +15,157 @@ pub struct SimArgs {
     pub input: PathBuf,
     #[arg(long)]
     pub json: bool,
+    /// Contexts whose clock reaches this many cycles fault with Timeout.
+    #[arg(long, default_value_t = DEFAULT_CYCLE_BUDGET)]
+    pub cycle_budget: u64,
+    /// Write input/weight bindings into tile memory before the run and read outputs
+    /// back after it (for packages without host-transfer code).
+    #[arg(long)]
+    pub preload_bindings: bool,
 }
 
 #[derive(Args)]
 pub struct BenchSimArgs {
     #[arg(long)]
     pub json: bool,
+    /// Rows per tile of the throughput kernel.
+    #[arg(long, default_value_t = 2048)]
+    pub rows: u32,
+    /// Times the supervisor runs the kernel (more work per measurement).
+    #[arg(long, default_value_t = 4)]
+    pub repeats: u32,
 }
 
-pub fn run(_a: SimArgs) -> anyhow::Result<Outcome> {
-    anyhow::bail!("not implemented yet")
+#[derive(Serialize)]
+struct SimJson<'a> {
+    status: Status,
+    cycles: u64,
+    supersteps: u32,
+    instructions: u64,
+    faults: &'a [Fault],
 }
 
-pub fn bench(_a: BenchSimArgs) -> anyhow::Result<Outcome> {
-    anyhow::bail!("not implemented yet")
+pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
+    let package = tessera_package::read_package_file(&a.input)
+        .with_context(|| format!("reading {}", a.input.display()))?;
+    let mut sim = Simulator::new(&package).context("loading the package")?;
+    let report = sim.run(&SimOptions {
+        cycle_budget: a.cycle_budget,
+        preload_bindings: a.preload_bindings,
+        trace: false,
+    });
+    if a.json {
+        super::print_json(&SimJson {
+            status: report.status,
+            cycles: report.cycles,
+            supersteps: report.supersteps,
+            instructions: report.instructions,
+            faults: &report.faults,
+        })?;
+    } else {
+        let status = match report.status {
+            Status::Ok => "ok",
+            Status::Fault => "fault",
+        };
+        println!(
+            "{status}: {} cycles ({:.3} ms at {} MHz), {} supersteps, {} instructions",
+            report.cycles,
+            sim.machine().cycles_to_seconds(report.cycles) * 1e3,
+            sim.machine().clock_hz / 1_000_000,
+            report.supersteps,
+            report.instructions
+        );
+        for f in &report.faults {
+            let addr = f.address.map(|a| format!(" [address {a:#x}]")).unwrap_or_default();
+            println!("  {f}{addr}");
+        }
+    }
+    Ok(match report.status {
+        Status::Ok => Outcome::Ok,
+        Status::Fault => Outcome::Failed,
+    })
+}
+
+#[derive(Serialize)]
+struct BenchJson {
+    machine: String,
+    tiles: u32,
+    rows_per_tile: u32,
+    repeats: u32,
+    status: Status,
+    simulated_instructions: u64,
+    simulated_issues: u64,
+    simulated_cycles: u64,
+    wall_seconds: f64,
+    simulated_instructions_per_second: f64,
+    simulated_cycles_per_second: f64,
+    simulated_tile_cycles_per_second: f64,
+    threads: usize,
+    debug_build: bool,
+    calibration: Vec<CalibrationPoint>,
+}
+
+pub fn bench(a: BenchSimArgs) -> anyhow::Result<Outcome> {
+    let machine = Machine::c600();
+    let package = amp_package(&machine, machine.tiles, a.rows, a.repeats.max(1));
+    let mut sim = Simulator::new(&package).context("loading the benchmark package")?;
+    let opts = SimOptions {
+        trace: false,
+        ..SimOptions::default()
+    };
+    let t0 = Instant::now();
+    let report = sim.run(&opts);
+    let secs = t0.elapsed().as_secs_f64().max(1e-9);
+    let tile_cycles: u64 = report.per_tile.iter().map(|t| t.cycles).sum();
+    let cal = calibration(&machine, machine.tiles, &[16, 128, 256, 2048]);
+    let out = BenchJson {
+        machine: machine.name.clone(),
+        tiles: machine.tiles,
+        rows_per_tile: a.rows,
+        repeats: a.repeats.max(1),
+        status: report.status,
+        simulated_instructions: report.instructions,
+        simulated_issues: report.issues,
+        simulated_cycles: report.cycles,
+        wall_seconds: secs,
+        simulated_instructions_per_second: report.instructions as f64 / secs,
+        simulated_cycles_per_second: report.cycles as f64 / secs,
+        simulated_tile_cycles_per_second: tile_cycles as f64 / secs,
+        threads: rayon::current_num_threads(),
+        debug_build: cfg!(debug_assertions),
+        calibration: cal,
+    };
+    if a.json {
+        super::print_json(&out)?;
+    } else {
+        println!(
+            "AMP kernel, {} rows x {} repeats on {} {} tiles ({} threads{}):",
+            out.rows_per_tile,
+            out.repeats,
+            out.tiles,
+            out.machine,
+            out.threads,
+            if out.debug_build { ", debug build" } else { "" }
+        );
+        println!(
+            "  {:.1} M simulated instructions/s, {:.2} M simulated cycles/s ({} instructions, {} cycles in {:.3} s)",
+            out.simulated_instructions_per_second / 1e6,
+            out.simulated_cycles_per_second / 1e6,
+            out.simulated_instructions,
+            out.simulated_cycles,
+            out.wall_seconds
+        );
+        println!("  calibration, f16 [N,16] x [16,16] per tile (reference: Bow fit 340 + 4N):");
+        println!("  {:>6} {:>10} {:>10} {:>8}", "N", "cycles", "reference", "dev %");
+        for c in &out.calibration {
+            println!(
+                "  {:>6} {:>10} {:>10} {:>+8.1}",
+                c.n, c.cycles, c.reference_cycles, c.deviation_percent
+            );
+        }
+    }
+    Ok(match report.status {
+        Status::Ok => Outcome::Ok,
+        Status::Fault => Outcome::Failed,
+    })
 }

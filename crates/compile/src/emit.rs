@@ -1,0 +1,317 @@
+//! Emission: kernel code, vertex states and the supervisor program of every tile at
+//! their placed addresses, exchange programs and host bindings at buffer addresses.
+//!
+//! The supervisor program is built by one function for both sizing (addresses all
+//! zero: every snippet's size is independent of addresses) and the final package, so
+//! the size placement reserved is the size emitted.
+
+use std::collections::BTreeMap;
+
+use rayon::prelude::*;
+use tessera_isa::{Inst, Word, encode};
+use tessera_kernels::{Call as KCall, OperandAddrs, code_bytes};
+use tessera_machine::Machine;
+use tessera_package::{
+    BindingKind, BindingSlice, ExchangeProgram, HostBinding, Package, Perms, Segment, Symbol,
+    SymbolKind, TileImage, Transfer,
+};
+use tessera_place::TilePlacement;
+use tessera_plan::{BindingDir, BufId, Call, StepKind, TilePlan};
+
+use crate::CompileError;
+use crate::requests::{Item, Problems, buffer_request_name};
+
+/// Code sizes per tile, known before placement.
+#[derive(Debug, Clone, Default)]
+pub struct SizedCode {
+    pub tiles: Vec<TileCode>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TileCode {
+    /// Distinct kernels (by symbol) and their worker-code bytes.
+    pub kernels: Vec<(String, u32)>,
+    /// A call of each kernel symbol, to emit its code from.
+    pub representative: BTreeMap<String, usize>,
+    /// Indices into `plan.calls`, in program order.
+    pub calls: Vec<usize>,
+    pub supervisor_bytes: u32,
+}
+
+fn kernel_err(tile: u32, kernel: String, e: impl ToString) -> CompileError {
+    CompileError::Kernel {
+        tile,
+        kernel,
+        message: e.to_string(),
+    }
+}
+
+/// The supervisor program of one tile: each step's calls, a sync and exchange per
+/// exchange phase, then exit. `addr` gives a buffer's address, `entry` a kernel
+/// symbol's code address.
+fn supervisor_words(
+    plan: &TilePlan,
+    tile: u32,
+    code: &TileCode,
+    base: u32,
+    addr: &dyn Fn(BufId) -> u32,
+    entry: &dyn Fn(&str) -> u32,
+) -> Result<Vec<Word>, CompileError> {
+    let mut words = Vec::new();
+    let mut pc = base;
+    let mut next_call = 0;
+    for (step, kind) in plan.steps.iter().enumerate() {
+        match kind {
+            StepKind::Compute => {
+                while let Some(&ci) = code.calls.get(next_call) {
+                    let call = &plan.calls[ci];
+                    if call.step as usize != step {
+                        break;
+                    }
+                    next_call += 1;
+                    let k = call.kernel.kernel();
+                    let addrs = operand_addrs(call, addr);
+                    let snippet = k
+                        .supervisor(
+                            &KCall {
+                                entry: entry(&k.symbol()),
+                                state: addr(call.state),
+                                addrs: &addrs,
+                            },
+                            pc,
+                        )
+                        .map_err(|e| kernel_err(tile, k.symbol(), e))?;
+                    pc += code_bytes(&snippet);
+                    words.extend(snippet);
+                }
+            }
+            StepKind::Exchange(id) => {
+                words.push(Word::Single(Inst::SyncGlobal));
+                words.push(Word::Single(Inst::Exchange { id: *id }));
+                pc += 8;
+            }
+            StepKind::HostIn | StepKind::HostOut => {}
+        }
+    }
+    words.push(Word::Single(Inst::Exit));
+    Ok(words)
+}
+
+fn operand_addrs(call: &Call, addr: &dyn Fn(BufId) -> u32) -> OperandAddrs {
+    let mut a = OperandAddrs::new();
+    for (name, loc) in &call.operands {
+        a.insert(name, addr(loc.buf) + loc.offset);
+    }
+    a
+}
+
+/// Code sizes of every tile, computed with all addresses zero.
+pub fn size_code(plan: &TilePlan) -> Result<SizedCode, CompileError> {
+    let mut tiles: Vec<TileCode> = vec![TileCode::default(); plan.tiles as usize];
+    for (ci, call) in plan.calls.iter().enumerate() {
+        tiles[call.tile as usize].calls.push(ci);
+    }
+    for (tile, code) in tiles.iter_mut().enumerate() {
+        code.calls.sort_by_key(|&ci| plan.calls[ci].step);
+        for &ci in &code.calls {
+            let k = plan.calls[ci].kernel.kernel();
+            let symbol = k.symbol();
+            if !code.representative.contains_key(&symbol) {
+                let bytes = k
+                    .code_bytes()
+                    .map_err(|e| kernel_err(tile as u32, symbol.clone(), e))?;
+                code.kernels.push((symbol.clone(), bytes));
+                code.representative.insert(symbol, ci);
+            }
+        }
+        let words = supervisor_words(plan, tile as u32, code, 0, &|_| 0, &|_| 0)?;
+        code.supervisor_bytes = code_bytes(&words);
+    }
+    Ok(SizedCode { tiles })
+}
+
+fn encode_words(tile: u32, what: &str, words: &[Word]) -> Result<Vec<u8>, CompileError> {
+    encode(words).map_err(|e| kernel_err(tile, what.to_string(), e))
+}
+
+/// Emits the package from placed tiles.
+pub fn emit(
+    machine: &Machine,
+    plan: &TilePlan,
+    sized: &SizedCode,
+    problems: &Problems,
+    placements: &[TilePlacement],
+) -> Result<Package, CompileError> {
+    // Buffer and code addresses, per tile.
+    let mut buf_addr = vec![0u32; plan.buffers.len()];
+    let mut code_addr: Vec<BTreeMap<String, u32>> = vec![BTreeMap::new(); plan.tiles as usize];
+    for (pi, placement) in placements.iter().enumerate() {
+        let tile = problems.problems[pi].tile as usize;
+        for a in &placement.allocations {
+            let addr = u32::try_from(a.offset).expect("placed addresses lie in SRAM");
+            match problems.items[pi].get(&a.id) {
+                Some(Item::Buffer(b)) => buf_addr[b.0 as usize] = addr,
+                Some(Item::Kernel(s)) => {
+                    code_addr[tile].insert(s.clone(), addr);
+                }
+                Some(Item::Supervisor) => {
+                    code_addr[tile].insert(String::new(), addr);
+                }
+                None => unreachable!("placement invented request `{}`", a.id),
+            }
+        }
+    }
+    let addr = |b: BufId| buf_addr[b.0 as usize];
+
+    let tiles: Result<Vec<TileImage>, CompileError> = (0..plan.tiles)
+        .into_par_iter()
+        .map(|tile| {
+            let code = &sized.tiles[tile as usize];
+            let codes = &code_addr[tile as usize];
+            let mut segments = Vec::new();
+            let mut symbols = Vec::new();
+            let rx = Perms {
+                read: true,
+                write: false,
+                execute: true,
+            };
+            let rw = Perms {
+                read: true,
+                write: true,
+                execute: false,
+            };
+            let entry = |s: &str| codes[s];
+            let sup_base = codes[""];
+            let sup = supervisor_words(plan, tile, code, sup_base, &addr, &entry)?;
+            let bytes = encode_words(tile, "supervisor", &sup)?;
+            assert_eq!(bytes.len() as u32, code.supervisor_bytes, "supervisor size changed");
+            symbols.push(Symbol {
+                name: "supervisor".into(),
+                addr: sup_base,
+                size: bytes.len() as u32,
+                kind: SymbolKind::Code,
+            });
+            segments.push(Segment {
+                name: "supervisor".into(),
+                addr: sup_base,
+                size: bytes.len() as u32,
+                bytes,
+                perms: rx,
+            });
+            for (symbol, size) in &code.kernels {
+                let base = codes[symbol];
+                let k = plan.calls[code.representative[symbol]].kernel.kernel();
+                let kc = k
+                    .emit(base)
+                    .map_err(|e| kernel_err(tile, symbol.clone(), e))?;
+                let bytes = encode_words(tile, symbol, &kc.words)?;
+                assert_eq!(bytes.len() as u32, *size, "kernel {symbol} size changed");
+                symbols.push(Symbol {
+                    name: symbol.clone(),
+                    addr: base,
+                    size: *size,
+                    kind: SymbolKind::Code,
+                });
+                segments.push(Segment {
+                    name: symbol.clone(),
+                    addr: base,
+                    size: *size,
+                    bytes,
+                    perms: rx,
+                });
+            }
+            for &ci in &code.calls {
+                let call = &plan.calls[ci];
+                let k = call.kernel.kernel();
+                let state = k
+                    .state(&operand_addrs(call, &addr))
+                    .map_err(|e| kernel_err(tile, k.symbol(), e))?;
+                let buf = plan.buffer(call.state);
+                assert!(state.bytes.len() as u32 <= buf.bytes, "state outgrew its buffer");
+                segments.push(Segment {
+                    name: format!("{}.state", k.symbol()),
+                    addr: addr(call.state),
+                    size: buf.bytes,
+                    bytes: state.bytes,
+                    perms: rw,
+                });
+            }
+            for b in plan.buffers.iter().filter(|b| b.tile == tile) {
+                if let Some(init) = &b.init {
+                    symbols.push(Symbol {
+                        name: buffer_request_name(plan, b.id),
+                        addr: addr(b.id),
+                        size: b.bytes,
+                        kind: SymbolKind::Data,
+                    });
+                    segments.push(Segment {
+                        name: b.name.clone(),
+                        addr: addr(b.id),
+                        size: b.bytes,
+                        bytes: init.clone(),
+                        perms: rw,
+                    });
+                }
+            }
+            segments.sort_by_key(|s| s.addr);
+            symbols.sort_by(|a, b| (a.addr, &a.name).cmp(&(b.addr, &b.name)));
+            Ok(TileImage {
+                tile,
+                segments,
+                entry: sup_base,
+                symbols,
+            })
+        })
+        .collect();
+
+    let exchanges = plan
+        .exchanges
+        .iter()
+        .map(|x| ExchangeProgram {
+            id: x.id,
+            name: x.name.clone(),
+            transfers: x
+                .copies
+                .iter()
+                .map(|c| Transfer {
+                    src_tile: plan.buffer(c.src.buf).tile,
+                    src_addr: addr(c.src.buf) + c.src.offset,
+                    bytes: c.bytes,
+                    dsts: c
+                        .dsts
+                        .iter()
+                        .map(|d| (plan.buffer(d.buf).tile, addr(d.buf) + d.offset))
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    let bindings = plan
+        .bindings
+        .iter()
+        .map(|b| HostBinding {
+            name: b.name.clone(),
+            kind: match b.dir {
+                BindingDir::Input => BindingKind::Input,
+                BindingDir::Output => BindingKind::Output,
+            },
+            bytes: b.bytes,
+            slices: b
+                .slices
+                .iter()
+                .map(|s| BindingSlice {
+                    tile: plan.buffer(s.loc.buf).tile,
+                    tile_addr: addr(s.loc.buf) + s.loc.offset,
+                    offset: s.offset,
+                    bytes: s.bytes,
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(Package {
+        machine_toml: machine.to_toml(),
+        tiles: tiles?,
+        exchanges,
+        bindings,
+    })
+}

@@ -1,0 +1,175 @@
+//! The compiler driver: a tile plan becomes a package. It owns the construction
+//! order after planning: size code, turn every buffer and code segment into a
+//! placement request, place all tiles (in parallel), emit kernel code, vertex states
+//! and supervisor programs at the placed addresses, translate exchanges and host
+//! bindings to addresses, and validate the package before anyone sees it.
+//!
+//! It must never decide a mapping (the planner does), never choose an address itself
+//! (placement does), and never return a package that failed the placement checker or
+//! package validation.
+
+mod emit;
+mod requests;
+
+use std::time::Instant;
+
+use serde::Serialize;
+use tessera_graph::{Graph, TensorMap};
+use tessera_machine::Machine;
+use tessera_package::Package;
+use tessera_place::{Diagnosis, Options as PlaceOptions};
+use tessera_plan::{LowerOptions, PlanError, TilePlan, lower_mlp};
+
+pub use requests::tile_problems;
+
+/// Everything that can stop a compile.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("{} tile(s) do not fit:\n{}", .0.len(), summaries(.0))]
+    DoesNotFit(Vec<Diagnosis>),
+    #[error("placement failed on tile {tile}: {message}")]
+    Place { tile: u32, message: String },
+    #[error("kernel `{kernel}` on tile {tile}: {message}")]
+    Kernel {
+        tile: u32,
+        kernel: String,
+        message: String,
+    },
+    #[error("the assembled package is invalid (a compiler bug): {0}")]
+    Package(String),
+}
+
+fn summaries(d: &[Diagnosis]) -> String {
+    d.iter()
+        .map(|d| format!("  {}", d.summary))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Compile-time knobs.
+#[derive(Debug, Clone, Default)]
+pub struct CompileOptions {
+    pub lower: LowerOptions,
+    pub place: PlaceOptions,
+}
+
+/// Placement figures over all tiles.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PlacementSummary {
+    /// Largest bytes used on one tile (highest end address minus SRAM start).
+    pub peak_bytes: u64,
+    pub worst_tile: u32,
+    /// Tiles placed by each mode: lifetime order, retry, search.
+    pub lifetime_mode: u32,
+    pub retry_mode: u32,
+    pub search_mode: u32,
+    pub place_ms: f64,
+}
+
+/// What a compile reports besides the package.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompileReport {
+    pub tiles_used: u32,
+    pub placement: PlacementSummary,
+    pub decisions: Vec<String>,
+    pub exchange_copies: usize,
+    pub kernel_calls: usize,
+    pub package_bytes: usize,
+    pub compile_ms: f64,
+}
+
+/// A package and its report.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub package: Package,
+    pub report: CompileReport,
+}
+
+/// Lowers the MLP in `graph` and compiles it.
+pub fn compile_mlp(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &CompileOptions,
+) -> Result<Compiled, CompileError> {
+    let start = Instant::now();
+    let plan = lower_mlp(machine, graph, weights, &opts.lower)?;
+    let mut compiled = compile_plan(machine, &plan, &opts.place)?;
+    compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(compiled)
+}
+
+/// Places and emits a tile plan.
+pub fn compile_plan(
+    machine: &Machine,
+    plan: &TilePlan,
+    place: &PlaceOptions,
+) -> Result<Compiled, CompileError> {
+    let start = Instant::now();
+    let sized = emit::size_code(plan)?;
+    let problems = tile_problems(machine, plan, &sized);
+    let t = Instant::now();
+    let outcomes = tessera_place::place_tiles(machine, &problems.problems, place);
+    let place_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut failures = Vec::new();
+    let mut placements = Vec::with_capacity(outcomes.len());
+    let mut summary = PlacementSummary {
+        place_ms,
+        ..PlacementSummary::default()
+    };
+    for (problem, outcome) in problems.problems.iter().zip(outcomes) {
+        let outcome = outcome.map_err(|e| CompileError::Place {
+            tile: problem.tile,
+            message: e.to_string(),
+        })?;
+        match (outcome.placement, outcome.diagnosis) {
+            (Some(p), _) => {
+                // The allocator already ran the checker; this is the independent
+                // second reading every compile promises.
+                let violations =
+                    tessera_place::check_placement(machine, problem, &p, place.capacity);
+                if let Some(v) = violations.first() {
+                    return Err(CompileError::Place {
+                        tile: problem.tile,
+                        message: format!("checker rejected the placement: {v}"),
+                    });
+                }
+                let used = p.peak - u64::from(machine.sram_start());
+                if used > summary.peak_bytes {
+                    summary.peak_bytes = used;
+                    summary.worst_tile = problem.tile;
+                }
+                match p.mode_used {
+                    tessera_place::Mode::Lifetime => summary.lifetime_mode += 1,
+                    tessera_place::Mode::Retry => summary.retry_mode += 1,
+                    tessera_place::Mode::Search => summary.search_mode += 1,
+                }
+                placements.push(p);
+            }
+            (None, Some(d)) => failures.push(d),
+            (None, None) => {
+                return Err(CompileError::Place {
+                    tile: problem.tile,
+                    message: "no placement and no diagnosis".into(),
+                });
+            }
+        }
+    }
+    if !failures.is_empty() {
+        return Err(CompileError::DoesNotFit(failures));
+    }
+    let package = emit::emit(machine, plan, &sized, &problems, &placements)?;
+    tessera_package::validate(&package).map_err(|e| CompileError::Package(e.to_string()))?;
+    let report = CompileReport {
+        tiles_used: plan.tiles,
+        placement: summary,
+        decisions: plan.decisions.clone(),
+        exchange_copies: plan.exchanges.iter().map(|x| x.copies.len()).sum(),
+        kernel_calls: plan.calls.len(),
+        package_bytes: 0,
+        compile_ms: start.elapsed().as_secs_f64() * 1e3,
+    };
+    Ok(Compiled { package, report })
+}

@@ -1,0 +1,103 @@
+//! Tile plan -> placement problems: every buffer, every kernel's code and the
+//! supervisor program become requests; kernel separation needs become separation
+//! groups. Names are unique per tile so the placement's answer maps back.
+
+use std::collections::BTreeMap;
+
+use tessera_kernels::MemClass as KClass;
+use tessera_machine::Machine;
+use tessera_place::{MemClass, Request, TileProblem};
+use tessera_plan::{BufId, TilePlan};
+
+use crate::emit::SizedCode;
+
+/// What a request stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    Buffer(BufId),
+    Kernel(String),
+    Supervisor,
+}
+
+/// The placement problems of a plan and the way back from request names.
+#[derive(Debug, Clone)]
+pub struct Problems {
+    pub problems: Vec<TileProblem>,
+    /// Per problem: request name -> item.
+    pub items: Vec<BTreeMap<String, Item>>,
+}
+
+fn class(c: KClass) -> MemClass {
+    match c {
+        KClass::Any => MemClass::Any,
+        KClass::NonInterleaved => MemClass::NonInterleaved,
+        KClass::Interleaved => MemClass::Interleaved,
+        KClass::Executable => MemClass::Executable,
+    }
+}
+
+pub fn buffer_request_name(plan: &TilePlan, id: BufId) -> String {
+    format!("{}@{id}", plan.buffer(id).name)
+}
+
+/// One placement problem per tile that holds anything.
+pub fn tile_problems(_machine: &Machine, plan: &TilePlan, sized: &SizedCode) -> Problems {
+    let last = u64::from(plan.last_step());
+    let mut problems: Vec<TileProblem> = (0..plan.tiles)
+        .map(|tile| TileProblem {
+            tile,
+            ..TileProblem::default()
+        })
+        .collect();
+    let mut items: Vec<BTreeMap<String, Item>> = vec![BTreeMap::new(); plan.tiles as usize];
+    for b in &plan.buffers {
+        let name = buffer_request_name(plan, b.id);
+        let loaded = b.init.is_some() || b.category == tessera_plan::Category::VertexState;
+        problems[b.tile as usize].requests.push(Request {
+            name: name.clone(),
+            size: u64::from(b.bytes),
+            align: u64::from(b.align),
+            end_round: 4,
+            first: u64::from(b.first),
+            last: u64::from(b.last),
+            class: class(b.class),
+            tail: u64::from(b.tail),
+            loaded,
+            category: Some(b.category.name().to_string()),
+        });
+        items[b.tile as usize].insert(name, Item::Buffer(b.id));
+    }
+    for (tile, code) in sized.tiles.iter().enumerate() {
+        let code_request = |name: String, bytes: u32| Request {
+            name,
+            size: u64::from(bytes),
+            align: 8,
+            end_round: 8,
+            first: 0,
+            last,
+            class: MemClass::Executable,
+            tail: 0,
+            loaded: true,
+            category: Some("code".into()),
+        };
+        if code.supervisor_bytes > 0 {
+            problems[tile]
+                .requests
+                .push(code_request("code:supervisor".into(), code.supervisor_bytes));
+            items[tile].insert("code:supervisor".into(), Item::Supervisor);
+        }
+        for (symbol, bytes) in &code.kernels {
+            let name = format!("code:{symbol}");
+            problems[tile].requests.push(code_request(name.clone(), *bytes));
+            items[tile].insert(name, Item::Kernel(symbol.clone()));
+        }
+    }
+    for &(a, b) in &plan.separations {
+        let tile = plan.buffer(a).tile as usize;
+        problems[tile].separation.push(vec![
+            buffer_request_name(plan, a),
+            buffer_request_name(plan, b),
+        ]);
+    }
+    Problems { problems, items }
+}

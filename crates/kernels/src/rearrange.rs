@@ -1,0 +1,184 @@
+//! `rearrange_row_major_to_amp_f16`: row-major `[rows, k]` f16 to the AMP's
+//! chunk-major `[k/16][rows][16]` f16.
+//!
+//! Worker `w` owns a contiguous range of rows and, for every 16-wide chunk, copies
+//! its rows' 32-byte pieces with four `ld64step` and four `st64step`. The output
+//! pointer runs linearly through the worker's part of a chunk; the input pointer is
+//! bumped by one row minus 32 bytes after each piece (a register add, since a row can
+//! be longer than `ld64step`'s ±1016-byte step).
+
+use tessera_isa::{Inst, IntOp, Word};
+use tessera_machine::Timing;
+
+use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
+use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
+use crate::{
+    Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
+    operand, split,
+};
+
+/// Parameters of one rearrangement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rearrange {
+    pub rows: u32,
+    /// Row length in elements; a multiple of 16.
+    pub k: u32,
+    /// Alignment the contract declares for both operands. The code's 64-bit accesses
+    /// need 8; anything less is an understated contract, kept as a knob so tests can
+    /// reproduce the seed's 2-byte declaration and watch the simulator catch it.
+    pub declared_align: u32,
+}
+
+const STRIDE: u16 = 32;
+
+impl Rearrange {
+    pub const NAME: &'static str = "rearrange_row_major_to_amp_f16";
+
+    pub fn new(rows: u32, k: u32) -> Rearrange {
+        Rearrange {
+            rows,
+            k,
+            declared_align: 8,
+        }
+    }
+
+    pub fn bytes(&self) -> u32 {
+        self.rows * self.k * 2
+    }
+
+    /// Issues of the worker with `r` rows.
+    fn worker_issues(&self, r: u32) -> u64 {
+        if r == 0 {
+            return 5;
+        }
+        let chunks = u64::from(self.k / 16);
+        8 + chunks * (9 * u64::from(r) + 6)
+    }
+}
+
+impl Kernel for Rearrange {
+    fn symbol(&self) -> String {
+        format!("{}_r{}_k{}", Self::NAME, self.rows, self.k)
+    }
+
+    fn validate(&self) -> Result<(), KernelError> {
+        let name = self.symbol();
+        if self.rows == 0 || self.k == 0 || !self.k.is_multiple_of(16) {
+            return Err(invalid(
+                &name,
+                "rows must be positive and k a positive multiple of 16",
+            ));
+        }
+        if self.rows.div_ceil(crate::WORKERS) > RPT_MAX {
+            return Err(invalid(&name, "more than 4095 rows per worker"));
+        }
+        if !self.declared_align.is_power_of_two() {
+            return Err(invalid(&name, "declared alignment must be a power of two"));
+        }
+        if u64::from(self.rows) * u64::from(self.k) * 2 >= 1 << 20 {
+            return Err(invalid(&name, "operand larger than tile memory"));
+        }
+        Ok(())
+    }
+
+    fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
+        self.validate()?;
+        crate::check_code_base(&self.symbol(), code_base, 8)?;
+        let mut s = Asm::new(code_base);
+        let done = s.label();
+        let chunk = s.label();
+        s.i(ld32m(m(2), m(0), 0)); // input of the current chunk
+        s.i(ld32m(m(3), m(0), 1)); // output, linear
+        s.i(ld32m(m(4), m(0), 2)); // rows of this worker
+        s.brz(m(4), done);
+        s.i(ld32m(m(5), m(0), 3)); // chunks left
+        s.i(ld32m(m(6), m(0), 4)); // row bytes - 32
+        s.i(ld32m(m(7), m(0), 5)); // output skip to the next chunk
+        s.bind(chunk);
+        s.i(mov(m(8), m(2)));
+        s.rpt(m(4), |b| {
+            for r in 0..4 {
+                b.i(Inst::Ld64Step {
+                    d: a(2 * r),
+                    base: m(8),
+                    inc: 1,
+                });
+            }
+            b.i(int(IntOp::Add, m(8), m(8), m(6)));
+            for r in 0..4 {
+                b.i(Inst::St64Step {
+                    s: a(2 * r),
+                    base: m(3),
+                    inc: 1,
+                });
+            }
+        });
+        s.i(inti(IntOp::Add, m(2), m(2), 32));
+        s.i(int(IntOp::Add, m(3), m(3), m(7)));
+        s.i(inti(IntOp::Sub, m(5), m(5), 1));
+        s.brnz(m(5), chunk);
+        s.bind(done);
+        s.i(Inst::Exit);
+        Ok(KernelCode {
+            symbol: self.symbol(),
+            code_base,
+            entry: code_base,
+            words: s.finish(),
+        })
+    }
+
+    fn contract(&self) -> Contract {
+        let al = self.declared_align;
+        Contract {
+            kernel: self.symbol(),
+            code: CodeRequirement {
+                bytes: self.code_bytes().unwrap_or(0),
+                align: 8,
+                mem_class: MemClass::Executable,
+            },
+            supervisor_bytes: crate::RUNALL_SNIPPET_BYTES,
+            operands: vec![
+                Operand::new("in", Role::Input, self.bytes(), al),
+                Operand::new("out", Role::Output, self.bytes(), al),
+                Operand::new("state", Role::State, u32::from(STRIDE) * crate::WORKERS, 8),
+            ],
+        }
+    }
+
+    fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
+        self.validate()?;
+        let name = self.symbol();
+        let inp = operand(addrs, &name, "in")?;
+        let out = operand(addrs, &name, "out")?;
+        let row_bytes = self.k * 2;
+        let mut buf = StateBuf::default();
+        for (i, (r0, r)) in split(self.rows).into_iter().enumerate() {
+            buf.u32(inp + r0 * row_bytes)
+                .u32(out + r0 * 32)
+                .u32(r)
+                .u32(self.k / 16)
+                .u32(row_bytes - 32)
+                .u32((self.rows - r) * 32)
+                .pad_to((i + 1) * usize::from(STRIDE));
+        }
+        Ok(VertexState {
+            bytes: buf.0,
+            runall_offset: 0,
+            stride: STRIDE,
+        })
+    }
+
+    fn supervisor(&self, call: &Call<'_>, _code_base: u32) -> Result<Vec<Word>, KernelError> {
+        let st = self.state(call.addrs)?;
+        crate::runall_snippet(&self.symbol(), call, &st)
+    }
+
+    fn estimate_cycles_with(&self, t: &Timing) -> u64 {
+        crate::single_shot_cycles(
+            t,
+            split(self.rows)
+                .into_iter()
+                .map(|(_, r)| self.worker_issues(r)),
+        )
+    }
+}

@@ -1,0 +1,238 @@
+//! Properties every emitter must have, checked without the simulator.
+
+use tessera_isa::{Inst, Word, validate_word};
+use tessera_machine::Machine;
+
+use crate::*;
+
+fn kernels() -> Vec<Box<dyn Kernel>> {
+    vec![
+        Box::new(Rearrange::new(13, 48)),
+        Box::new(AmpMatmul::new(1, 1, 1)),
+        Box::new(AmpMatmul::new(29, 1, 3)),
+        Box::new(AmpMatmul::new(29, 4, 2)),
+        Box::new(LayerNorm::new(7, 1152, 1e-6)),
+        Box::new(Gelu::new(4304)),
+        Box::new(Add::new(1152)),
+        Box::new(AddBias::new(3, 1152)),
+        Box::new(ReduceAdd::new(4, 1152)),
+    ]
+}
+
+fn addrs_for(k: &dyn Kernel, base: u32) -> OperandAddrs {
+    let mut a = OperandAddrs::new();
+    for (i, op) in k.contract().operands.iter().enumerate() {
+        a.insert(&op.name, base + 0x8000 * i as u32);
+    }
+    a
+}
+
+/// Branch targets differ with the base; nothing else may.
+fn shape(words: &[Word]) -> Vec<Word> {
+    words
+        .iter()
+        .map(|w| match w {
+            Word::Single(Inst::Brz { c, .. }) => Word::Single(Inst::Brz { c: *c, target: 0 }),
+            Word::Single(Inst::Brnz { c, .. }) => Word::Single(Inst::Brnz { c: *c, target: 0 }),
+            other => *other,
+        })
+        .collect()
+}
+
+#[test]
+fn code_does_not_depend_on_code_base_or_addresses() {
+    for k in kernels() {
+        let a = k.emit(0x4_C000).unwrap();
+        let b = k.emit(0x7_F008).unwrap();
+        assert_eq!(shape(&a.words), shape(&b.words), "{}", k.symbol());
+        assert_eq!(a.bytes(), k.contract().code.bytes);
+        let (x, y) = (
+            addrs_for(k.as_ref(), 0x8_0000),
+            addrs_for(k.as_ref(), 0x9_0008),
+        );
+        let call = |addrs| Call {
+            entry: 0x4_C000,
+            state: 0x7_C000,
+            addrs,
+        };
+        let sa = k.supervisor(&call(&x), 0x5_0000).unwrap();
+        let sb = k.supervisor(&call(&y), 0x5_1004).unwrap();
+        assert_eq!(code_bytes(&sa), code_bytes(&sb));
+        assert_eq!(
+            code_bytes(&sa),
+            k.contract().supervisor_bytes,
+            "{}",
+            k.symbol()
+        );
+    }
+}
+
+#[test]
+fn every_word_encodes_and_bundles_are_aligned() {
+    for k in kernels() {
+        let code = k.emit(0x4_C000).unwrap();
+        let mut at = code.code_base;
+        for w in &code.words {
+            validate_word(w).unwrap_or_else(|e| panic!("{}: {w}: {e}", k.symbol()));
+            if matches!(w, Word::Bundle(..)) {
+                assert_eq!(at % 8, 0, "{}: bundle at {at:#x}", k.symbol());
+            }
+            at += word_bytes(w);
+        }
+        assert_eq!(
+            tessera_isa::encode(&code.words).unwrap().len() as u32,
+            code.bytes()
+        );
+        let addrs = addrs_for(k.as_ref(), 0x8_0000);
+        let sup = k
+            .supervisor(
+                &Call {
+                    entry: 0x4_C000,
+                    state: 0x7_C000,
+                    addrs: &addrs,
+                },
+                0x5_0000,
+            )
+            .unwrap();
+        for w in &sup {
+            validate_word(w).unwrap();
+            let Word::Single(i) = w else {
+                panic!("the supervisor has no aux pipe: {w}")
+            };
+            assert!(
+                !matches!(i, Inst::Exit),
+                "snippets must not end the program"
+            );
+        }
+    }
+}
+
+#[test]
+fn misaligned_code_base_is_an_error() {
+    assert!(matches!(
+        Gelu::new(8).emit(0x4_C004),
+        Err(KernelError::BadAddress { .. })
+    ));
+}
+
+#[test]
+fn contracts_are_consistent() {
+    for k in kernels() {
+        let c = k.contract();
+        assert_eq!(c.code.align, 8);
+        assert_eq!(c.code.mem_class, MemClass::Executable);
+        assert!(c.operand("state").is_some());
+        for op in &c.operands {
+            assert!(op.align.is_power_of_two() && op.align >= 8, "{}", op.name);
+            for other in &op.separate_from {
+                let o = c.operand(other).expect("separation names an operand");
+                assert!(o.separate_from.contains(&op.name), "asymmetric separation");
+            }
+        }
+        let state = k.state(&addrs_for(k.as_ref(), 0x8_0000)).unwrap();
+        assert_eq!(state.bytes.len() as u32, c.operand("state").unwrap().bytes);
+        // Six worker records fit in the buffer.
+        assert!(state.runall_offset as usize + 6 * usize::from(state.stride) <= state.bytes.len());
+    }
+}
+
+#[test]
+fn matmul_streams_are_mutually_separated() {
+    let c = AmpMatmul::new(10, 5, 2).contract();
+    for name in ["a", "p0", "p1", "out"] {
+        let op = c.operand(name).unwrap();
+        assert_eq!(op.separate_from.len(), 3, "{name}");
+    }
+    let w = c.operand("w").unwrap();
+    assert_eq!((w.align, w.mem_class), (16, MemClass::Interleaved));
+    assert!(w.separate_from.is_empty());
+    // One chunk: no partial buffers at all.
+    let c = AmpMatmul::new(10, 1, 2).contract();
+    assert!(c.operand("p0").is_none());
+    assert_eq!(
+        c.operand("a").unwrap().separate_from,
+        vec!["out".to_string()]
+    );
+}
+
+#[test]
+fn contract_check_finds_each_violation() {
+    let m = Machine::c600();
+    let c = AmpMatmul::new(24, 2, 1).contract();
+    let good = OperandAddrs::new()
+        .with("a", 0x8_0000)
+        .with("w", 0x8_8000)
+        .with("out", 0x9_0000)
+        .with("p0", 0x9_8000)
+        .with("state", 0x7_C000);
+    assert_eq!(c.check(&m, &good), vec![]);
+    let mut bad = good.clone();
+    bad.insert("p0", 0x8_0600); // a's element pair
+    bad.insert("w", 0x7_0000); // not interleaved
+    bad.insert("out", 0x9_0004); // misaligned
+    bad.0.remove("state");
+    let v = c.check(&m, &bad);
+    assert!(v.contains(&Violation::Missing("state".into())));
+    assert!(
+        v.iter()
+            .any(|v| matches!(v, Violation::SharedElement { .. }))
+    );
+    assert!(
+        v.iter()
+            .any(|v| matches!(v, Violation::WrongClass { name, .. } if name == "w"))
+    );
+    assert!(
+        v.iter()
+            .any(|v| matches!(v, Violation::Misaligned { name, .. } if name == "out"))
+    );
+    let mut past_end = good;
+    past_end.insert("a", 0xE_7FF0);
+    assert!(
+        c.check(&m, &past_end)
+            .iter()
+            .any(|v| matches!(v, Violation::OutOfRegion { .. }))
+    );
+}
+
+#[test]
+fn parameters_outside_the_isa_limits_are_rejected() {
+    assert!(Rearrange::new(6, 24).validate().is_err());
+    assert!(Rearrange::new(6 * 4096, 16).validate().is_err());
+    assert!(AmpMatmul::new(0, 1, 1).validate().is_err());
+    assert!(LayerNorm::new(2, 6, 1e-5).validate().is_err());
+    assert!(LayerNorm::new(2, 8, f32::NAN).validate().is_err());
+    assert!(Gelu::new(6).validate().is_err());
+    assert!(ReduceAdd::new(1, 8).validate().is_err());
+    assert!(AddBias::new(0, 8).validate().is_err());
+}
+
+#[test]
+fn split_is_balanced_and_contiguous() {
+    for total in [0, 1, 5, 6, 7, 100] {
+        let s = split(total);
+        assert_eq!(s.len(), 6);
+        let mut next = 0;
+        for &(start, n) in &s {
+            assert_eq!(start, next);
+            next += n;
+        }
+        assert_eq!(next, total);
+        let (lo, hi) = (s.iter().map(|x| x.1).min(), s.iter().map(|x| x.1).max());
+        assert!(hi.unwrap() - lo.unwrap() <= 1);
+    }
+}
+
+#[test]
+fn weight_packing_matches_amp_quads() {
+    use half::f16;
+    let (kc, nb) = (2, 3);
+    let w: Vec<f16> = (0..kc * 16 * nb * 16)
+        .map(|i| f16::from_f32(i as f32))
+        .collect();
+    let packed = pack_weights(kc, nb, &w);
+    // Block (b, c), quad q = W[c*16 + q/2][b*16 + 8*(q%2) ..].
+    let (b, c, q) = (2, 1, 7);
+    let at = (b * kc + c) * 256 + q * 8;
+    let want = (c * 16 + q / 2) * nb * 16 + b * 16 + 8 * (q % 2);
+    assert_eq!(packed[at], w[want]);
+}

@@ -1,0 +1,97 @@
+use half::f16;
+use tessera_kernels::{Add, AddBias, Kernel, ReduceAdd};
+
+use crate::harness::{R1, assert_close, f16_bytes, layout, random_f16, rng, run};
+
+fn add_f16(a: f16, b: f16) -> f16 {
+    f16::from_f32(a.to_f32() + b.to_f32())
+}
+
+#[test]
+fn add_matches_reference() {
+    for (seed, &n) in [4u32, 28, 100, 1152].iter().enumerate() {
+        let k = Add::new(n);
+        let mut r = rng(400 + seed as u64);
+        let a = random_f16(&mut r, n as usize, 100.0);
+        let b = random_f16(&mut r, n as usize, 1.0);
+        let out = run(
+            &k,
+            &layout(&k),
+            &[("a", f16_bytes(&a)), ("b", f16_bytes(&b))],
+        );
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let want: Vec<f16> = a.iter().zip(&b).map(|(x, y)| add_f16(*x, *y)).collect();
+        assert_eq!(out.read_f16("out", n as usize), want, "n {n}");
+    }
+}
+
+/// `out` may be the very buffer `a` is read from.
+#[test]
+fn add_in_place() {
+    let n = 260;
+    let k = Add::new(n);
+    let mut r = rng(450);
+    let a = random_f16(&mut r, n as usize, 10.0);
+    let b = random_f16(&mut r, n as usize, 10.0);
+    let mut addrs = layout(&k);
+    addrs.insert("out", R1);
+    addrs.insert("a", R1);
+    let out = run(&k, &addrs, &[("a", f16_bytes(&a)), ("b", f16_bytes(&b))]);
+    out.assert_ok();
+    let want: Vec<f16> = a.iter().zip(&b).map(|(x, y)| add_f16(*x, *y)).collect();
+    assert_eq!(out.read_f16("out", n as usize), want);
+}
+
+#[test]
+fn add_bias_matches_reference() {
+    for (seed, &(rows, n)) in [(1u32, 8u32), (3, 20), (7, 1152), (2, 4)]
+        .iter()
+        .enumerate()
+    {
+        let k = AddBias::new(rows, n);
+        let mut r = rng(500 + seed as u64);
+        let a = random_f16(&mut r, (rows * n) as usize, 8.0);
+        let bias = random_f16(&mut r, n as usize, 8.0);
+        let out = run(
+            &k,
+            &layout(&k),
+            &[("a", f16_bytes(&a)), ("bias", f16_bytes(&bias))],
+        );
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let want: Vec<f16> = a
+            .iter()
+            .enumerate()
+            .map(|(i, x)| add_f16(*x, bias[i % n as usize]))
+            .collect();
+        assert_eq!(out.read_f16("out", want.len()), want, "{}", k.symbol());
+    }
+}
+
+#[test]
+fn reduce_add_matches_reference() {
+    for (seed, &(kk, n)) in [(2u32, 4u32), (3, 28), (5, 1152), (8, 100)]
+        .iter()
+        .enumerate()
+    {
+        let k = ReduceAdd::new(kk, n);
+        let mut r = rng(600 + seed as u64);
+        let x = random_f16(&mut r, (kk * n) as usize, 30.0);
+        let out = run(&k, &layout(&k), &[("in", f16_bytes(&x))]);
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let n = n as usize;
+        let want: Vec<f64> = (0..n)
+            .map(|c| (0..kk as usize).map(|i| x[i * n + c].to_f64()).sum())
+            .collect();
+        let mag: Vec<f64> = (0..n)
+            .map(|c| (0..kk as usize).map(|i| x[i * n + c].to_f64().abs()).sum())
+            .collect();
+        let got = out.read_f16("out", n);
+        // f32 accumulation, one rounding to f16 at the end.
+        assert_close(&k.symbol(), &got, &want, |i| {
+            want[i].abs() * 2f64.powi(-11) + mag[i] * 2f64.powi(-22) + 1e-7
+        });
+    }
+}

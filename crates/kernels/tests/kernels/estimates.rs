@@ -1,0 +1,57 @@
+//! The cost model's per-kernel estimates against simulated cycles.
+
+use tessera_kernels::{Add, AddBias, AmpMatmul, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd};
+
+use crate::harness::{layout, run};
+
+/// Simulated cycles of one call (zeroed operands: timing does not depend on data).
+/// The harness's trailing `exit` is one supervisor issue outside the estimate.
+fn check(k: &dyn Kernel) {
+    let out = run(k, &layout(k), &[]);
+    out.assert_ok();
+    let simulated = out.report.cycles;
+    let estimate = k.estimate_cycles() + 6;
+    let off = (estimate as f64 - simulated as f64).abs() / simulated as f64;
+    println!(
+        "{:44} simulated {simulated:7} estimate {estimate:7}",
+        k.symbol()
+    );
+    assert!(
+        off < 0.02,
+        "{}: estimate {estimate}, simulated {simulated}",
+        k.symbol()
+    );
+}
+
+#[test]
+fn estimates_track_simulation() {
+    for (r, kc, nb) in [
+        (1, 1, 1),
+        (5, 1, 1),
+        (16, 1, 1),
+        (40, 1, 3),
+        (7, 2, 1),
+        (12, 3, 2),
+        (50, 4, 2),
+    ] {
+        check(&AmpMatmul::new(r, kc, nb));
+    }
+    for (r, k) in [(4, 16), (6, 32), (13, 48), (100, 64)] {
+        check(&Rearrange::new(r, k));
+    }
+    for (r, w) in [(3, 4), (6, 8), (13, 64), (20, 100)] {
+        check(&LayerNorm::new(r, w, 1e-5));
+    }
+    for n in [8, 96, 1000] {
+        check(&Gelu::new(n));
+    }
+    for n in [8, 96, 1000] {
+        check(&Add::new(n));
+    }
+    for (r, n) in [(2, 24), (5, 100)] {
+        check(&AddBias::new(r, n));
+    }
+    for (k, n) in [(2, 8), (3, 100), (6, 96)] {
+        check(&ReduceAdd::new(k, n));
+    }
+}

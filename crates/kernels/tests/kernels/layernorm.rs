@@ -1,0 +1,59 @@
+use half::f16;
+use tessera_kernels::LayerNorm;
+
+use crate::harness::{assert_close, f16_bytes, layout, random_f16, rng, run};
+
+#[test]
+fn layernorm_matches_reference() {
+    let shapes = [
+        (1, 4, 1e-6),
+        (5, 64, 1e-6),
+        (7, 1152, 1e-6),
+        (13, 100, 1e-5),
+        (6, 8, 1e-2),
+    ];
+    for (seed, &(rows, width, eps)) in shapes.iter().enumerate() {
+        let k = LayerNorm::new(rows, width, eps);
+        let mut r = rng(200 + seed as u64);
+        let (rows_u, w_u) = (rows as usize, width as usize);
+        // A large common offset exercises the two-pass variance.
+        let x: Vec<f16> = random_f16(&mut r, rows_u * w_u, 3.0)
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| f16::from_f32(v.to_f32() + 20.0 * ((i / w_u) % 3) as f32))
+            .collect();
+        let gamma = random_f16(&mut r, w_u, 2.0);
+        let beta = random_f16(&mut r, w_u, 1.0);
+        let out = run(
+            &k,
+            &layout(&k),
+            &[
+                ("in", f16_bytes(&x)),
+                ("gamma", f16_bytes(&gamma)),
+                ("beta", f16_bytes(&beta)),
+            ],
+        );
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let mut want = vec![0.0; rows_u * w_u];
+        let mut scale = vec![0.0; rows_u * w_u];
+        for row in 0..rows_u {
+            let xs: Vec<f64> = x[row * w_u..(row + 1) * w_u]
+                .iter()
+                .map(|v| v.to_f64())
+                .collect();
+            let mean = xs.iter().sum::<f64>() / w_u as f64;
+            let var = xs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / w_u as f64;
+            let rstd = 1.0 / (var + f64::from(eps)).sqrt();
+            for c in 0..w_u {
+                let y = (xs[c] - mean) * rstd;
+                want[row * w_u + c] = y * gamma[c].to_f64() + beta[c].to_f64();
+                scale[row * w_u + c] = (y * gamma[c].to_f64()).abs() + want[row * w_u + c].abs();
+            }
+        }
+        let got = out.read_f16("out", rows_u * w_u);
+        assert_close(&format!("{k:?}"), &got, &want, |i| {
+            scale[i] * 2f64.powi(-10) + 1e-4
+        });
+    }
+}

@@ -1,0 +1,10 @@
+//! Every kernel run on the simulator against a Rust reference, plus the contract
+//! failure modes the simulator must catch (understated alignment, shared elements).
+
+mod elementwise;
+mod estimates;
+mod gelu;
+mod harness;
+mod layernorm;
+mod matmul;
+mod rearrange;

@@ -1,0 +1,147 @@
+use half::f16;
+use tessera_kernels::{AmpMatmul, Kernel, OperandAddrs, Violation, pack_chunk_major, pack_weights};
+use tessera_sim::{FaultKind, Status};
+
+use crate::harness::{
+    Outcome, R1, STATE_ADDR, assert_close, f16_bytes, layout, random_f16, rng, run,
+};
+
+struct Case {
+    x: Vec<f16>,
+    w: Vec<f16>,
+}
+
+fn case(k: &AmpMatmul, seed: u64) -> Case {
+    let mut r = rng(seed);
+    let kdim = (k.kc * 16) as usize;
+    Case {
+        x: random_f16(&mut r, k.rows as usize * kdim, 1.0),
+        w: random_f16(&mut r, kdim * (k.nb * 16) as usize, 0.5),
+    }
+}
+
+fn inputs(k: &AmpMatmul, c: &Case) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        (
+            "a",
+            f16_bytes(&pack_chunk_major(k.rows as usize, k.kc as usize, &c.x)),
+        ),
+        (
+            "w",
+            f16_bytes(&pack_weights(k.kc as usize, k.nb as usize, &c.w)),
+        ),
+    ]
+}
+
+/// Compares `[nb][rows][16]` output with an f64 product. Partials are rounded to f16
+/// after every chunk, so the tolerance grows with the chunk count.
+fn check(k: &AmpMatmul, c: &Case, out: &Outcome) {
+    let (rows, kdim, n) = (k.rows as usize, (k.kc * 16) as usize, (k.nb * 16) as usize);
+    let got = out.read_f16("out", rows * n);
+    let mut want = vec![0.0; rows * n];
+    let mut mag = vec![0.0; rows * n];
+    for r in 0..rows {
+        for col in 0..n {
+            let (mut s, mut m) = (0.0f64, 0.0f64);
+            for kk in 0..kdim {
+                let p = c.x[r * kdim + kk].to_f64() * c.w[kk * n + col].to_f64();
+                s += p;
+                m += p.abs();
+            }
+            let at = (col / 16) * rows * 16 + r * 16 + col % 16;
+            want[at] = s;
+            mag[at] = m.max(s.abs());
+        }
+    }
+    let steps = f64::from(k.kc + 1);
+    assert_close(&format!("{k:?}"), &got, &want, |i| {
+        steps * mag[i] * 2f64.powi(-11) + 1e-6
+    });
+}
+
+#[test]
+fn matmul_matches_reference() {
+    let shapes = [
+        (1, 1, 1),
+        (2, 1, 1),
+        (7, 1, 1),
+        (12, 1, 2),
+        (13, 2, 1),
+        (17, 3, 2),
+        (31, 4, 3),
+        (6, 5, 1),
+        (100, 2, 2),
+        (5, 16, 1),
+    ];
+    for (seed, &(rows, kc, nb)) in shapes.iter().enumerate() {
+        let k = AmpMatmul::new(rows, kc, nb);
+        let c = case(&k, seed as u64 + 10);
+        let out = run(&k, &layout(&k), &inputs(&k, &c));
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        check(&k, &c, &out);
+    }
+}
+
+/// Two operands the kernel streams in one issue share an element: the contract's
+/// own check names them and the simulator faults with MemoryConflict; separated,
+/// the same call is correct.
+#[test]
+fn streamed_operands_in_one_element_conflict() {
+    let k = AmpMatmul::new(24, 2, 1);
+    let c = case(&k, 77);
+    let a_bytes = 24 * 32 * 2;
+    let addrs = OperandAddrs::new()
+        .with("a", R1)
+        .with("p0", R1 + a_bytes)
+        .with("w", R1 + 0x8000)
+        .with("out", R1 + 0x1_0000)
+        .with("state", STATE_ADDR);
+    let out = run(&k, &addrs, &inputs(&k, &c));
+    assert!(
+        out.violations
+            .iter()
+            .any(|v| matches!(v, Violation::SharedElement { .. })),
+        "{:?}",
+        out.violations
+    );
+    assert_eq!(out.report.status, Status::Fault);
+    assert!(!out.report.faults.is_empty());
+    for f in &out.report.faults {
+        println!("{f}");
+        assert_eq!(f.kind, FaultKind::MemoryConflict, "{f}");
+    }
+
+    let out = run(&k, &layout(&k), &inputs(&k, &c));
+    out.assert_ok();
+    assert!(out.violations.is_empty());
+    check(&k, &c, &out);
+}
+
+/// One [N,16]x[16,16] product per tile, against the public microbenchmark's
+/// ~340 + 4N cycles and the kernel's own estimate.
+#[test]
+fn matmul_cycles_calibration() {
+    println!("rows  simulated  340+4N  ratio  estimate");
+    for rows in [16u32, 128, 256, 2048] {
+        let k = AmpMatmul::new(rows, 1, 1);
+        let c = case(&k, u64::from(rows));
+        let out = run(&k, &layout(&k), &inputs(&k, &c));
+        out.assert_ok();
+        check(&k, &c, &out);
+        let cycles = out.report.cycles;
+        let bench = 340 + 4 * u64::from(rows);
+        let est = k.estimate_cycles();
+        println!(
+            "{rows:5} {cycles:9} {bench:7} {:6.3} {est:9}",
+            cycles as f64 / bench as f64
+        );
+        let off = |x: u64, y: u64| (x as f64 - y as f64).abs() / y as f64;
+        // The harness's `exit` is the only supervisor issue outside the estimate.
+        assert!(
+            off(est + 6, cycles) < 0.02,
+            "estimate {est} vs simulated {cycles}"
+        );
+        assert!(off(cycles, bench) < 0.15, "{cycles} vs 340+4N = {bench}");
+    }
+}

@@ -1,0 +1,516 @@
+//! Package format: round trips, determinism, and rejection of truncated, corrupted
+//! and inconsistent input.
+
+use proptest::prelude::*;
+use tessera_machine::Machine;
+use tessera_package::*;
+
+fn small_package() -> Package {
+    let rx = Perms {
+        read: true,
+        write: false,
+        execute: true,
+    };
+    let rw = Perms {
+        read: true,
+        write: true,
+        execute: false,
+    };
+    let tile = |t: u32| TileImage {
+        tile: t,
+        segments: vec![
+            Segment {
+                name: "code".into(),
+                addr: 0x4_C000,
+                size: 16,
+                bytes: vec![1, 2, 3, 4, 5, 6, 7, 8],
+                perms: rx,
+            },
+            Segment {
+                name: "data".into(),
+                addr: 0x9_0000,
+                size: 64,
+                bytes: vec![9; 12],
+                perms: rw,
+            },
+        ],
+        entry: 0x4_C000,
+        symbols: vec![
+            Symbol {
+                name: "main".into(),
+                addr: 0x4_C000,
+                size: 16,
+                kind: SymbolKind::Code,
+            },
+            Symbol {
+                name: "buf".into(),
+                addr: 0x9_0000,
+                size: 64,
+                kind: SymbolKind::Data,
+            },
+        ],
+    };
+    Package {
+        machine_toml: Machine::small().to_toml(),
+        tiles: vec![tile(0), tile(2)],
+        exchanges: vec![ExchangeProgram {
+            id: 3,
+            name: "halo".into(),
+            transfers: vec![Transfer {
+                src_tile: 0,
+                src_addr: 0x9_0000,
+                bytes: 8,
+                dsts: vec![(2, 0x9_0020), (1, 0x9_0020)],
+            }],
+        }],
+        bindings: vec![HostBinding {
+            name: "x".into(),
+            kind: BindingKind::Input,
+            bytes: 32,
+            slices: vec![
+                BindingSlice {
+                    tile: 0,
+                    tile_addr: 0x9_0000,
+                    offset: 0,
+                    bytes: 16,
+                },
+                BindingSlice {
+                    tile: 2,
+                    tile_addr: 0x9_0000,
+                    offset: 16,
+                    bytes: 16,
+                },
+            ],
+        }],
+    }
+}
+
+/// Recomputes every checksum after a deliberate edit of a section body, so that the
+/// edit reaches the parser and validator instead of stopping at the CRC.
+fn fix_checksums(data: &mut [u8]) {
+    let table = 16;
+    for i in 0..4 {
+        let e = table + i * 24;
+        let off = u64::from_le_bytes(data[e + 8..e + 16].try_into().unwrap()) as usize;
+        let len = u64::from_le_bytes(data[e + 16..e + 24].try_into().unwrap()) as usize;
+        let crc = crc32fast::hash(&data[off..off + len]);
+        data[e + 4..e + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+    let end = table + 4 * 24;
+    let crc = crc32fast::hash(&data[..end]);
+    data[end..end + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn rejected(p: &Package) -> PackageError {
+    validate(p).expect_err("validate must reject");
+    read_package(&write_package(p)).expect_err("read must reject")
+}
+
+#[test]
+fn round_trip_and_determinism() {
+    let p = small_package();
+    validate(&p).unwrap();
+    let a = write_package(&p);
+    let b = write_package(&p.clone());
+    assert_eq!(a, b);
+    assert_eq!(&a[..8], b"TSRPKG\0\0");
+    assert_eq!(read_package(&a).unwrap(), p);
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let data = write_package(&small_package());
+    for n in 0..data.len() {
+        let err = read_package(&data[..n]).expect_err("a prefix must not load");
+        assert!(
+            matches!(err, PackageError::Truncated { .. } | PackageError::BadMagic),
+            "prefix {n}: {err}"
+        );
+    }
+    let mut longer = data.clone();
+    longer.push(0);
+    assert!(matches!(
+        read_package(&longer),
+        Err(PackageError::SectionTable(_))
+    ));
+}
+
+#[test]
+fn every_byte_flip_is_detected() {
+    let data = write_package(&small_package());
+    for i in 0..data.len() {
+        for mask in [0x01u8, 0x80, 0xFF] {
+            let mut bad = data.clone();
+            bad[i] ^= mask;
+            assert!(read_package(&bad).is_err(), "flip {mask:#x} at byte {i}");
+        }
+    }
+}
+
+#[test]
+fn header_errors_are_typed() {
+    let data = write_package(&small_package());
+    let mut bad = data.clone();
+    bad[0] = b'X';
+    assert!(matches!(read_package(&bad), Err(PackageError::BadMagic)));
+    let mut bad = data.clone();
+    bad[8] = 2;
+    assert!(matches!(
+        read_package(&bad),
+        Err(PackageError::UnsupportedVersion { found: 2, .. })
+    ));
+    let mut bad = data.clone();
+    bad[20] ^= 1; // inside the table: crc of the machine section
+    assert!(matches!(
+        read_package(&bad),
+        Err(PackageError::HeaderChecksum { .. })
+    ));
+    let mut bad = data.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert!(matches!(
+        read_package(&bad),
+        Err(PackageError::SectionChecksum {
+            section: "bindings",
+            ..
+        })
+    ));
+    let mut bad = data.clone();
+    bad[12] = 9;
+    assert!(matches!(
+        read_package(&bad),
+        Err(PackageError::SectionTable(_))
+    ));
+}
+
+#[test]
+fn malformed_sections_with_valid_checksums_are_rejected() {
+    let data = write_package(&small_package());
+    // A huge element count in the tiles section, checksums recomputed.
+    let tiles_off = u64::from_le_bytes(data[16 + 24 + 8..16 + 24 + 16].try_into().unwrap());
+    let mut bad = data.clone();
+    let o = tiles_off as usize;
+    bad[o..o + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    fix_checksums(&mut bad);
+    let err = read_package(&bad).unwrap_err();
+    assert!(
+        matches!(err, PackageError::Malformed { section: "tiles", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("cannot fit"), "{err}");
+}
+
+#[test]
+fn inconsistent_fields_are_rejected_with_the_right_error() {
+    let base = small_package();
+
+    let mut p = base.clone();
+    p.machine_toml = "name = 3".into();
+    assert!(matches!(rejected(&p), PackageError::Machine(_)));
+
+    let mut p = base.clone();
+    p.tiles[1].tile = 4;
+    assert!(matches!(
+        rejected(&p),
+        PackageError::TileOutOfRange { tile: 4, tiles: 4 }
+    ));
+
+    let mut p = base.clone();
+    p.tiles.swap(0, 1);
+    assert!(matches!(rejected(&p), PackageError::TilesNotSorted { .. }));
+
+    let mut p = base.clone();
+    p.tiles[0].segments[1].addr = 0x4_C008;
+    p.tiles[0].segments[1].perms.execute = false;
+    assert!(matches!(rejected(&p), PackageError::SegmentOverlap { .. }));
+
+    let mut p = base.clone();
+    p.tiles[0].segments[1].addr = 0xE_7FF0;
+    assert!(matches!(rejected(&p), PackageError::BadSegment { .. }));
+
+    let mut p = base.clone();
+    p.tiles[0].segments[1].addr = 0xE_7BA8;
+    p.tiles[0].segments[1].size = 16;
+    assert!(
+        rejected(&p).to_string().contains("loader limit"),
+        "initialised bytes past the loader limit"
+    );
+
+    let mut p = base.clone();
+    p.tiles[0].segments[1].perms.execute = true;
+    assert!(rejected(&p).to_string().contains("executable region"));
+
+    let mut p = base.clone();
+    p.tiles[0].segments[0].bytes = vec![0; 17];
+    assert!(matches!(rejected(&p), PackageError::BadSegment { .. }));
+
+    let mut p = base.clone();
+    p.tiles[0].segments[0].size = 0;
+    p.tiles[0].segments[0].bytes.clear();
+    assert!(matches!(rejected(&p), PackageError::BadSegment { .. }));
+
+    let mut p = base.clone();
+    p.tiles[0].entry = 0x4_C002;
+    assert!(matches!(rejected(&p), PackageError::BadEntry { .. }));
+    let mut p = base.clone();
+    p.tiles[0].entry = 0x9_0000;
+    assert!(matches!(rejected(&p), PackageError::BadEntry { .. }));
+
+    let mut p = base.clone();
+    p.tiles[0].symbols[1].name = "main".into();
+    assert!(matches!(rejected(&p), PackageError::BadSymbol { .. }));
+    let mut p = base.clone();
+    p.tiles[0].symbols[1].addr = 0x1000;
+    assert!(matches!(rejected(&p), PackageError::BadSymbol { .. }));
+
+    let mut p = base.clone();
+    p.exchanges.push(p.exchanges[0].clone());
+    assert!(matches!(
+        rejected(&p),
+        PackageError::DuplicateExchange { id: 3 }
+    ));
+    let mut p = base.clone();
+    p.exchanges[0].transfers[0].dsts[0].0 = 9;
+    assert!(matches!(rejected(&p), PackageError::BadExchange { .. }));
+    let mut p = base.clone();
+    p.exchanges[0].transfers[0].src_addr = 0xE_7FFC;
+    assert!(matches!(rejected(&p), PackageError::BadExchange { .. }));
+    let mut p = base.clone();
+    p.exchanges[0].transfers[0].dsts.clear();
+    assert!(matches!(rejected(&p), PackageError::BadExchange { .. }));
+
+    let mut p = base.clone();
+    p.bindings.push(p.bindings[0].clone());
+    assert!(matches!(rejected(&p), PackageError::DuplicateBinding { .. }));
+    let mut p = base.clone();
+    p.bindings[0].slices[1].offset = 20;
+    assert!(matches!(rejected(&p), PackageError::BadBinding { .. }));
+    let mut p = base.clone();
+    p.bindings[0].slices[1].tile = 7;
+    assert!(matches!(rejected(&p), PackageError::BadBinding { .. }));
+    let mut p = base.clone();
+    p.bindings[0].kind = BindingKind::Output;
+    p.bindings[0].slices[1].offset = 8;
+    assert!(rejected(&p).to_string().contains("overlap"));
+}
+
+#[test]
+fn files_round_trip_and_report_paths() {
+    let dir = std::env::temp_dir().join(format!("tessera-pkg-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("a.tpk");
+    let p = small_package();
+    write_package_file(&path, &p).unwrap();
+    assert_eq!(read_package_file(&path).unwrap(), p);
+    let mut bad = p.clone();
+    bad.tiles[0].entry = 3;
+    assert!(write_package_file(dir.join("b.tpk"), &bad).is_err());
+    assert!(!dir.join("b.tpk").exists());
+    let err = read_package_file(dir.join("missing.tpk")).unwrap_err();
+    assert!(err.to_string().contains("missing.tpk"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- properties ----
+
+fn perms() -> impl Strategy<Value = Perms> {
+    (any::<bool>(), any::<bool>()).prop_map(|(read, write)| Perms {
+        read,
+        write,
+        execute: false,
+    })
+}
+
+/// A valid tile image: one code segment in region 0 and up to three data segments
+/// in disjoint 4 KiB windows of region 1.
+fn tile_image(tile: u32) -> impl Strategy<Value = TileImage> {
+    (
+        1u32..64,
+        proptest::collection::vec(any::<u8>(), 0..64),
+        proptest::collection::vec(
+            (
+                0u32..8,
+                1u32..4096,
+                proptest::collection::vec(any::<u8>(), 0..48),
+                perms(),
+            ),
+            0..4,
+        ),
+        0u32..64,
+        proptest::collection::vec(("[a-z_]{1,10}", 0u32..4096, any::<bool>()), 0..5),
+    )
+        .prop_map(move |(words, code, data, entry, syms)| {
+            let size = words * 4;
+            let mut code = code;
+            code.truncate(size as usize);
+            let mut segments = vec![Segment {
+                name: "code".into(),
+                addr: 0x4_C000,
+                size,
+                bytes: code,
+                perms: Perms {
+                    read: true,
+                    write: false,
+                    execute: true,
+                },
+            }];
+            let mut used = std::collections::BTreeSet::new();
+            for (slot, size, mut bytes, perms) in data {
+                if used.insert(slot) {
+                    bytes.truncate(size as usize);
+                    segments.push(Segment {
+                        name: format!("d{slot}"),
+                        addr: 0x8_0000 + slot * 4096,
+                        size,
+                        bytes,
+                        perms,
+                    });
+                }
+            }
+            let mut names = std::collections::BTreeSet::new();
+            let symbols = syms
+                .into_iter()
+                .filter(|(n, _, _)| names.insert(n.clone()))
+                .map(|(name, off, code)| Symbol {
+                    name,
+                    addr: 0x4_C000 + off,
+                    size: off % 64,
+                    kind: if code {
+                        SymbolKind::Code
+                    } else {
+                        SymbolKind::Data
+                    },
+                })
+                .collect();
+            TileImage {
+                tile,
+                segments,
+                entry: 0x4_C000 + (entry % words) * 4,
+                symbols,
+            }
+        })
+}
+
+fn package() -> impl Strategy<Value = Package> {
+    (
+        proptest::collection::btree_set(0u32..4, 0..4),
+        proptest::collection::vec(
+            (
+                any::<u16>(),
+                "[a-z]{0,6}",
+                proptest::collection::vec(
+                    (
+                        0u32..4,
+                        0u32..256,
+                        1u32..256,
+                        proptest::collection::vec((0u32..4, 0u32..256), 1..3),
+                    ),
+                    0..3,
+                ),
+            ),
+            0..3,
+        ),
+        proptest::collection::vec(
+            (
+                "[a-z]{1,6}",
+                0u8..3,
+                proptest::collection::vec((0u32..4, 0u32..1024, 1u32..64), 0..3),
+            ),
+            0..3,
+        ),
+    )
+        .prop_flat_map(|(tiles, xs, bs)| {
+            let images: Vec<_> = tiles.into_iter().map(tile_image).collect();
+            (images, Just(xs), Just(bs))
+        })
+        .prop_map(|(tiles, xs, bs)| {
+            let mut ids = std::collections::BTreeSet::new();
+            let exchanges = xs
+                .into_iter()
+                .filter(|(id, _, _)| ids.insert(*id))
+                .map(|(id, name, ts)| ExchangeProgram {
+                    id,
+                    name,
+                    transfers: ts
+                        .into_iter()
+                        .map(|(src_tile, a, bytes, dsts)| Transfer {
+                            src_tile,
+                            src_addr: 0x9_0000 + a * 8,
+                            bytes,
+                            dsts: dsts
+                                .into_iter()
+                                .map(|(t, a)| (t, 0xA_0000 + a * 8))
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect();
+            let mut names = std::collections::BTreeSet::new();
+            let bindings = bs
+                .into_iter()
+                .filter(|(n, _, _)| names.insert(n.clone()))
+                .map(|(name, kind, slices)| {
+                    let mut offset = 0;
+                    let slices: Vec<_> = slices
+                        .into_iter()
+                        .map(|(tile, a, bytes)| {
+                            let s = BindingSlice {
+                                tile,
+                                tile_addr: 0xB_0000 + a * 4,
+                                offset,
+                                bytes,
+                            };
+                            offset += bytes;
+                            s
+                        })
+                        .collect();
+                    HostBinding {
+                        name,
+                        kind: [BindingKind::Input, BindingKind::Output, BindingKind::Weight]
+                            [kind as usize],
+                        bytes: offset + 5,
+                        slices,
+                    }
+                })
+                .collect();
+            Package {
+                machine_toml: Machine::small().to_toml(),
+                tiles,
+                exchanges,
+                bindings,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, rng_seed: proptest::test_runner::RngSeed::Fixed(0x7e55e4a), ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_packages_round_trip(p in package()) {
+        validate(&p).unwrap();
+        let bytes = write_package(&p);
+        prop_assert_eq!(&write_package(&p), &bytes);
+        prop_assert_eq!(read_package(&bytes).unwrap(), p);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut with_magic = b"TSRPKG\0\0\x01\0\0\0\x04\0\0\0".to_vec();
+        with_magic.extend_from_slice(&data);
+        let _ = read_package(&data);
+        let _ = read_package(&with_magic);
+    }
+
+    /// Edits behind valid checksums reach the section parsers and the validator.
+    #[test]
+    fn edited_sections_never_panic(p in package(), edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6)) {
+        let mut data = write_package(&p);
+        let header = 16 + 4 * 24 + 4;
+        for (i, v) in edits {
+            let at = header + i.index(data.len() - header);
+            data[at] = v;
+        }
+        fix_checksums(&mut data);
+        let _ = read_package(&data);
+    }
+}

@@ -1,0 +1,228 @@
+//! Flat problems (one arena, lifetimes, sizes and alignments only): a fast greedy
+//! for large instances, the ladder at a capacity, and peak minimisation without one.
+//!
+//! The fast greedy applies the same rules as the tile engine (lowest aligned offset
+//! clear of every placed buffer whose lifetime overlaps, within the arena), so the
+//! lifetime and retry modes give identical results through either path.
+
+use crate::model::{Instance, align_up_phase};
+use crate::{FlatOutcome, LadderRun, ModeSelect, Options, SearchVerdict, alloc, search};
+use crate::{Mode, peak_of};
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// Where a gap is chosen among those that fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fit {
+    /// The lowest offset.
+    First,
+    /// The smallest gap that holds the buffer, else the lowest offset above all.
+    Best,
+}
+
+/// Places units in `order`; `None` if one does not fit in the arena.
+pub(crate) fn greedy_flat(inst: &Instance, order: &[usize], fit: Fit) -> Option<Vec<u64>> {
+    let n = inst.units.len();
+    let cap = inst.space_end();
+    let mut base = vec![0u64; n];
+    // Placed buffers as parallel arrays: the conflict scan is the hot loop.
+    let mut p_lo: Vec<i64> = Vec::with_capacity(n);
+    let mut p_hi: Vec<i64> = Vec::with_capacity(n);
+    let mut p_off: Vec<u64> = Vec::with_capacity(n);
+    let mut p_end: Vec<u64> = Vec::with_capacity(n);
+    let mut conf: Vec<(u64, u64)> = Vec::new();
+    for &u in order {
+        let x = &inst.units[u];
+        conf.clear();
+        if x.lo < x.hi && x.extent > 0 {
+            for k in 0..p_lo.len() {
+                if p_lo[k] < x.hi && x.lo < p_hi[k] {
+                    conf.push((p_off[k], p_end[k]));
+                }
+            }
+        }
+        conf.sort_unstable();
+        let size = x.extent;
+        let place = |p: u64| align_up_phase(p, x.align, x.phase);
+        let mut chosen: Option<u64> = None;
+        let mut best_gap = u64::MAX;
+        let mut p = place(0)?;
+        for &(lo, hi) in &conf {
+            if lo >= p.checked_add(size)? {
+                match fit {
+                    Fit::First => {
+                        chosen = Some(p);
+                        break;
+                    }
+                    Fit::Best => {
+                        let gap = lo - p;
+                        if gap < best_gap {
+                            best_gap = gap;
+                            chosen = Some(p);
+                        }
+                    }
+                }
+            }
+            if hi > p {
+                p = place(hi)?;
+            }
+        }
+        let p = match chosen {
+            Some(c) => c,
+            None => p,
+        };
+        if p.checked_add(x.reach)? > cap {
+            return None;
+        }
+        base[u] = p;
+        if x.lo < x.hi && x.extent > 0 {
+            p_lo.push(x.lo);
+            p_hi.push(x.hi);
+            p_off.push(p);
+            p_end.push(p + size);
+        }
+    }
+    Some(base)
+}
+
+/// The ladder at a capacity: lifetime order, retry order, then the search.
+pub(crate) fn ladder(
+    inst: &Instance,
+    modes: ModeSelect,
+    budget: u64,
+    out: &mut FlatOutcome,
+) -> LadderRun {
+    let want = |m: Mode| modes == ModeSelect::Ladder || modes == ModeSelect::Only(m);
+    let mut run = LadderRun {
+        bases: None,
+        mode: None,
+        failure: None,
+        verdict: None,
+        nodes: 0,
+    };
+    let t0 = Instant::now();
+    for (mode, order) in [
+        (Mode::Lifetime, alloc::lifetime_order as fn(&Instance) -> Vec<usize>),
+        (Mode::Retry, alloc::retry_order),
+    ] {
+        if !want(mode) {
+            continue;
+        }
+        let ord = order(inst);
+        if let Some(b) = greedy_flat(inst, &ord, Fit::First) {
+            out.first_peak.get_or_insert(peak_of(inst, &b));
+            out.first_ms = t0.elapsed().as_secs_f64() * 1e3;
+            run.bases = Some(b);
+            run.mode = Some(mode);
+            return run;
+        }
+    }
+    out.first_ms = t0.elapsed().as_secs_f64() * 1e3;
+    if want(Mode::Search) {
+        if out.lower_bound > inst.space_end() {
+            run.verdict = Some(SearchVerdict::InfeasibleLiveBytes);
+            return run;
+        }
+        match search::search(inst, budget) {
+            search::SearchResult::Found { bases, nodes } => {
+                run.bases = Some(bases);
+                run.mode = Some(Mode::Search);
+                run.verdict = Some(SearchVerdict::Found);
+                run.nodes = nodes;
+            }
+            search::SearchResult::Exhausted { nodes } => {
+                run.verdict = Some(SearchVerdict::Exhausted);
+                run.nodes = nodes;
+            }
+            search::SearchResult::GaveUp { nodes } => {
+                run.verdict = Some(SearchVerdict::GaveUp);
+                run.nodes = nodes;
+            }
+        }
+    }
+    run
+}
+
+/// Extra orders tried when minimising the peak.
+fn orders(inst: &Instance) -> Vec<(Mode, Vec<usize>, Fit)> {
+    let n = inst.units.len();
+    let len = |u: usize| (inst.units[u].hi - inst.units[u].lo).max(0) as u128;
+    let size = |u: usize| inst.units[u].extent as u128;
+    let by = |key: &dyn Fn(usize) -> (u128, u128)| {
+        let mut o: Vec<usize> = (0..n).collect();
+        o.sort_by_key(|&u| (std::cmp::Reverse(key(u)), u));
+        o
+    };
+    vec![
+        (Mode::Lifetime, alloc::lifetime_order(inst), Fit::First),
+        (Mode::Retry, alloc::retry_order(inst), Fit::First),
+        (Mode::Search, alloc::retry_order(inst), Fit::Best),
+        (Mode::Search, by(&|u| (size(u) * len(u), size(u))), Fit::First),
+        (Mode::Search, by(&|u| (size(u) * len(u), size(u))), Fit::Best),
+        (Mode::Search, by(&|u| (len(u), size(u))), Fit::First),
+    ]
+}
+
+/// Lowest peak found within the budget, with no capacity. Returns bases and the
+/// mode that produced them.
+pub(crate) fn minimize(
+    inst: &Instance,
+    lower_bound: u64,
+    opts: &Options,
+    out: &mut FlatOutcome,
+) -> (Vec<u64>, Mode) {
+    let t0 = Instant::now();
+    let mut cands = orders(inst);
+    if let ModeSelect::Only(m) = opts.modes {
+        cands.retain(|c| c.0 == m || m == Mode::Search);
+    }
+    let results: Vec<Option<(u64, Vec<u64>, Mode)>> = cands
+        .par_iter()
+        .map(|(mode, order, fit)| {
+            greedy_flat(inst, order, *fit).map(|b| (peak_of(inst, &b), b, *mode))
+        })
+        .collect();
+    out.first_peak = results.first().and_then(|r| r.as_ref().map(|r| r.0));
+    out.first_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (mut peak, mut bases, mut mode) = results
+        .into_iter()
+        .flatten()
+        .min_by_key(|r| r.0)
+        .unwrap_or((0, vec![0; inst.units.len()], Mode::Lifetime));
+    // Lower the peak with the search while the instance is small enough for it.
+    let searchable = opts.modes == ModeSelect::Ladder || opts.modes == ModeSelect::Only(Mode::Search);
+    if searchable && peak > lower_bound && inst.units.len() <= 2000 {
+        let mut lo = lower_bound;
+        let mut hi = peak;
+        let mut tries = 0;
+        while lo < hi && tries < 12 {
+            tries += 1;
+            let target = if tries == 1 { lo } else { lo + (hi - lo) / 2 };
+            let mut capped = inst.clone();
+            if let Some(z) = capped.zones.last_mut() {
+                z.end = target;
+            }
+            match search::search(&capped, opts.node_budget / 8) {
+                search::SearchResult::Found { bases: b, nodes } => {
+                    out.search_nodes += nodes;
+                    let p = peak_of(inst, &b);
+                    peak = p;
+                    bases = b;
+                    mode = Mode::Search;
+                    hi = p;
+                }
+                search::SearchResult::Exhausted { nodes } => {
+                    out.search_nodes += nodes;
+                    lo = target + 1;
+                }
+                search::SearchResult::GaveUp { nodes } => {
+                    out.search_nodes += nodes;
+                    lo = target + 1;
+                }
+            }
+        }
+        out.search = Some(SearchVerdict::Found);
+    }
+    let _ = peak;
+    (bases, mode)
+}

@@ -1,0 +1,224 @@
+//! The public problem and result types, and the JSON schema (see `docs/placement.md`).
+//!
+//! Steps in JSON problems are inclusive: a request with `first: 2, last: 5` is live
+//! at steps 2, 3, 4 and 5. Addresses are absolute tile addresses.
+
+use serde::{Deserialize, Serialize};
+
+/// Which memory a request may live in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MemClass {
+    #[default]
+    Any,
+    NonInterleaved,
+    Interleaved,
+    /// Instruction fetch is possible: the executable region only.
+    Executable,
+}
+
+impl MemClass {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemClass::Any => "any",
+            MemClass::NonInterleaved => "non_interleaved",
+            MemClass::Interleaved => "interleaved",
+            MemClass::Executable => "executable",
+        }
+    }
+
+    /// Whether a region with these properties can hold this class.
+    pub fn admits(self, interleaved: bool, executable: bool) -> bool {
+        match self {
+            MemClass::Any => true,
+            MemClass::NonInterleaved => !interleaved,
+            MemClass::Interleaved => interleaved,
+            MemClass::Executable => executable,
+        }
+    }
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// One buffer to place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    pub name: String,
+    pub size: u64,
+    /// Power of two; the address is a multiple of it.
+    #[serde(default = "one")]
+    pub align: u64,
+    /// The occupied size is `size` rounded up to a multiple of this (power of two).
+    #[serde(default = "one")]
+    pub end_round: u64,
+    /// First step at which the request is live (inclusive).
+    pub first: u64,
+    /// Last step at which the request is live (inclusive).
+    pub last: u64,
+    #[serde(default)]
+    pub class: MemClass,
+    /// Bytes a kernel may read past the (rounded) end; they must lie in the same region.
+    #[serde(default)]
+    pub tail: u64,
+    /// Initialised by the loader: must end at or below the loader limit.
+    #[serde(default)]
+    pub loaded: bool,
+    /// Free-form label for diagnostics ("weights", "activations", ...); defaults to
+    /// the memory class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+}
+
+/// A fixed address range nothing may overlap, at any step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reservation {
+    pub name: String,
+    pub start: u64,
+    /// One past the last reserved byte.
+    pub end: u64,
+}
+
+/// `name` lives at the address of `of` plus `offset` (a view or an in-place output).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Alias {
+    pub name: String,
+    pub of: String,
+    #[serde(default)]
+    pub offset: i64,
+}
+
+/// `count` buffers of one shape walked by one pointer; the engine picks the stride.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sequence {
+    pub name: String,
+    pub count: u64,
+    pub size: u64,
+    #[serde(default = "one")]
+    pub align: u64,
+    #[serde(default = "one")]
+    pub end_round: u64,
+    pub first: u64,
+    pub last: u64,
+    #[serde(default)]
+    pub class: MemClass,
+    #[serde(default)]
+    pub tail: u64,
+    #[serde(default)]
+    pub loaded: bool,
+    /// The members are streamed together: no two may share a memory element.
+    #[serde(default)]
+    pub separate: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+}
+
+/// Everything to place on one tile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TileProblem {
+    #[serde(default)]
+    pub tile: u32,
+    #[serde(default)]
+    pub requests: Vec<Request>,
+    #[serde(default)]
+    pub reservations: Vec<Reservation>,
+    /// Groups of request or sequence names that must not share a memory element.
+    #[serde(default)]
+    pub separation: Vec<Vec<String>>,
+    #[serde(default)]
+    pub aliases: Vec<Alias>,
+    #[serde(default)]
+    pub sequences: Vec<Sequence>,
+}
+
+/// A JSON problem file: one or many tiles.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Problem {
+    /// Machine preset or TOML path; `c600` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    pub tiles: Vec<TileProblem>,
+}
+
+impl Problem {
+    /// Parses a problem: either `{"tiles": [...]}` or a single tile object.
+    pub fn from_json(text: &str) -> Result<Problem, crate::PlaceError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| crate::PlaceError::Parse {
+                what: "JSON problem".into(),
+                message: e.to_string(),
+            })?;
+        let is_multi = value.get("tiles").is_some();
+        let parsed = if is_multi {
+            serde_json::from_value::<Problem>(value)
+        } else {
+            serde_json::from_value::<TileProblem>(value).map(|t| Problem {
+                machine: None,
+                tiles: vec![t],
+            })
+        };
+        parsed.map_err(|e| crate::PlaceError::Parse {
+            what: "JSON problem".into(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// One placed request or sequence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub id: String,
+    /// Absolute address (tile problems) or offset from the arena start (CSV).
+    pub offset: u64,
+    /// Distance between consecutive members, for sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stride: Option<u64>,
+}
+
+/// Which allocator produced a placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Lifetime-ordered first fit (the default, as in the seed).
+    Lifetime,
+    /// Decreasing alignment, size and duration, first fit against overlapping lifetimes.
+    Retry,
+    /// Bounded branch and bound.
+    Search,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Lifetime => "lifetime",
+            Mode::Retry => "retry",
+            Mode::Search => "search",
+        }
+    }
+}
+
+/// A placement of one tile's requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TilePlacement {
+    pub tile: u32,
+    pub mode_used: Mode,
+    /// Highest end address used (exclusive), tails excluded.
+    pub peak: u64,
+    pub allocations: Vec<Allocation>,
+}
+
+impl TilePlacement {
+    pub fn offset_of(&self, id: &str) -> Option<u64> {
+        self.allocations
+            .iter()
+            .find(|a| a.id == id)
+            .map(|a| a.offset)
+    }
+}

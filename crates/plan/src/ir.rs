@@ -1,0 +1,226 @@
+//! The tile-plan IR: per-tile buffers with lifetimes and access requirements, kernel
+//! calls bound to buffers, exchange copies between buffers, and host bindings. No
+//! addresses: placement turns buffers into addresses, emission turns calls and copies
+//! into code and exchange programs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+use tessera_kernels::{
+    Add, AddBias, AmpMatmul, Contract, Gelu, Kernel, LayerNorm, MemClass, Rearrange, ReduceAdd,
+};
+
+/// A BSP step index. Buffer lifetimes are inclusive step ranges.
+pub type Step = u32;
+
+/// Names one buffer of a plan; prints as `buf12`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct BufId(pub u32);
+
+impl fmt::Display for BufId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "buf{}", self.0)
+    }
+}
+
+/// What a buffer holds, for memory reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Activation,
+    Weight,
+    Partial,
+    VertexState,
+}
+
+impl Category {
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Activation => "activations",
+            Category::Weight => "weights",
+            Category::Partial => "partials",
+            Category::VertexState => "vertex_state",
+        }
+    }
+}
+
+/// One tensor-like buffer on one tile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Buffer {
+    pub id: BufId,
+    pub tile: u32,
+    pub name: String,
+    pub bytes: u32,
+    /// The strictest alignment any use declares.
+    pub align: u32,
+    pub class: MemClass,
+    pub tail: u32,
+    pub first: Step,
+    pub last: Step,
+    pub category: Category,
+    /// Contents written by the loader (weights, constants); `None` for run-time data.
+    #[serde(skip)]
+    pub init: Option<Vec<u8>>,
+}
+
+/// The kernels the planner can call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelKind {
+    Rearrange(Rearrange),
+    Matmul(AmpMatmul),
+    LayerNorm(LayerNorm),
+    Gelu(Gelu),
+    Add(Add),
+    AddBias(AddBias),
+    ReduceAdd(ReduceAdd),
+}
+
+impl KernelKind {
+    pub fn kernel(&self) -> &dyn Kernel {
+        match self {
+            KernelKind::Rearrange(k) => k,
+            KernelKind::Matmul(k) => k,
+            KernelKind::LayerNorm(k) => k,
+            KernelKind::Gelu(k) => k,
+            KernelKind::Add(k) => k,
+            KernelKind::AddBias(k) => k,
+            KernelKind::ReduceAdd(k) => k,
+        }
+    }
+    pub fn contract(&self) -> Contract {
+        self.kernel().contract()
+    }
+}
+
+/// A place inside a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Loc {
+    pub buf: BufId,
+    pub offset: u32,
+}
+
+/// One kernel invocation on one tile at one step. Operand names follow the kernel's
+/// contract; `state` is the call's vertex-state buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub tile: u32,
+    pub step: Step,
+    pub kernel: KernelKind,
+    pub operands: BTreeMap<String, Loc>,
+    pub state: BufId,
+}
+
+/// Bytes from one buffer to the same offsets' worth of bytes in one or more buffers
+/// on other tiles, in one exchange phase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Copy {
+    pub src: Loc,
+    pub bytes: u32,
+    pub dsts: Vec<Loc>,
+}
+
+/// One exchange phase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Exchange {
+    pub id: u16,
+    pub name: String,
+    pub step: Step,
+    pub copies: Vec<Copy>,
+}
+
+/// What happens at a step, chip-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// Host inputs arrive.
+    HostIn,
+    /// Tiles run their calls of this step.
+    Compute,
+    /// Exchange phase with this id.
+    Exchange(u16),
+    /// Host outputs leave.
+    HostOut,
+}
+
+/// Direction of a host binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BindingDir {
+    Input,
+    Output,
+}
+
+/// A byte range of a host buffer that lives in a buffer on a tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Slice {
+    pub loc: Loc,
+    /// Byte offset in the host buffer.
+    pub offset: u32,
+    pub bytes: u32,
+}
+
+/// A named host tensor and where its bytes live on the tiles.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Binding {
+    pub name: String,
+    pub dir: BindingDir,
+    pub bytes: u32,
+    pub slices: Vec<Slice>,
+}
+
+/// A whole tile plan.
+#[derive(Debug, Clone, Default)]
+pub struct TilePlan {
+    pub tiles: u32,
+    pub steps: Vec<StepKind>,
+    pub buffers: Vec<Buffer>,
+    pub calls: Vec<Call>,
+    pub exchanges: Vec<Exchange>,
+    pub bindings: Vec<Binding>,
+    /// Pairs of buffers on one tile that a kernel streams in the same issue.
+    pub separations: Vec<(BufId, BufId)>,
+    /// Human-readable notes on each mapping decision, for reports.
+    pub decisions: Vec<String>,
+}
+
+impl TilePlan {
+    pub fn buffer(&self, id: BufId) -> &Buffer {
+        &self.buffers[id.0 as usize]
+    }
+
+    pub fn last_step(&self) -> Step {
+        self.steps.len().saturating_sub(1) as Step
+    }
+
+    /// Adds a buffer live at no step yet; uses extend its lifetime.
+    pub(crate) fn add_buffer(
+        &mut self,
+        tile: u32,
+        name: String,
+        bytes: u32,
+        category: Category,
+    ) -> BufId {
+        let id = BufId(self.buffers.len() as u32);
+        self.buffers.push(Buffer {
+            id,
+            tile,
+            name,
+            bytes,
+            align: 4,
+            class: MemClass::Any,
+            tail: 0,
+            first: Step::MAX,
+            last: 0,
+            category,
+            init: None,
+        });
+        id
+    }
+
+    pub(crate) fn touch(&mut self, id: BufId, step: Step) {
+        let b = &mut self.buffers[id.0 as usize];
+        b.first = b.first.min(step);
+        b.last = b.last.max(step);
+    }
+}

@@ -1,0 +1,254 @@
+//! Matmul mapping: a [rows, k] x [k, n] product split into `pr` row groups, `pk`
+//! inner-dimension groups and `pn` column groups, one tile per (row, inner, column)
+//! group. The AMP works on 16-wide chunks of `k` and 16-wide blocks of `n`, so the
+//! split is counted in those units.
+//!
+//! The cost model adds up the kernels' own cycle estimates (which match the
+//! simulator on the shapes the kernel tests run) and the exchange volume at the
+//! machine's rates, rather than counting FLOP: what hurts on this machine is the
+//! per-call overhead (weight loads, worker start and sync) when a tile has few rows,
+//! and exchange volume when operands are replicated.
+
+use crate::PlanError;
+use serde::Serialize;
+use tessera_kernels::{AmpMatmul, Kernel, Rearrange, ReduceAdd};
+use tessera_machine::Machine;
+
+/// AMP chunk width: 16 inputs by 16 outputs per weight load.
+pub const AMP_WIDTH: u32 = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MatmulShape {
+    pub rows: u32,
+    pub k: u32,
+    pub n: u32,
+}
+
+impl MatmulShape {
+    pub fn k_chunks(&self) -> u32 {
+        self.k.div_ceil(AMP_WIDTH)
+    }
+    pub fn n_blocks(&self) -> u32 {
+        self.n.div_ceil(AMP_WIDTH)
+    }
+    pub fn flop(&self) -> u64 {
+        2 * u64::from(self.rows) * u64::from(self.k) * u64::from(self.n)
+    }
+}
+
+/// Estimated cycles, per tile (the slowest tile), by phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct MatmulCost {
+    /// Receiving the row-major input block.
+    pub exchange_in: u64,
+    /// Row-major to AMP layout.
+    pub rearrange: u64,
+    pub amp: u64,
+    /// Receiving and summing partial results of the inner-dimension split.
+    pub reduce: u64,
+}
+
+impl MatmulCost {
+    pub fn total(&self) -> u64 {
+        self.exchange_in + self.rearrange + self.amp + self.reduce
+    }
+}
+
+/// One way to spread a matmul over tiles, with its per-tile sizes and cost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MatmulMapping {
+    pub shape: MatmulShape,
+    pub pr: u32,
+    pub pk: u32,
+    pub pn: u32,
+    /// Rows per tile (the last group may have fewer).
+    pub rows_per_tile: u32,
+    /// 16-wide chunks of k per tile.
+    pub chunks_per_tile: u32,
+    /// 16-wide blocks of n per tile, padded to a multiple of `pk`.
+    pub blocks_per_tile: u32,
+    /// Tensor bytes on the busiest tile.
+    pub bytes_per_tile: u64,
+    /// Of which weights, live for the whole program.
+    pub weight_bytes: u64,
+    pub cost: MatmulCost,
+}
+
+impl MatmulMapping {
+    pub fn tiles(&self) -> u32 {
+        self.pr * self.pk * self.pn
+    }
+
+    /// Share of the machine's f16 peak this mapping would reach if the estimate held.
+    pub fn peak_share(&self, machine: &Machine) -> f64 {
+        self.shape.flop() as f64
+            / (self.cost.total() as f64 * machine.peak_f16_flop_per_cycle() as f64)
+    }
+
+    fn evaluate(machine: &Machine, shape: MatmulShape, pr: u32, pk: u32, pn: u32) -> Self {
+        let rows_t = shape.rows.div_ceil(pr);
+        let kc_t = shape.k_chunks().div_ceil(pk);
+        // Output blocks are padded to a multiple of pk so that every inner group
+        // reduces an equal slab (see mlp.rs).
+        let nb_t = shape.n_blocks().div_ceil(pn).div_ceil(pk) * pk;
+        let (rows, kc, nb) = (u64::from(rows_t), u64::from(kc_t), u64::from(nb_t));
+        let t = &machine.timing;
+        let xbw = u64::from(t.exchange_bytes_per_cycle);
+
+        let chunk_bytes = u64::from(AMP_WIDTH) * 2;
+        let a_bytes = rows * kc * chunk_bytes;
+        let weight_bytes = nb * kc * chunk_bytes * u64::from(AMP_WIDTH);
+        let out_bytes = rows * nb * chunk_bytes;
+        let slab_bytes = out_bytes / u64::from(pk);
+        let partial_bytes = 2 * rows * chunk_bytes;
+        // The row-major receive buffer and the AMP-layout copy both live while the
+        // rearrangement runs; the output keeps one more slab (bias) beside its
+        // partials; the reduced sum and its activation are one slab each.
+        let bytes_per_tile =
+            2 * a_bytes + weight_bytes + out_bytes + slab_bytes + partial_bytes + 2 * slab_bytes;
+
+        let amp = AmpMatmul::new(rows_t, kc_t, nb_t).estimate_cycles_with(t);
+        let rearrange = Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t);
+        let exchange_in = u64::from(t.exchange_overhead_cycles) + a_bytes / xbw;
+        let slab_elems = u32::try_from(slab_bytes / 2).unwrap_or(u32::MAX);
+        let reduce = u64::from(t.exchange_overhead_cycles)
+            + slab_bytes * u64::from(pk - 1) / xbw
+            + ReduceAdd::new(pk + 1, slab_elems).estimate_cycles_with(t);
+        MatmulMapping {
+            shape,
+            pr,
+            pk,
+            pn,
+            rows_per_tile: rows_t,
+            chunks_per_tile: kc_t,
+            blocks_per_tile: nb_t,
+            bytes_per_tile,
+            weight_bytes,
+            cost: MatmulCost {
+                exchange_in,
+                rearrange,
+                amp,
+                reduce,
+            },
+        }
+    }
+}
+
+/// The cheapest mapping of `shape` onto at most `machine.tiles` tiles whose busiest
+/// tile needs at most `budget` bytes of tensors. Deterministic: ties go to fewer
+/// tiles, then to the smaller (pr, pk, pn) in lexicographic order.
+pub fn map_matmul(
+    machine: &Machine,
+    shape: MatmulShape,
+    budget: u64,
+) -> Result<MatmulMapping, PlanError> {
+    if shape.rows == 0 || shape.k == 0 || shape.n == 0 {
+        return Err(PlanError::Empty {
+            rows: shape.rows,
+            k: shape.k,
+            n: shape.n,
+        });
+    }
+    let tiles = machine.tiles;
+    let mut best: Option<MatmulMapping> = None;
+    let mut smallest_need = u64::MAX;
+    for pk in 1..=shape.k_chunks().min(tiles) {
+        for pn in 1..=shape.n_blocks().min(tiles / pk) {
+            let pr_max = (tiles / (pk * pn)).min(shape.rows);
+            if pr_max == 0 {
+                continue;
+            }
+            // Only row counts that change rows-per-tile matter; take each distinct
+            // one at its smallest pr.
+            let mut pr = 1;
+            while pr <= pr_max {
+                let rows_t = shape.rows.div_ceil(pr);
+                let m = MatmulMapping::evaluate(machine, shape, pr, pk, pn);
+                smallest_need = smallest_need.min(m.bytes_per_tile);
+                if m.bytes_per_tile <= budget {
+                    let better = match &best {
+                        None => true,
+                        Some(b) => (m.cost.total(), m.tiles()) < (b.cost.total(), b.tiles()),
+                    };
+                    if better {
+                        best = Some(m);
+                    }
+                }
+                // Next pr that lowers rows per tile.
+                let next_rows = rows_t - 1;
+                if next_rows == 0 {
+                    break;
+                }
+                pr = shape.rows.div_ceil(next_rows).max(pr + 1);
+            }
+        }
+    }
+    best.ok_or(PlanError::DoesNotFit {
+        rows: shape.rows,
+        k: shape.k,
+        n: shape.n,
+        needed: smallest_need,
+        budget,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUDGET: u64 = 560 * 1024;
+
+    #[test]
+    fn so400m_mlp_matmuls_fit_and_use_most_of_the_chip() {
+        let m = Machine::c600();
+        for batch in [2u32, 4] {
+            for (k, n) in [(1152, 4304), (4304, 1152)] {
+                let shape = MatmulShape {
+                    rows: 729 * batch,
+                    k,
+                    n,
+                };
+                let map = map_matmul(&m, shape, BUDGET).unwrap();
+                assert!(map.tiles() <= m.tiles);
+                assert!(map.bytes_per_tile <= BUDGET);
+                assert!(map.tiles() > m.tiles / 2, "{map:?}");
+                let share = map.peak_share(&m);
+                assert!(share > 0.3 && share < 1.0, "share {share} for {map:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn small_problem_covers_every_row_chunk_and_block() {
+        let m = Machine::small();
+        let shape = MatmulShape { rows: 7, k: 40, n: 20 };
+        let map = map_matmul(&m, shape, BUDGET).unwrap();
+        assert!(map.tiles() <= 4);
+        assert!(map.rows_per_tile * map.pr >= 7);
+        assert!(map.chunks_per_tile * map.pk >= 3);
+        assert!(map.blocks_per_tile * map.pn >= 2);
+    }
+
+    #[test]
+    fn impossible_budget_reports_the_smallest_need() {
+        let m = Machine::small();
+        let err = map_matmul(&m, MatmulShape { rows: 4096, k: 4096, n: 4096 }, BUDGET).unwrap_err();
+        match err {
+            PlanError::DoesNotFit { needed, budget, .. } => {
+                assert!(needed > budget);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(
+            map_matmul(&m, MatmulShape { rows: 0, k: 1, n: 1 }, BUDGET),
+            Err(PlanError::Empty { .. })
+        ));
+    }
+
+    #[test]
+    fn deterministic() {
+        let m = Machine::c600();
+        let s = MatmulShape { rows: 1458, k: 1152, n: 4304 };
+        assert_eq!(map_matmul(&m, s, BUDGET).unwrap(), map_matmul(&m, s, BUDGET).unwrap());
+    }
+}

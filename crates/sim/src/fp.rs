@@ -1,0 +1,114 @@
+//! Bit-level float helpers: f32 and f16 lanes packed in 32- and 64-bit registers.
+//! f16 conversion rounds to nearest even, overflowing to infinity (the `half`
+//! crate's IEEE conversions).
+
+use half::f16;
+
+#[inline(always)]
+pub(crate) fn f(bits: u32) -> f32 {
+    f32::from_bits(bits)
+}
+
+/// The f16 in the low 16 bits of `bits`, widened (exactly) to f32.
+#[inline(always)]
+pub(crate) fn h(bits: u32) -> f32 {
+    f16_to_f32(bits as u16)
+}
+
+/// Exact widening. Normal numbers (the hot case) take a few integer operations
+/// inline; zeros, subnormals, infinities and NaNs go through `half`.
+#[inline(always)]
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    let exp = (bits >> 10) & 0x1f;
+    let b = u32::from(bits);
+    if exp == 0 || exp == 0x1f {
+        if bits & 0x7fff == 0 {
+            return f32::from_bits((b & 0x8000) << 16);
+        }
+        return f16::from_bits(bits).to_f32();
+    }
+    f32::from_bits(((b & 0x8000) << 16) | ((b & 0x7fff) << 13) + ((127 - 15) << 23))
+}
+
+/// Round to nearest even. Results in the normal f16 range (including the
+/// rounding overflow to infinity) are computed inline; the rest through `half`.
+#[inline(always)]
+pub(crate) fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let abs = b & 0x7fff_ffff;
+    // 2^-14 (smallest normal f16) <= |x| < 2^16.
+    if !(0x3880_0000..0x4780_0000).contains(&abs) {
+        return f16::from_f32(x).to_bits();
+    }
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let rebiased = abs - ((127 - 15) << 23);
+    let round = 0xfff + ((rebiased >> 13) & 1);
+    sign | ((rebiased + round) >> 13) as u16
+}
+
+#[inline(always)]
+pub(crate) fn f64_to_f16(x: f64) -> u16 {
+    f16::from_f64(x).to_bits()
+}
+
+/// Four f16 lanes (lane 0 in the low bits) widened to f32.
+#[inline(always)]
+pub(crate) fn unpack4(v: u64) -> [f32; 4] {
+    if v == 0 {
+        return [0.0; 4];
+    }
+    let lanes = [v as u32 & 0xffff, (v >> 16) as u32 & 0xffff, (v >> 32) as u32 & 0xffff, (v >> 48) as u32];
+    // All four lanes normal (exponent field 1..=30): widen without branches.
+    if lanes.iter().all(|l| ((l >> 10) & 0x1f).wrapping_sub(1) < 30) {
+        return lanes.map(|b| f32::from_bits(((b & 0x8000) << 16) | (((b & 0x7fff) << 13) + ((127 - 15) << 23))));
+    }
+    [
+        f16_to_f32(v as u16),
+        f16_to_f32((v >> 16) as u16),
+        f16_to_f32((v >> 32) as u16),
+        f16_to_f32((v >> 48) as u16),
+    ]
+}
+
+/// Four f32 rounded to f16 lanes (lane 0 in the low bits).
+#[inline(always)]
+pub(crate) fn pack4(x: &[f32]) -> u64 {
+    let mut out = 0u64;
+    for (l, v) in x.iter().take(4).enumerate() {
+        out |= u64::from(f32_to_f16(*v)) << (16 * l);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widening_matches_half_for_every_f16() {
+        for bits in 0..=u16::MAX {
+            let want = f16::from_bits(bits).to_f32();
+            let got = f16_to_f32(bits);
+            assert!(want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()), "{bits:#x}");
+        }
+    }
+
+    #[test]
+    fn narrowing_matches_half() {
+        // Every f16 boundary region densely, then a sweep of all exponents.
+        let mut x: u32 = 0x2545_f491;
+        for i in 0..2_000_000u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let bits = if i % 2 == 0 { x } else { 0x3800_0000 + (x % 0x1000_0000) };
+            let v = f32::from_bits(bits);
+            let want = f16::from_f32(v).to_bits();
+            let got = f32_to_f16(v);
+            assert!(want == got || (v.is_nan() && (got & 0x7c00) == 0x7c00), "{bits:#x}");
+        }
+        for v in [65504.0f32, 65519.99, 65520.0, 1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0] {
+            assert_eq!(f32_to_f16(v), f16::from_f32(v).to_bits(), "{v}");
+        }
+    }
+}

@@ -1,0 +1,939 @@
+//! The instruction interpreter of one context. It runs until something the tile
+//! must handle (exit, a fault, a supervisor instruction acting on other contexts or
+//! on other tiles) and returns it as a [`Stop`]; everything else (registers, tile
+//! memory, AMP state, repeat loops, the context's clock) it handles itself.
+
+use crate::fault::FaultKind;
+use crate::fp;
+use crate::mem::{AddrError, Layout};
+use crate::program::{FetchError, Program};
+use std::sync::Arc;
+use tessera_isa::{AReg, FBinOp, FUnOp, FVec, Inst, IntOp, MReg, Word};
+
+/// Register state, pc, repeat state and clock of one context.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ctx {
+    pub m: [u32; 16],
+    pub a: [u32; 16],
+    pub pc: u32,
+    /// Iterations of the active repeat still to run, counting the current one; 0
+    /// when no repeat is active.
+    pub rpt_left: u32,
+    pub rpt_start: u32,
+    pub rpt_end: u32,
+    /// Cycle of this context's next issue.
+    pub clock: u64,
+    pub issues: u64,
+    pub instructions: u64,
+    /// The aux-pipe result of the current issue, written after the main pipe has
+    /// read its operands: register, count (0..=2) and values. Kept in the context
+    /// with fixed 32-bit fields so that the write-back reads exactly what was
+    /// stored.
+    pub(crate) pend_d: u32,
+    pub(crate) pend_n: u32,
+    pub(crate) pend_v: [u32; 2],
+}
+
+/// One worker's AMP engine.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Amp {
+    pub acc: [f32; 16],
+    pub latch: [f32; 16],
+}
+
+/// What a context shares with the rest of its tile.
+pub(crate) struct Shared {
+    pub mem: Vec<u8>,
+    pub prog: Arc<Program>,
+    /// AMP weights `W[row][col]`, kept as f32 (exact images of the loaded f16).
+    pub weights: [[f32; 16]; 16],
+    /// Set when a store replaced `prog` (the interpreter refreshes its handle).
+    pub code_dirty: bool,
+}
+
+/// Per-run constants.
+pub(crate) struct Env {
+    pub layout: Layout,
+    pub interval: u64,
+    pub transcendental_issues: u64,
+    pub rpt_max: u32,
+    pub budget: u64,
+}
+
+/// A fault before it is placed (tile, context, symbol are added by the tile).
+#[derive(Debug, Clone)]
+pub(crate) struct Trap {
+    pub kind: FaultKind,
+    pub cause: String,
+    pub address: Option<u32>,
+}
+
+#[cold]
+pub(crate) fn trap(kind: FaultKind, cause: String, address: Option<u32>) -> Box<Trap> {
+    Box::new(Trap {
+        kind,
+        cause,
+        address,
+    })
+}
+
+#[cold]
+fn addr_trap(e: AddrError, addr: u64, size: u32, layout: &Layout) -> Box<Trap> {
+    let cause = match e {
+        AddrError::Outside => format!(
+            "address {addr:#x} (+{size} bytes) is outside SRAM {:#x}..{:#x}",
+            layout.start, layout.end
+        ),
+        AddrError::Misaligned => format!("address {addr:#x} is not {size}-byte aligned"),
+        AddrError::NotInterleaved => format!(
+            "address {addr:#x} is not in an interleaved region (required for 128-bit accesses)"
+        ),
+    };
+    trap(
+        FaultKind::InvalidMemoryAddress,
+        cause,
+        u32::try_from(addr).ok(),
+    )
+}
+
+/// Why a context stopped.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// `pc` and `word` name the faulting instruction (`word` is `None` when nothing
+    /// could be fetched).
+    Fault {
+        trap: Box<Trap>,
+        pc: u32,
+        word: Option<Word>,
+    },
+    /// A supervisor instruction for the tile to carry out; `pc` is its address, the
+    /// context's pc already points past it.
+    Super { inst: Inst, pc: u32, word: Word },
+    /// A `mark`; carry on after recording it.
+    Mark { tag: u16, cycle: u64 },
+}
+
+/// A pending aux-pipe register write (up to a pair), applied after the main-pipe
+/// instruction of the same bundle has read its operands.
+#[derive(Clone, Copy)]
+struct AuxOut {
+    d: u8,
+    n: u8,
+    v: [u32; 2],
+}
+
+enum Flow {
+    Next,
+    Jump(u32),
+    Rpt { count: u32, body: u8 },
+    Stop(Inst),
+}
+
+type Res<T> = Result<T, Box<Trap>>;
+
+#[inline(always)]
+fn mr(ctx: &Ctx, r: MReg) -> u32 {
+    ctx.m[(r.0 & 15) as usize]
+}
+#[inline(always)]
+fn ar(ctx: &Ctx, r: AReg) -> u32 {
+    ctx.a[(r.0 & 15) as usize]
+}
+#[inline(always)]
+fn ar2(ctx: &Ctx, r: AReg) -> u64 {
+    let i = (r.0 & 14) as usize;
+    u64::from(ctx.a[i]) | (u64::from(ctx.a[i + 1]) << 32)
+}
+#[inline(always)]
+fn set_m(ctx: &mut Ctx, r: MReg, v: u32) {
+    ctx.m[(r.0 & 15) as usize] = v;
+}
+#[inline(always)]
+fn set_a(ctx: &mut Ctx, r: AReg, v: u32) {
+    ctx.a[(r.0 & 15) as usize] = v;
+}
+#[inline(always)]
+fn set_a2(ctx: &mut Ctx, r: AReg, v: u64) {
+    let i = (r.0 & 14) as usize;
+    ctx.a[i] = v as u32;
+    ctx.a[i + 1] = (v >> 32) as u32;
+}
+
+#[inline(always)]
+fn rd32(mem: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([mem[off], mem[off + 1], mem[off + 2], mem[off + 3]])
+}
+#[inline(always)]
+fn rd64(mem: &[u8], off: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&mem[off..off + 8]);
+    u64::from_le_bytes(b)
+}
+
+impl Shared {
+    #[inline(always)]
+    fn wr(&mut self, env: &Env, addr: u32, off: usize, bytes: &[u8]) {
+        self.mem[off..off + bytes.len()].copy_from_slice(bytes);
+        if self.prog.overlaps(addr, bytes.len() as u32) {
+            self.code_written(env, addr, bytes.len() as u32);
+        }
+    }
+
+    #[cold]
+    fn code_written(&mut self, env: &Env, addr: u32, len: u32) {
+        let mem = &self.mem;
+        Arc::make_mut(&mut self.prog).redecode(mem, env.layout.start, addr, len);
+        self.code_dirty = true;
+    }
+}
+
+/// Effective address `base + imm * size`, checked.
+#[inline(always)]
+fn ea(env: &Env, base: u32, imm: u16, size: u32) -> Res<(u32, usize)> {
+    let addr = u64::from(base) + u64::from(imm) * u64::from(size);
+    match env.layout.check(addr, size) {
+        Ok(off) => Ok((addr as u32, off)),
+        Err(e) => Err(addr_trap(e, addr, size, &env.layout)),
+    }
+}
+
+#[inline(always)]
+fn ea8(env: &Env, addr: u32) -> Res<usize> {
+    env.layout
+        .check(u64::from(addr), 8)
+        .map_err(|e| addr_trap(e, addr.into(), 8, &env.layout))
+}
+
+/// `p + delta` for pointer post-increments: overflow is a fault, never a wrap.
+#[inline(always)]
+fn bump(p: u32, delta: i64) -> Res<u32> {
+    u32::try_from(i64::from(p) + delta).map_err(|_| {
+        trap(
+            FaultKind::InvalidMemoryAddress,
+            format!("pointer {p:#x} + {delta} overflows the address space"),
+            Some(p),
+        )
+    })
+}
+
+#[cold]
+fn conflict(addrs: &[u32], e: u32) -> Box<Trap> {
+    let list: Vec<String> = addrs.iter().map(|a| format!("{a:#x}")).collect();
+    trap(
+        FaultKind::MemoryConflict,
+        format!(
+            "accesses {} in one issue are served by the same memory element {e}",
+            list.join(", ")
+        ),
+        addrs.first().copied(),
+    )
+}
+
+fn int_op(op: IntOp, a: u32, b: u32) -> u32 {
+    match op {
+        IntOp::Add => a.wrapping_add(b),
+        IntOp::Sub => a.wrapping_sub(b),
+        IntOp::Mul => a.wrapping_mul(b),
+        IntOp::And => a & b,
+        IntOp::Or => a | b,
+        IntOp::Xor => a ^ b,
+        IntOp::Shl => a.checked_shl(b).unwrap_or(0),
+        IntOp::Shr => a.checked_shr(b).unwrap_or(0),
+        IntOp::Sar => ((a as i32) >> b.min(31)) as u32,
+        IntOp::CmpEq => u32::from(a == b),
+        IntOp::CmpUlt => u32::from(a < b),
+        IntOp::CmpSlt => u32::from((a as i32) < (b as i32)),
+        IntOp::Min => (a as i32).min(b as i32) as u32,
+        IntOp::Max => (a as i32).max(b as i32) as u32,
+    }
+}
+
+/// Whether a main-pipe instruction reads or writes `$a` registers (which the
+/// supervisor does not have).
+fn uses_areg(i: &Inst) -> bool {
+    matches!(
+        i,
+        Inst::MovAm { .. }
+            | Inst::MovMa { .. }
+            | Inst::Ld32 { .. }
+            | Inst::St32 { .. }
+            | Inst::Ld64 { .. }
+            | Inst::St64 { .. }
+            | Inst::Ld64Step { .. }
+            | Inst::St64Step { .. }
+            | Inst::Ld128 { .. }
+            | Inst::Ld2x64Pace { .. }
+            | Inst::Ldst64Pace { .. }
+            | Inst::Ld2xSt64Pace { .. }
+    )
+}
+
+/// Runs context `ctx` until it stops. `SUP` selects the supervisor's rules.
+pub(crate) fn run<const SUP: bool>(sh: &mut Shared, ctx: &mut Ctx, amp: &mut Amp, env: &Env) -> Stop {
+    // A local handle on the code lets the loop borrow words in place (no copies on
+    // the hot path) while `sh` is borrowed mutably; a store into code replaces
+    // `sh.prog` and sets `code_dirty`, after which the handle is refreshed.
+    let mut prog = Arc::clone(&sh.prog);
+    loop {
+        let pc = ctx.pc;
+        if ctx.clock >= env.budget {
+            return Stop::Fault {
+                trap: trap(
+                    FaultKind::Timeout,
+                    format!("cycle budget of {} cycles exhausted", env.budget),
+                    None,
+                ),
+                pc,
+                word: prog.fetch(pc).ok().copied(),
+            };
+        }
+        let word = match prog.fetch(pc) {
+            Ok(w) => w,
+            Err(e) => return fetch_fault(sh, env, pc, e),
+        };
+        let (len, n_inst) = match word {
+            Word::Single(_) => (4u32, 1u64),
+            Word::Bundle(..) => (8, 2),
+        };
+        ctx.issues += 1;
+        ctx.instructions += n_inst;
+        ctx.clock += env.interval;
+        let result = match word {
+            Word::Single(i) => {
+                if ctx.rpt_left > 0 && i.is_control() {
+                    Err(in_repeat())
+                } else if i.pipe() == tessera_isa::Pipe::Aux {
+                    if SUP {
+                        Err(sup_aux())
+                    } else {
+                        exec_aux(ctx, amp, sh, env, i).map(|()| {
+                            apply(ctx);
+                            Flow::Next
+                        })
+                    }
+                } else {
+                    exec_main::<SUP>(sh, ctx, env, i, pc, len)
+                }
+            }
+            Word::Bundle(m, a) => {
+                if pc % 8 != 0 {
+                    Err(trap(
+                        FaultKind::InvalidProgramCounter,
+                        format!("bundle at {pc:#x} is not 8-byte aligned"),
+                        Some(pc),
+                    ))
+                } else if SUP {
+                    Err(sup_aux())
+                } else if ctx.rpt_left > 0 && m.is_control() {
+                    Err(in_repeat())
+                } else {
+                    // Both pipes read before either writes: the aux result waits
+                    // until the main instruction has executed.
+                    match exec_aux(ctx, amp, sh, env, a) {
+                        Ok(()) => exec_main::<SUP>(sh, ctx, env, m, pc, len).inspect(|_| {
+                            apply(ctx);
+                        }),
+                        Err(e) => Err(e),
+                    }
+                }
+            }
+        };
+        ctx.m[15] = 0;
+        ctx.a[15] = 0;
+        match result {
+            Ok(Flow::Next) => advance(ctx, pc, len),
+            Ok(Flow::Jump(t)) => ctx.pc = t,
+            Ok(Flow::Rpt { count, body }) => {
+                if let Err(trap) = start_repeat(&prog, ctx, env, pc, len, count, body) {
+                    return Stop::Fault {
+                        trap,
+                        pc,
+                        word: Some(*word),
+                    };
+                }
+            }
+            Ok(Flow::Stop(inst)) => {
+                advance(ctx, pc, len);
+                if let Inst::Mark { tag } = inst {
+                    return Stop::Mark {
+                        tag,
+                        cycle: ctx.clock - env.interval,
+                    };
+                }
+                return Stop::Super {
+                    inst,
+                    pc,
+                    word: *word,
+                };
+            }
+            Err(trap) => {
+                // The faulting issue does not complete.
+                ctx.clock -= env.interval;
+                return Stop::Fault {
+                    trap,
+                    pc,
+                    word: Some(*word),
+                };
+            }
+        }
+        if sh.code_dirty {
+            sh.code_dirty = false;
+            prog = Arc::clone(&sh.prog);
+        }
+    }
+}
+
+#[inline(always)]
+fn advance(ctx: &mut Ctx, pc: u32, len: u32) {
+    let next = pc + len;
+    if ctx.rpt_left > 0 && next == ctx.rpt_end {
+        ctx.rpt_left -= 1;
+        ctx.pc = if ctx.rpt_left > 0 { ctx.rpt_start } else { next };
+    } else {
+        ctx.pc = next;
+    }
+}
+
+#[cold]
+fn in_repeat() -> Box<Trap> {
+    trap(
+        FaultKind::InvalidInstruction,
+        "control instruction inside a repeat body".into(),
+        None,
+    )
+}
+
+#[cold]
+fn sup_aux() -> Box<Trap> {
+    trap(
+        FaultKind::InvalidInstruction,
+        "the supervisor has no arithmetic registers: aux-pipe instruction in the supervisor"
+            .into(),
+        None,
+    )
+}
+
+#[cold]
+fn fetch_fault(sh: &Shared, env: &Env, pc: u32, e: FetchError) -> Stop {
+    let trap = match e {
+        FetchError::NoCode => {
+            let why = if pc % 4 != 0 {
+                "is not 4-byte aligned"
+            } else if !env.layout.is_executable(pc) {
+                "is not in an executable region"
+            } else {
+                "is not in an executable segment"
+            };
+            trap(
+                FaultKind::InvalidProgramCounter,
+                format!("pc {pc:#x} {why}"),
+                Some(pc),
+            )
+        }
+        FetchError::Invalid => {
+            let off = (pc - env.layout.start) as usize;
+            let bytes = &sh.mem[off..(off + 8).min(sh.mem.len())];
+            let msg = match tessera_isa::decode_word(bytes) {
+                Err(e) => e.to_string(),
+                Ok(_) => "undecodable word".into(),
+            };
+            trap(
+                FaultKind::InvalidInstruction,
+                format!("cannot decode the word at {pc:#x}: {msg}"),
+                Some(pc),
+            )
+        }
+    };
+    Stop::Fault {
+        trap,
+        pc,
+        word: None,
+    }
+}
+
+fn start_repeat(
+    prog: &Program,
+    ctx: &mut Ctx,
+    env: &Env,
+    pc: u32,
+    len: u32,
+    count: u32,
+    body: u8,
+) -> Res<()> {
+    if count > env.rpt_max {
+        return Err(trap(
+            FaultKind::InvalidOperand,
+            format!(
+                "repeat count {count} exceeds the limit of {}",
+                env.rpt_max
+            ),
+            None,
+        ));
+    }
+    let start = pc + len;
+    let mut end = start;
+    for _ in 0..body {
+        end += match prog.fetch(end) {
+            Ok(Word::Bundle(..)) => 8,
+            Ok(Word::Single(_)) | Err(FetchError::Invalid) => 4,
+            Err(FetchError::NoCode) => {
+                return Err(trap(
+                    FaultKind::InvalidProgramCounter,
+                    format!("repeat body of {body} words runs past the end of code at {end:#x}"),
+                    Some(end),
+                ));
+            }
+        };
+    }
+    if count == 0 {
+        ctx.pc = end;
+    } else {
+        ctx.rpt_left = count;
+        ctx.rpt_start = start;
+        ctx.rpt_end = end;
+        ctx.pc = start;
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn check_target(t: u32) -> Res<Flow> {
+    if t % 4 != 0 {
+        Err(trap(
+            FaultKind::InvalidProgramCounter,
+            format!("branch target {t:#x} is not 4-byte aligned"),
+            Some(t),
+        ))
+    } else {
+        Ok(Flow::Jump(t))
+    }
+}
+
+#[inline(always)]
+fn exec_main<const SUP: bool>(
+    sh: &mut Shared,
+    ctx: &mut Ctx,
+    env: &Env,
+    i: &Inst,
+    pc: u32,
+    len: u32,
+) -> Res<Flow> {
+    if SUP && uses_areg(i) {
+        return Err(trap(
+            FaultKind::InvalidInstruction,
+            "the supervisor has no arithmetic registers".into(),
+            None,
+        ));
+    }
+    if !SUP && i.is_supervisor_only() {
+        return Err(trap(
+            FaultKind::InvalidInstruction,
+            "supervisor-only instruction in a worker".into(),
+            None,
+        ));
+    }
+    match *i {
+        Inst::Nop => {}
+        Inst::Setzi { d, imm } => set_m(ctx, d, imm),
+        Inst::Int { op, d, a, b } => {
+            let v = int_op(op, mr(ctx, a), mr(ctx, b));
+            set_m(ctx, d, v)
+        }
+        Inst::IntImm { op, d, a, imm } => {
+            let v = int_op(op, mr(ctx, a), u32::from(imm));
+            set_m(ctx, d, v)
+        }
+        Inst::MovAm { d, a } => set_a(ctx, d, mr(ctx, a)),
+        Inst::MovMa { d, a } => set_m(ctx, d, ar(ctx, a)),
+        Inst::Ld32M { d, base, imm } => {
+            let (_, off) = ea(env, mr(ctx, base), imm, 4)?;
+            set_m(ctx, d, rd32(&sh.mem, off))
+        }
+        Inst::Ld32 { d, base, imm } => {
+            let (_, off) = ea(env, mr(ctx, base), imm, 4)?;
+            set_a(ctx, d, rd32(&sh.mem, off))
+        }
+        Inst::St32M { s, base, imm } => {
+            let (addr, off) = ea(env, mr(ctx, base), imm, 4)?;
+            sh.wr(env, addr, off, &mr(ctx, s).to_le_bytes())
+        }
+        Inst::St32 { s, base, imm } => {
+            let (addr, off) = ea(env, mr(ctx, base), imm, 4)?;
+            sh.wr(env, addr, off, &ar(ctx, s).to_le_bytes())
+        }
+        Inst::Ld64 { d, base, imm } => {
+            let (_, off) = ea(env, mr(ctx, base), imm, 8)?;
+            set_a2(ctx, d, rd64(&sh.mem, off))
+        }
+        Inst::St64 { s, base, imm } => {
+            let (addr, off) = ea(env, mr(ctx, base), imm, 8)?;
+            sh.wr(env, addr, off, &ar2(ctx, s).to_le_bytes())
+        }
+        Inst::Ld64Step { d, base, inc } => {
+            let p = mr(ctx, base);
+            let off = ea8(env, p)?;
+            let next = bump(p, i64::from(inc) * 8)?;
+            set_a2(ctx, d, rd64(&sh.mem, off));
+            set_m(ctx, base, next)
+        }
+        Inst::St64Step { s, base, inc } => {
+            let p = mr(ctx, base);
+            let off = ea8(env, p)?;
+            let next = bump(p, i64::from(inc) * 8)?;
+            sh.wr(env, p, off, &ar2(ctx, s).to_le_bytes());
+            set_m(ctx, base, next)
+        }
+        Inst::Ld128 { d, base, imm } => {
+            let addr = u64::from(mr(ctx, base)) + u64::from(imm) * 16;
+            let off = env
+                .layout
+                .check128(addr)
+                .map_err(|e| addr_trap(e, addr, 16, &env.layout))?;
+            let lo = rd64(&sh.mem, off);
+            let hi = rd64(&sh.mem, off + 8);
+            let q = (d.0 & 12) as usize;
+            ctx.a[q] = lo as u32;
+            ctx.a[q + 1] = (lo >> 32) as u32;
+            ctx.a[q + 2] = hi as u32;
+            ctx.a[q + 3] = (hi >> 32) as u32;
+        }
+        Inst::Ld2x64Pace { d0, d1, p0, p1 } => {
+            let (a0, a1) = (mr(ctx, p0), mr(ctx, p1));
+            let o0 = ea8(env, a0)?;
+            let o1 = ea8(env, a1)?;
+            let (e0, e1) = (env.layout.element(a0), env.layout.element(a1));
+            if e0 == e1 {
+                return Err(conflict(&[a0, a1], e0));
+            }
+            let (n0, n1) = (bump(a0, 8)?, bump(a1, 8)?);
+            let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
+            set_a2(ctx, d0, v0);
+            set_a2(ctx, d1, v1);
+            set_m(ctx, p0, n0);
+            set_m(ctx, p1, n1);
+        }
+        Inst::Ldst64Pace { d, s, pl, ps } => {
+            let (al, as_) = (mr(ctx, pl), mr(ctx, ps));
+            let ol = ea8(env, al)?;
+            let os = ea8(env, as_)?;
+            let (el, es) = (env.layout.element(al), env.layout.element(as_));
+            if el == es {
+                return Err(conflict(&[al, as_], el));
+            }
+            let (nl, ns) = (bump(al, 8)?, bump(as_, 8)?);
+            let sv = ar2(ctx, s);
+            let lv = rd64(&sh.mem, ol);
+            sh.wr(env, as_, os, &sv.to_le_bytes());
+            set_a2(ctx, d, lv);
+            set_m(ctx, pl, nl);
+            set_m(ctx, ps, ns);
+        }
+        Inst::Ld2xSt64Pace {
+            d0,
+            d1,
+            s,
+            p0,
+            p1,
+            ps,
+        } => {
+            let (a0, a1, as_) = (mr(ctx, p0), mr(ctx, p1), mr(ctx, ps));
+            let o0 = ea8(env, a0)?;
+            let o1 = ea8(env, a1)?;
+            let os = ea8(env, as_)?;
+            let (e0, e1, es) = (
+                env.layout.element(a0),
+                env.layout.element(a1),
+                env.layout.element(as_),
+            );
+            if e0 == e1 || e0 == es || e1 == es {
+                let e = if e0 == e1 || e0 == es { e0 } else { e1 };
+                return Err(conflict(&[a0, a1, as_], e));
+            }
+            let (n0, n1, ns) = (bump(a0, 8)?, bump(a1, 8)?, bump(as_, 8)?);
+            let sv = ar2(ctx, s);
+            let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
+            sh.wr(env, as_, os, &sv.to_le_bytes());
+            set_a2(ctx, d0, v0);
+            set_a2(ctx, d1, v1);
+            set_m(ctx, p0, n0);
+            set_m(ctx, p1, n1);
+            set_m(ctx, ps, ns);
+        }
+        Inst::AmpLoadW { base, quad } => {
+            let p = mr(ctx, base);
+            let off = env
+                .layout
+                .check128(p.into())
+                .map_err(|e| addr_trap(e, p.into(), 16, &env.layout))?;
+            let next = bump(p, 16)?;
+            let row = (quad as usize / 2) & 15;
+            let col = (quad as usize % 2) * 8;
+            for k in 0..8 {
+                let bits = u16::from_le_bytes([sh.mem[off + 2 * k], sh.mem[off + 2 * k + 1]]);
+                sh.weights[row][col + k] = fp::f16_to_f32(bits);
+            }
+            set_m(ctx, base, next);
+        }
+        Inst::Br { a } => return check_target(mr(ctx, a)),
+        Inst::Bri { target } => return Ok(Flow::Jump(target)),
+        Inst::Brz { c, target } => {
+            if mr(ctx, c) == 0 {
+                return Ok(Flow::Jump(target));
+            }
+        }
+        Inst::Brnz { c, target } => {
+            if mr(ctx, c) != 0 {
+                return Ok(Flow::Jump(target));
+            }
+        }
+        Inst::Call { link, target } => {
+            set_m(ctx, link, pc + len);
+            return Ok(Flow::Jump(target));
+        }
+        Inst::Rpt { count, body } => {
+            return Ok(Flow::Rpt {
+                count: mr(ctx, count),
+                body,
+            });
+        }
+        Inst::Rpti { count, body } => {
+            return Ok(Flow::Rpt {
+                count: count.into(),
+                body,
+            });
+        }
+        Inst::Exit
+        | Inst::Run { .. }
+        | Inst::RunAll { .. }
+        | Inst::SyncLocal
+        | Inst::SyncGlobal
+        | Inst::Exchange { .. }
+        | Inst::HostXfer { .. }
+        | Inst::Mark { .. } => return Ok(Flow::Stop(*i)),
+        // Aux instructions never reach here.
+        _ => {
+            return Err(trap(
+                FaultKind::InvalidInstruction,
+                "aux-pipe instruction in the main-pipe slot".into(),
+                None,
+            ));
+        }
+    }
+    Ok(Flow::Next)
+}
+
+#[inline(always)]
+fn apply(ctx: &mut Ctx) {
+    let d = (ctx.pend_d & 15) as usize;
+    if ctx.pend_n > 0 {
+        ctx.a[d] = ctx.pend_v[0];
+        if ctx.pend_n > 1 {
+            ctx.a[(d + 1) & 15] = ctx.pend_v[1];
+        }
+    }
+}
+
+fn one(d: AReg, v: u32) -> AuxOut {
+    AuxOut {
+        d: d.0,
+        n: 1,
+        v: [v, 0],
+    }
+}
+fn two(d: AReg, v: u64) -> AuxOut {
+    AuxOut {
+        d: d.0 & 14,
+        n: 2,
+        v: [v as u32, (v >> 32) as u32],
+    }
+}
+
+fn fbin(op: FBinOp, a: f32, b: f32) -> f32 {
+    match op {
+        FBinOp::Add => a + b,
+        FBinOp::Sub => a - b,
+        FBinOp::Mul => a * b,
+        FBinOp::Max => a.max(b),
+        FBinOp::Min => a.min(b),
+    }
+}
+
+/// Applies `f` lane-wise to the operands of format `vec`, returning the result
+/// register(s). f16 lanes are computed in f32 and rounded once to f16 (exact for
+/// add, sub and mul: f32 has more than twice f16's precision plus two bits).
+fn lanes(ctx: &Ctx, vec: FVec, d: AReg, a: AReg, b: AReg, f: impl Fn(f32, f32) -> f32) -> AuxOut {
+    match vec {
+        FVec::F32 => one(d, f(fp::f(ar(ctx, a)), fp::f(ar(ctx, b))).to_bits()),
+        FVec::F32V2 => {
+            let (x, y) = (ar2(ctx, a), ar2(ctx, b));
+            let lo = f(fp::f(x as u32), fp::f(y as u32)).to_bits();
+            let hi = f(fp::f((x >> 32) as u32), fp::f((y >> 32) as u32)).to_bits();
+            two(d, u64::from(lo) | (u64::from(hi) << 32))
+        }
+        FVec::F16V2 => {
+            let (x, y) = (ar(ctx, a), ar(ctx, b));
+            let mut out = 0u32;
+            for l in 0..2 {
+                let r = f(fp::h(x >> (16 * l)), fp::h(y >> (16 * l)));
+                out |= u32::from(fp::f32_to_f16(r)) << (16 * l);
+            }
+            one(d, out)
+        }
+        FVec::F16V4 => {
+            let (x, y) = (ar2(ctx, a), ar2(ctx, b));
+            let mut out = 0u64;
+            for l in 0..4 {
+                let r = f(fp::h((x >> (16 * l)) as u32), fp::h((y >> (16 * l)) as u32));
+                out |= u64::from(fp::f32_to_f16(r)) << (16 * l);
+            }
+            two(d, out)
+        }
+    }
+}
+
+fn fmac(ctx: &Ctx, vec: FVec, d: AReg, a: AReg, b: AReg) -> AuxOut {
+    let f32_lane = |acc: u32, x: u32, y: u32| fp::f(x).mul_add(fp::f(y), fp::f(acc)).to_bits();
+    // f16 lanes: the product of two f16 is exact in f64 and the sum with an f16
+    // accumulator rounds there without ever landing on an f16 tie, so one rounding
+    // to f16 follows.
+    let f16_lane = |acc: u32, x: u32, y: u32| {
+        let r = f64::from(fp::h(acc)) + f64::from(fp::h(x)) * f64::from(fp::h(y));
+        u32::from(fp::f64_to_f16(r))
+    };
+    match vec {
+        FVec::F32 => one(d, f32_lane(ar(ctx, d), ar(ctx, a), ar(ctx, b))),
+        FVec::F32V2 => {
+            let (z, x, y) = (ar2(ctx, d), ar2(ctx, a), ar2(ctx, b));
+            let lo = f32_lane(z as u32, x as u32, y as u32);
+            let hi = f32_lane((z >> 32) as u32, (x >> 32) as u32, (y >> 32) as u32);
+            two(d, u64::from(lo) | (u64::from(hi) << 32))
+        }
+        FVec::F16V2 => {
+            let (z, x, y) = (ar(ctx, d), ar(ctx, a), ar(ctx, b));
+            let mut out = 0;
+            for l in 0..2 {
+                let s = 16 * l;
+                out |= f16_lane(z >> s, x >> s, y >> s) << s;
+            }
+            one(d, out)
+        }
+        FVec::F16V4 => {
+            let (z, x, y) = (ar2(ctx, d), ar2(ctx, a), ar2(ctx, b));
+            let mut out = 0u64;
+            for l in 0..4 {
+                let s = 16 * l;
+                let r = f16_lane((z >> s) as u32, (x >> s) as u32, (y >> s) as u32);
+                out |= u64::from(r) << s;
+            }
+            two(d, out)
+        }
+    }
+}
+
+#[inline(always)]
+fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> Res<()> {
+    let out = match *i {
+        Inst::Amp {
+            out,
+            inp,
+            pin,
+            phase,
+        } => {
+            let p = (phase & 3) as usize;
+            let x = fp::unpack4(ar2(ctx, inp));
+            let partial = fp::unpack4(ar2(ctx, pin));
+            let result = fp::pack4(&amp.latch[4 * p..4 * p + 4]);
+            for (k, xk) in x.iter().enumerate() {
+                let w = &sh.weights[4 * p + k];
+                for j in 0..16 {
+                    amp.acc[j] += xk * w[j];
+                }
+            }
+            for k in 0..4 {
+                amp.acc[4 * p + k] += partial[k];
+            }
+            if p == 3 {
+                amp.latch = amp.acc;
+                amp.acc = [0.0; 16];
+            }
+            two(out, result)
+        }
+        Inst::FBin { op, vec, d, a, b } => lanes(ctx, vec, d, a, b, |x, y| fbin(op, x, y)),
+        Inst::FMac { vec, d, a, b } => fmac(ctx, vec, d, a, b),
+        Inst::FUn { op, d, a } => {
+            let x = fp::f(ar(ctx, a));
+            let r = match op {
+                FUnOp::Exp => x.exp(),
+                FUnOp::Recip => 1.0 / x,
+                FUnOp::Rsqrt => 1.0 / x.sqrt(),
+                FUnOp::Sqrt => x.sqrt(),
+                FUnOp::Neg => -x,
+                FUnOp::Abs => x.abs(),
+            };
+            if matches!(op, FUnOp::Exp | FUnOp::Recip | FUnOp::Rsqrt | FUnOp::Sqrt) {
+                // Iterative units hold the issue slot for extra issues.
+                ctx.clock += env.interval * env.transcendental_issues.saturating_sub(1);
+            }
+            one(d, r.to_bits())
+        }
+        Inst::F16v2ToF32 { d, a } => {
+            let x = ar(ctx, a);
+            let lo = fp::h(x).to_bits();
+            let hi = fp::h(x >> 16).to_bits();
+            two(d, u64::from(lo) | (u64::from(hi) << 32))
+        }
+        Inst::F32v2ToF16 { d, a } => {
+            let x = ar2(ctx, a);
+            let lo = fp::f32_to_f16(fp::f(x as u32));
+            let hi = fp::f32_to_f16(fp::f((x >> 32) as u32));
+            one(d, u32::from(lo) | (u32::from(hi) << 16))
+        }
+        Inst::FSum { vec, d, a } => {
+            let s = match vec {
+                FVec::F32 => fp::f(ar(ctx, a)),
+                FVec::F32V2 => {
+                    let x = ar2(ctx, a);
+                    fp::f(x as u32) + fp::f((x >> 32) as u32)
+                }
+                FVec::F16V2 => {
+                    let x = ar(ctx, a);
+                    fp::h(x) + fp::h(x >> 16)
+                }
+                FVec::F16V4 => {
+                    let x = ar2(ctx, a);
+                    ((fp::h(x as u32) + fp::h((x >> 16) as u32)) + fp::h((x >> 32) as u32))
+                        + fp::h((x >> 48) as u32)
+                }
+            };
+            one(d, s.to_bits())
+        }
+        Inst::FMov { d, a, pair } => {
+            if pair {
+                two(d, ar2(ctx, a))
+            } else {
+                one(d, ar(ctx, a))
+            }
+        }
+        Inst::FBcast { vec, d, a } => {
+            let x = ar(ctx, a);
+            let h = x & 0xffff;
+            match vec {
+                FVec::F32 => one(d, x),
+                FVec::F32V2 => two(d, u64::from(x) | (u64::from(x) << 32)),
+                FVec::F16V2 => one(d, h | (h << 16)),
+                FVec::F16V4 => two(d, u64::from(h) * 0x0001_0001_0001_0001),
+            }
+        }
+        _ => {
+            return Err(trap(
+                FaultKind::InvalidInstruction,
+                "main-pipe instruction in the aux-pipe slot".into(),
+                None,
+            ));
+        }
+    };
+    ctx.pend_d = u32::from(out.d);
+    ctx.pend_n = u32::from(out.n);
+    ctx.pend_v = out.v;
+    Ok(())
+}
