@@ -478,16 +478,16 @@ impl<'a> Assembler<'a> {
         let mut exchanges: Vec<ExchangeSrc> = Vec::new();
         let mut bindings: Vec<BindingSrc> = Vec::new();
         for (idx, l) in lines.iter().enumerate() {
-            let scoped = !l.labels.is_empty()
-                || l.stmt.as_ref().is_some_and(|(s, _)| s.is_tile_scoped());
+            let scoped =
+                !l.labels.is_empty() || l.stmt.as_ref().is_some_and(|(s, _)| s.is_tile_scoped());
             if scoped {
                 match blocks.last_mut() {
                     Some(b) => b.lines.push(idx),
                     None => {
-                        let col = l.labels.first().map_or_else(
-                            || l.stmt.as_ref().map_or(0, |(_, c)| *c),
-                            |(_, c)| *c,
-                        );
+                        let col = l
+                            .labels
+                            .first()
+                            .map_or_else(|| l.stmt.as_ref().map_or(0, |(_, c)| *c), |(_, c)| *c);
                         return Err(self.diag(
                             l.line,
                             col,
@@ -507,14 +507,21 @@ impl<'a> Assembler<'a> {
                             "`.machine` must appear once, before any `.tile`",
                         ));
                     }
-                    machine = Some(self.load_machine(name).map_err(|m| self.diag(l.line, col, m))?);
+                    machine = Some(
+                        self.load_machine(name)
+                            .map_err(|m| self.diag(l.line, col, m))?,
+                    );
                 }
                 Stmt::Tiles(n) => {
                     let Some(m) = machine.as_mut() else {
                         return Err(self.diag(l.line, col, "`.tiles` must follow `.machine`"));
                     };
                     if !blocks.is_empty() {
-                        return Err(self.diag(l.line, col, "`.tiles` must come before any `.tile`"));
+                        return Err(self.diag(
+                            l.line,
+                            col,
+                            "`.tiles` must come before any `.tile`",
+                        ));
                     }
                     if !(1..=1 << 20).contains(n) {
                         return Err(self.diag(
@@ -566,11 +573,7 @@ impl<'a> Assembler<'a> {
             }
         }
         let Some(machine) = machine else {
-            return Err(self.diag(
-                0,
-                0,
-                "missing `.machine` directive (e.g. `.machine c600`)",
-            ));
+            return Err(self.diag(0, 0, "missing `.machine` directive (e.g. `.machine c600`)"));
         };
 
         // Tiles receiving the same blocks share one layout.
@@ -597,7 +600,8 @@ impl<'a> Assembler<'a> {
             let image = self.assemble_tile(&machine, &src).map_err(|mut e| {
                 if several {
                     for d in &mut e.diagnostics {
-                        d.message.push_str(&format!(" (assembling tile {})", tiles[0]));
+                        d.message
+                            .push_str(&format!(" (assembling tile {})", tiles[0]));
                     }
                 }
                 e
@@ -629,7 +633,8 @@ impl<'a> Assembler<'a> {
             })
         };
         let u32_of = |v: i64, line: usize, col: usize, what: &str| -> Res<u32> {
-            u32::try_from(v).map_err(|_| self.diag(line, col, format!("{what} {v} is out of range")))
+            u32::try_from(v)
+                .map_err(|_| self.diag(line, col, format!("{what} {v} is out of range")))
         };
 
         let mut out_exchanges = Vec::new();
@@ -637,7 +642,11 @@ impl<'a> Assembler<'a> {
             let (id_e, line, col) = &x.id;
             let id = eval_tile(id_e, *line)?;
             let id = u16::try_from(id).map_err(|_| {
-                self.diag(*line, *col, format!("exchange id {id} is out of range 0..=65535"))
+                self.diag(
+                    *line,
+                    *col,
+                    format!("exchange id {id} is out of range 0..=65535"),
+                )
             })?;
             let mut transfers = Vec::new();
             for (line, col, t) in &x.transfers {

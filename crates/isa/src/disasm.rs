@@ -31,13 +31,13 @@ pub fn check_filter(p: &Package, tile: Option<u32>, symbol: Option<&str>) -> Res
         let have: Vec<String> = p.tiles.iter().map(|t| t.tile.to_string()).collect();
         return Err(format!(
             "tile {n} has no image in this package (tiles with images: {})",
-            tile_list(&p.tiles.iter().map(|t| t.tile).collect::<Vec<_>>()).unwrap_or_else(
-                || if have.is_empty() {
+            tile_list(&p.tiles.iter().map(|t| t.tile).collect::<Vec<_>>()).unwrap_or_else(|| {
+                if have.is_empty() {
                     "none".into()
                 } else {
                     have.join(", ")
                 }
-            )
+            })
         ));
     }
     if let Some(s) = symbol
@@ -204,7 +204,8 @@ fn tile_image(out: &mut String, img: &TileImage, range: Option<(u32, u64)>) {
             Some((a, b)) => {
                 let lo = a.max(seg.addr);
                 let hi = b.min(seg_end(seg));
-                if u64::from(lo) >= hi && !(u64::from(a) == b && labels.iter().any(|s| s.addr == a)) {
+                if u64::from(lo) >= hi && !(u64::from(a) == b && labels.iter().any(|s| s.addr == a))
+                {
                     continue;
                 }
                 (lo, hi)
@@ -290,10 +291,7 @@ fn segment(
         if pos >= hi {
             break;
         }
-        let next_label = labels
-            .get(li)
-            .map_or(hi, |s| u64::from(s.addr))
-            .min(hi);
+        let next_label = labels.get(li).map_or(hi, |s| u64::from(s.addr)).min(hi);
         let loc = format!("{loc_name}+{:#x}", pos - loc_base);
         if pos >= init_end {
             let _ = writeln!(out, "    .space {}", next_label - pos);
@@ -313,15 +311,15 @@ fn segment(
             Vec::new()
         } else {
             avail[..len]
-            .chunks(4)
-            .map(|c| {
-                if c.len() == 4 {
-                    format!("{:08x}", u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                } else {
-                    c.iter().map(|b| format!("{b:02x}")).collect()
-                }
-            })
-            .collect()
+                .chunks(4)
+                .map(|c| {
+                    if c.len() == 4 {
+                        format!("{:08x}", u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    } else {
+                        c.iter().map(|b| format!("{b:02x}")).collect()
+                    }
+                })
+                .collect()
         };
         let line = format!("    {text}");
         let pad = TEXT_COLUMN.saturating_sub(line.len()).max(1);
@@ -434,12 +432,7 @@ fn exchanges_and_bindings(out: &mut String, p: &Package) {
             tessera_package::BindingKind::Output => "output",
             tessera_package::BindingKind::Weight => "weight",
         };
-        let _ = writeln!(
-            out,
-            "\n.binding {kind} {} {}",
-            quote_name(&b.name),
-            b.bytes
-        );
+        let _ = writeln!(out, "\n.binding {kind} {} {}", quote_name(&b.name), b.bytes);
         for s in &b.slices {
             let _ = writeln!(
                 out,

@@ -108,10 +108,7 @@ pub(crate) fn lex(line: &str) -> Result<Vec<Token>, SyntaxError> {
     while i < b.len() {
         let c = b[i];
         let start = i;
-        let simple = |t| Token {
-            tok: t,
-            col: start,
-        };
+        let simple = |t| Token { tok: t, col: start };
         match c {
             b' ' | b'\t' | b'\r' => i += 1,
             b'#' => break,
@@ -443,7 +440,10 @@ pub(crate) enum Operand {
     M(u8),
     /// `$mN+=`: a post-incremented pointer.
     MInc(u8),
-    A { first: u8, last: u8 },
+    A {
+        first: u8,
+        last: u8,
+    },
     Expr(Expr),
     Word(String),
 }
@@ -627,7 +627,10 @@ impl Ops<'_> {
             (Operand::A { first, last }, _) if first % 4 == 0 && *last == first + 3 => {
                 Ok(AReg(*first))
             }
-            (_, c) => err(c, "expected a register quad `$aN:N+3` with N a multiple of 4"),
+            (_, c) => err(
+                c,
+                "expected a register quad `$aN:N+3` with N a multiple of 4",
+            ),
         }
     }
     fn a_vec(&self, i: usize, pair: bool) -> Result<AReg, SyntaxError> {
@@ -740,22 +743,57 @@ const FUN_OPS: [(&str, FUnOp); 6] = [
 ];
 
 fn int_op_name(op: IntOp) -> &'static str {
-    INT_OPS.iter().find(|(_, o)| *o == op).map_or("?", |(n, _)| n)
+    INT_OPS
+        .iter()
+        .find(|(_, o)| *o == op)
+        .map_or("?", |(n, _)| n)
 }
 fn fvec_name(v: FVec) -> &'static str {
     FVECS.iter().find(|(_, o)| *o == v).map_or("?", |(n, _)| n)
 }
 fn fbin_name(op: FBinOp) -> &'static str {
-    FBIN_OPS.iter().find(|(_, o)| *o == op).map_or("?", |(n, _)| n)
+    FBIN_OPS
+        .iter()
+        .find(|(_, o)| *o == op)
+        .map_or("?", |(n, _)| n)
 }
 fn fun_name(op: FUnOp) -> &'static str {
-    FUN_OPS.iter().find(|(_, o)| *o == op).map_or("?", |(n, _)| n)
+    FUN_OPS
+        .iter()
+        .find(|(_, o)| *o == op)
+        .map_or("?", |(n, _)| n)
 }
 
 const PLAIN_MNEMONICS: [&str; 29] = [
-    "nop", "exit", "setzi", "li", "mov", "ld32", "st32", "ld64", "st64", "ld128", "ld64step",
-    "st64step", "ld2x64pace", "ldst64pace", "ld2xst64pace", "ampw", "br", "bri", "brz", "brnz",
-    "call", "rpt", "run", "runall", "sync", "exchange", "hostxfer", "mark", "amp",
+    "nop",
+    "exit",
+    "setzi",
+    "li",
+    "mov",
+    "ld32",
+    "st32",
+    "ld64",
+    "st64",
+    "ld128",
+    "ld64step",
+    "st64step",
+    "ld2x64pace",
+    "ldst64pace",
+    "ld2xst64pace",
+    "ampw",
+    "br",
+    "bri",
+    "brz",
+    "brnz",
+    "call",
+    "rpt",
+    "run",
+    "runall",
+    "sync",
+    "exchange",
+    "hostxfer",
+    "mark",
+    "amp",
 ];
 
 /// Whether `mn` names an instruction, so that a misspelling is caught when the
@@ -1005,7 +1043,10 @@ pub(crate) fn lower_inst(
             })
         }
         "ld2xst64pace" => {
-            o.count(6, "$aD0:pair, $aD1:pair, $aS:pair, $mP0+=, $mP1+=, $mStore+=")?;
+            o.count(
+                6,
+                "$aD0:pair, $aD1:pair, $aS:pair, $mP0+=, $mP1+=, $mStore+=",
+            )?;
             one(Inst::Ld2xSt64Pace {
                 d0: o.pair(0)?,
                 d1: o.pair(1)?,
@@ -1151,10 +1192,16 @@ pub(crate) fn lower_word(
                 (Pipe::Main, Pipe::Aux) => Word::Bundle(x, y),
                 (Pipe::Aux, Pipe::Main) => Word::Bundle(y, x),
                 (Pipe::Main, Pipe::Main) => {
-                    return err(*col, "a bundle needs one aux-pipe (floating-point or amp) instruction, found two main-pipe instructions");
+                    return err(
+                        *col,
+                        "a bundle needs one aux-pipe (floating-point or amp) instruction, found two main-pipe instructions",
+                    );
                 }
                 (Pipe::Aux, Pipe::Aux) => {
-                    return err(*col, "a bundle needs one main-pipe instruction, found two aux-pipe instructions");
+                    return err(
+                        *col,
+                        "a bundle needs one main-pipe instruction, found two aux-pipe instructions",
+                    );
                 }
             };
             validate_word(&word).map_err(|e| SyntaxError {
@@ -1275,14 +1322,9 @@ impl fmt::Display for Inst {
                 M(p0),
                 M(p1)
             ),
-            Inst::Ldst64Pace { d, s, pl, ps } => write!(
-                f,
-                "ldst64pace {}, {}, {}+=, {}+=",
-                P(d),
-                P(s),
-                M(pl),
-                M(ps)
-            ),
+            Inst::Ldst64Pace { d, s, pl, ps } => {
+                write!(f, "ldst64pace {}, {}, {}+=, {}+=", P(d), P(s), M(pl), M(ps))
+            }
             Inst::Ld2xSt64Pace {
                 d0,
                 d1,
@@ -1350,13 +1392,9 @@ impl fmt::Display for Inst {
             Inst::FUn { op, d, a } => write!(f, "f32{} {}, {}", fun_name(op), A(d), A(a)),
             Inst::F16v2ToF32 { d, a } => write!(f, "f16v2tof32 {}, {}", P(d), A(a)),
             Inst::F32v2ToF16 { d, a } => write!(f, "f32v2tof16 {}, {}", A(d), P(a)),
-            Inst::FSum { vec, d, a } => write!(
-                f,
-                "{}sum {}, {}",
-                fvec_name(vec),
-                A(d),
-                V(a, vec.is_pair())
-            ),
+            Inst::FSum { vec, d, a } => {
+                write!(f, "{}sum {}, {}", fvec_name(vec), A(d), V(a, vec.is_pair()))
+            }
             Inst::FMov { d, a, pair } => write!(f, "mov {}, {}", V(d, pair), V(a, pair)),
             Inst::FBcast { vec, d, a } => write!(
                 f,

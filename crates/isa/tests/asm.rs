@@ -115,8 +115,45 @@ fn bundles_are_aligned_with_a_nop_and_labels_follow_the_padding() {
             Word::Single(Inst::Bri { target: 0x4c008 }),
         ])
     );
-    let l = p.tiles[0].symbols.iter().find(|s| s.name == "loop").unwrap();
+    let l = p.tiles[0]
+        .symbols
+        .iter()
+        .find(|s| s.name == "loop")
+        .unwrap();
     assert_eq!(l.addr, 0x4c008);
+}
+
+#[test]
+fn a_repeat_body_opening_with_a_bundle_is_aligned_before_the_rpt() {
+    let p = asm(&format!(
+        "{HEAD}  exit\n  nop\nr: rpt 4, 1\n  {{ nop ; f32add $a0, $a0, $a2 }}\n"
+    ));
+    let bundle = Word::Bundle(
+        Inst::Nop,
+        Inst::FBin {
+            op: FBinOp::Add,
+            vec: FVec::F32,
+            d: AReg(0),
+            a: AReg(0),
+            b: AReg(2),
+        },
+    );
+    assert_eq!(
+        code_of(&p),
+        words(&[
+            Word::Single(Inst::Exit),
+            Word::Single(Inst::Nop),
+            Word::Single(Inst::Nop),
+            Word::Single(Inst::Rpti { count: 4, body: 1 }),
+            bundle,
+        ])
+    );
+    let r = p.tiles[0].symbols.iter().find(|s| s.name == "r").unwrap();
+    assert_eq!(r.addr, 0x4c00c);
+    let e = asm_err(&format!(
+        "{HEAD}  nop\n  rpt 4, 3\n  {{ nop ; f32add $a0, $a0, $a2 }}\n  nop\n  {{ nop ; f32add $a0, $a0, $a2 }}\n"
+    ));
+    assert!(e.starts_with("8:3: bundle at 0x4c014 is not 8-byte aligned inside the repeat body of the `rpt` on line 5"), "{e}");
 }
 
 #[test]
@@ -133,7 +170,10 @@ fn data_directives_and_reserved_space() {
     );
     assert_eq!(d.size, 16 + 100);
     let big = p.tiles[0].symbols.iter().find(|s| s.name == "big").unwrap();
-    assert_eq!((big.addr, big.size, big.kind), (0x90010, 100, SymbolKind::Data));
+    assert_eq!(
+        (big.addr, big.size, big.kind),
+        (0x90010, 100, SymbolKind::Data)
+    );
 }
 
 #[test]
@@ -155,7 +195,10 @@ fn explicit_symbol_sizes_kinds_and_entry() {
     let w = t.symbols.iter().find(|s| s.name == "w").unwrap();
     assert_eq!(w.size, 4);
     let odd = t.symbols.iter().find(|s| s.name == "odd name").unwrap();
-    assert_eq!((odd.addr, odd.size, odd.kind), (0x4c00c, 0, SymbolKind::Data));
+    assert_eq!(
+        (odd.addr, odd.size, odd.kind),
+        (0x4c00c, 0, SymbolKind::Data)
+    );
 }
 
 #[test]
@@ -212,44 +255,128 @@ fn errors_are_located_and_clear() {
         ("  frob $m1\n", "4:3: unknown mnemonic `frob`"),
         ("  add $m1, $m2, $m16\n", "4:17: bad register `$m16`"),
         ("  add $m1, $a2, $m3\n", "4:12: expected an $m register"),
-        ("  add $m1, $m2, 4096\n", "4:17: immediate 4096 is out of range"),
+        (
+            "  add $m1, $m2, 4096\n",
+            "4:17: immediate 4096 is out of range",
+        ),
         ("  ld64 $a1:2, $m1, 0\n", "4:8: expected a register pair"),
         ("  ld128 $a2:5, $m1, 0\n", "4:9: expected a register quad"),
-        ("  ld64step $a0:1, $m2, 1\n", "4:19: expected a post-incremented"),
-        ("  ld64step $a0:1, $m2+=, 128\n", "4:26: increment (in units of 8 bytes) 128 is out of range"),
-        ("  setzi $m1, 0x100000\n", "4:14: immediate 1048576 is out of range"),
+        (
+            "  ld64step $a0:1, $m2, 1\n",
+            "4:19: expected a post-incremented",
+        ),
+        (
+            "  ld64step $a0:1, $m2+=, 128\n",
+            "4:26: increment (in units of 8 bytes) 128 is out of range",
+        ),
+        (
+            "  setzi $m1, 0x100000\n",
+            "4:14: immediate 1048576 is out of range",
+        ),
         ("  bri nowhere\n", "4:7: undefined symbol `nowhere`"),
-        ("  bri 0x4c002\n", "4:7: branch target 0x4c002 is not 4-byte aligned"),
+        (
+            "  bri 0x4c002\n",
+            "4:7: branch target 0x4c002 is not 4-byte aligned",
+        ),
         ("  run $m1, $m2, 6\n", "4:17: worker 6 is out of range"),
-        ("  amp $a0:1, $a2:3, $a4:5, 4\n", "4:28: phase 4 is out of range 0..=3"),
-        ("  rpt $m1, 0\n", "4:12: body length (in words) 0 is out of range"),
-        ("  { add $m1, $m1, $m1 ; exit }\n", "4:3: a bundle needs one aux-pipe"),
-        ("  { f32add $a0, $a0, $a0 ; f32exp $a1, $a1 }\n", "4:3: a bundle needs one main-pipe"),
-        ("  { li $m1, 3 ; f32exp $a1, $a1 }\n", "4:5: a pseudo-instruction cannot be part of a bundle"),
+        (
+            "  amp $a0:1, $a2:3, $a4:5, 4\n",
+            "4:28: phase 4 is out of range 0..=3",
+        ),
+        (
+            "  rpt $m1, 0\n",
+            "4:12: body length (in words) 0 is out of range",
+        ),
+        (
+            "  { add $m1, $m1, $m1 ; exit }\n",
+            "4:3: a bundle needs one aux-pipe",
+        ),
+        (
+            "  { f32add $a0, $a0, $a0 ; f32exp $a1, $a1 }\n",
+            "4:3: a bundle needs one main-pipe",
+        ),
+        (
+            "  { li $m1, 3 ; f32exp $a1, $a1 }\n",
+            "4:5: a pseudo-instruction cannot be part of a bundle",
+        ),
         ("  nop ; nop\n", "4:7: `;` separates"),
         ("  sync everyone\n", "4:8: expected `local` or `global`"),
         ("  add $m1, $m2\n", "4:3: `add` takes 3 operands"),
-        ("  .byte 1\n  exit\n", "5:3: instruction at 0x4c001 is not 4-byte aligned"),
-        ("x: exit\nx: exit\n", "5:1: label `x` is already defined (line 4)"),
-        ("  .word 0x100000000\n", "4:9: value 4294967296 does not fit 32 bits"),
+        (
+            "  .byte 1\n  exit\n",
+            "5:3: instruction at 0x4c001 is not 4-byte aligned",
+        ),
+        (
+            "x: exit\nx: exit\n",
+            "5:1: label `x` is already defined (line 4)",
+        ),
+        (
+            "  .word 0x100000000\n",
+            "4:9: value 4294967296 does not fit 32 bits",
+        ),
         ("  .frob 1\n", "4:3: unknown directive `.frob`"),
-        ("  exit\n.section d 0x4c002 rw\n .word 1\n", "5:1: section `d` [0x4c002, 0x4c006) overlaps section `code`"),
-        ("  exit\n.section d 0xe7ff0 rw\n .space 32\n", "5:1: section `d` [0xe7ff0, 0xe8010) lies outside tile SRAM"),
-        ("  exit\n.section d 0xe7ba0 rw\n .space 4\n .word 1, 2, 3, 4\n", "5:1: initialised contents of section `d` end at 0xe7bb4"),
-        ("  exit\n.section d 0x7fff0 rx\n .space 32\n", "5:1: executable section `d` [0x7fff0, 0x80010) reaches the non-executable region"),
-        ("  exit\n.section d 0x90000 rw\n  exit\n", "6:3: instruction in section `d`, which is not executable"),
-        ("  exit\n.section code 0x4d000 rx\n", "5:1: section `code` is already open"),
+        (
+            "  exit\n.section d 0x4c002 rw\n .word 1\n",
+            "5:1: section `d` [0x4c002, 0x4c006) overlaps section `code`",
+        ),
+        (
+            "  exit\n.section d 0xe7ff0 rw\n .space 32\n",
+            "5:1: section `d` [0xe7ff0, 0xe8010) lies outside tile SRAM",
+        ),
+        (
+            "  exit\n.section d 0xe7ba0 rw\n .space 4\n .word 1, 2, 3, 4\n",
+            "5:1: initialised contents of section `d` end at 0xe7bb4",
+        ),
+        (
+            "  exit\n.section d 0x7fff0 rx\n .space 32\n",
+            "5:1: executable section `d` [0x7fff0, 0x80010) reaches the non-executable region",
+        ),
+        (
+            "  exit\n.section d 0x90000 rw\n  exit\n",
+            "6:3: instruction in section `d`, which is not executable",
+        ),
+        (
+            "  exit\n.section code 0x4d000 rx\n",
+            "5:1: section `code` is already open",
+        ),
         ("  exit\n.section other\n", "5:1: unknown section `other`"),
-        ("  exit\n.org 0x4b000\n", "5:1: `.org 0x4b000` would move backwards"),
-        ("  exit\n.align 3\n", "5:1: alignment 3 is not a power of two"),
-        ("  exit\n.entry 0x90000\n", "5:1: entry point 0x90000 is not"),
-        ("  exit\n.symbol ghost 4\n", "5:1: `.symbol` names `ghost`, which is not a label"),
-        ("  exit\n.tile 4\n", "5:7: tile range 4..=4 is empty or outside 0..4"),
-        ("  exit\n.transfer 0 0 4 -> 1 0\n", "5:1: `.transfer` outside an `.exchange`"),
-        ("  exit\n.exchange 70000 big\n", "5:11: exchange id 70000 is out of range"),
+        (
+            "  exit\n.org 0x4b000\n",
+            "5:1: `.org 0x4b000` would move backwards",
+        ),
+        (
+            "  exit\n.align 3\n",
+            "5:1: alignment 3 is not a power of two",
+        ),
+        (
+            "  exit\n.entry 0x90000\n",
+            "5:1: entry point 0x90000 is not",
+        ),
+        (
+            "  exit\n.symbol ghost 4\n",
+            "5:1: `.symbol` names `ghost`, which is not a label",
+        ),
+        (
+            "  exit\n.tile 4\n",
+            "5:7: tile range 4..=4 is empty or outside 0..4",
+        ),
+        (
+            "  exit\n.transfer 0 0 4 -> 1 0\n",
+            "5:1: `.transfer` outside an `.exchange`",
+        ),
+        (
+            "  exit\n.exchange 70000 big\n",
+            "5:11: exchange id 70000 is out of range",
+        ),
         ("  ld32 $a0, $m1, 0x\n", "4:18: bad number `0x`"),
-        ("  mov $m1, 5\n", "4:12: expected a register (use `setzi` or `li`"),
-        ("  exit\n.section \"unterminated 0x90000 rw\n", "5:10: unterminated string"),
+        (
+            "  mov $m1, 5\n",
+            "4:12: expected a register (use `setzi` or `li`",
+        ),
+        (
+            "  exit\n.section \"unterminated 0x90000 rw\n",
+            "5:10: unterminated string",
+        ),
         ("  exit @\n", "4:8: unexpected character `@`"),
     ];
     for (body, want) in cases {
@@ -267,16 +394,33 @@ fn file_level_errors() {
     assert!(asm_err("  exit\n").contains("no tile selected"));
     assert!(asm_err("").contains("missing `.machine`"));
     assert!(asm_err(".machine nope\n").contains("unknown machine preset `nope`"));
-    assert!(asm_err(".machine small\n.tile 0\n.section d 0x90000 rw\n .word 1\n")
-        .contains("no executable section"));
-    assert!(asm_err(".machine small\n.tile 0\n.section c 0x4c000 rx\n").contains("section `c` is empty"));
+    assert!(
+        asm_err(".machine small\n.tile 0\n.section d 0x90000 rw\n .word 1\n")
+            .contains("no executable section")
+    );
+    assert!(
+        asm_err(".machine small\n.tile 0\n.section c 0x4c000 rx\n")
+            .contains("section `c` is empty")
+    );
     // Undefined labels on one tile of a replicated block name that tile.
-    let e = asm_err(".machine small\n.tile all\n.section c 0x4c000 rx\n bri x\n.tile 1\n.section c\nx: exit\n");
-    assert!(e.contains("undefined symbol `x`") && e.contains("tile 0"), "{e}");
-    let e = asm_err(".machine small\n.tile 0\n.section c 0x4c000 rx\nx: exit\n.exchange 1\n.transfer 0 x 4 -> 1 x\n");
-    assert!(e.starts_with("6:") && e.contains("undefined symbol `x` on tile 1"), "{e}");
+    let e = asm_err(
+        ".machine small\n.tile all\n.section c 0x4c000 rx\n bri x\n.tile 1\n.section c\nx: exit\n",
+    );
+    assert!(
+        e.contains("undefined symbol `x`") && e.contains("tile 0"),
+        "{e}"
+    );
+    let e = asm_err(
+        ".machine small\n.tile 0\n.section c 0x4c000 rx\nx: exit\n.exchange 1\n.transfer 0 x 4 -> 1 x\n",
+    );
+    assert!(
+        e.starts_with("6:") && e.contains("undefined symbol `x` on tile 1"),
+        "{e}"
+    );
     // Package-level inconsistencies are reported too.
-    let e = asm_err(".machine small\n.tile 0\n.section c 0x4c000 rx\n exit\n.binding output o 4\n.slice 0 0x90000 0 8\n");
+    let e = asm_err(
+        ".machine small\n.tile 0\n.section c 0x4c000 rx\n exit\n.binding output o 4\n.slice 0 0x90000 0 8\n",
+    );
     assert!(e.contains("host binding `o`"), "{e}");
 }
 
@@ -286,7 +430,10 @@ fn every_syntax_error_is_reported() {
     let lines: Vec<usize> = e.diagnostics.iter().map(|d| d.line).collect();
     assert_eq!(lines, [4, 6]);
     let text = e.to_string();
-    assert!(text.starts_with("many.s:4:3: error: unknown mnemonic `frob`"), "{text}");
+    assert!(
+        text.starts_with("many.s:4:3: error: unknown mnemonic `frob`"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -304,8 +451,14 @@ fn single_words_parse_and_print() {
         assert_eq!(parse_word(text).unwrap().to_string(), text);
     }
     // Aliases and optional parts print canonically.
-    assert_eq!(parse_word("ld32 $a1, $m1").unwrap().to_string(), "ld32 $a1, $m1, 0");
-    assert_eq!(parse_word("OR $m1, $m2, $m15").unwrap().to_string(), "mov $m1, $m2");
+    assert_eq!(
+        parse_word("ld32 $a1, $m1").unwrap().to_string(),
+        "ld32 $a1, $m1, 0"
+    );
+    assert_eq!(
+        parse_word("OR $m1, $m2, $m15").unwrap().to_string(),
+        "mov $m1, $m2"
+    );
     assert_eq!(
         parse_word("{ amp $a0:1, $a2:3, $a4:5, 1 ; nop }").unwrap(),
         Word::Bundle(

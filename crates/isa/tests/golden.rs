@@ -16,7 +16,11 @@ fn golden_listings() {
         .filter(|p| p.extension().is_some_and(|e| e == "s"))
         .collect();
     sources.sort();
-    assert!(!sources.is_empty(), "no golden sources in {}", dir.display());
+    assert!(
+        !sources.is_empty(),
+        "no golden sources in {}",
+        dir.display()
+    );
     for src in sources {
         let p = assemble_file(&src).unwrap_or_else(|e| panic!("{e}"));
         let listing = disassemble(&p, None, None);
@@ -38,6 +42,11 @@ fn golden_listings() {
             );
         }
         let again = assemble(&listing, "listing.s").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(write_package(&p), write_package(&again), "{}", src.display());
+        assert_eq!(
+            write_package(&p),
+            write_package(&again),
+            "{}",
+            src.display()
+        );
     }
 }

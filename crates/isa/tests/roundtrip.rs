@@ -57,6 +57,48 @@ fn program() -> impl Strategy<Value = (Vec<Item>, [prop::sample::Index; 4], Vec<
     )
 }
 
+fn rpt_body(w: &Word) -> Option<u8> {
+    match w {
+        Word::Single(Inst::Rpt { body, .. } | Inst::Rpti { body, .. }) => Some(*body),
+        _ => None,
+    }
+}
+
+/// Mirrors the assembler's layout: would a bundle need padding inside a body?
+fn misaligned_in_body(items: &[Item]) -> bool {
+    let mut pos = 0usize;
+    let mut left = 0u32;
+    for (i, it) in items.iter().enumerate() {
+        match it {
+            Item::Word(w) => {
+                if matches!(w, Word::Bundle(..)) && pos % 8 == 4 {
+                    if left > 0 {
+                        return true;
+                    }
+                    pos += 4;
+                }
+                left = left.saturating_sub(1);
+                if let Some(n) = rpt_body(w) {
+                    let next_bundle =
+                        matches!(items.get(i + 1), Some(Item::Word(Word::Bundle(..))));
+                    if next_bundle && pos % 8 == 0 {
+                        pos += 4;
+                    }
+                    left = u32::from(n);
+                }
+                pos += w.byte_len();
+            }
+            Item::Branch(..) => {
+                left = left.saturating_sub(1);
+                pos += 4;
+            }
+            Item::Data(_) | Item::Zero4 => pos += 4,
+            Item::Align8 => pos = pos.div_ceil(8) * 8,
+        }
+    }
+    false
+}
+
 fn source(items: &[Item], labels: &[prop::sample::Index; 4], data: &[u32]) -> String {
     let mut at: Vec<usize> = labels.iter().map(|i| i.index(items.len() + 1)).collect();
     at.sort_unstable();
@@ -107,6 +149,9 @@ proptest! {
     fn programs_survive_disassembly(
         (items, labels, data) in program(),
     ) {
+        // A bundle misaligned inside a repeat body is an error (the assembler
+        // cannot pad there); such programs are checked in tests/asm.rs.
+        prop_assume!(!misaligned_in_body(&items));
         let src = source(&items, &labels, &data);
         let p = match assemble(&src, "random.s") {
             Ok(p) => p,
@@ -118,10 +163,14 @@ proptest! {
         let mut expect = Vec::new();
         let mut skip = Vec::new();
         let nop = encode(&[Word::Single(Inst::Nop)]).unwrap();
-        for it in &items {
+        for (i, it) in items.iter().enumerate() {
             match it {
                 Item::Word(w) => {
-                    if matches!(w, Word::Bundle(..)) && expect.len() % 8 == 4 {
+                    let opens_bundle_body = rpt_body(w).is_some()
+                        && matches!(items.get(i + 1), Some(Item::Word(Word::Bundle(..))));
+                    if (matches!(w, Word::Bundle(..)) && expect.len() % 8 == 4)
+                        || (opens_bundle_body && expect.len() % 8 == 0)
+                    {
                         expect.extend_from_slice(&nop);
                     }
                     encode_word(w, &mut expect).unwrap();
@@ -208,7 +257,7 @@ proptest! {
             "x:", "x", "y:", "\"q\"", "setzi", "$m1", "$m15", "$a0:1", "$a2:3", "$a0:3", "$m2+=", ",", "{",
             "}", ";", "(", ")", "+", "-1", "0xffffffffff", "99999999999999999999", "li", "bri", "rpt",
             "amp", "ld64step", "f32add", "mov", "sync", "local", "#", "\"", "\\", "é", "0x90000",
-            "4096", "4", ".tiles", "1000000", "exit",
+            "4096", "4", ".tiles", "exit",
         ]), 0..8).prop_map(|t| t.join(" ")),
         0..12,
     )) {
@@ -230,13 +279,27 @@ fn filters_select_tiles_and_symbols() {
     )
     .unwrap();
     let all = disassemble(&p, None, None);
-    assert!(all.contains(".tile 0, 2\n") && all.contains(".tile 1\n"), "{all}");
+    assert!(
+        all.contains(".tile 0, 2\n") && all.contains(".tile 1\n"),
+        "{all}"
+    );
     let one = disassemble(&p, Some(2), None);
-    assert!(one.contains(".tile 2\n") && !one.contains(".tile 1"), "{one}");
+    assert!(
+        one.contains(".tile 2\n") && !one.contains(".tile 1"),
+        "{one}"
+    );
     let f = disassemble(&p, None, Some("f"));
     assert!(f.contains(".org 0x4c004\nf:\n"), "{f}");
     assert!(!f.contains("exit"), "{f}");
-    assert!(check_filter(&p, Some(3), None).unwrap_err().contains("tiles with images: 0..=2"));
-    assert!(check_filter(&p, Some(1), Some("f")).unwrap_err().contains("no symbol `f` on tile 1"));
+    assert!(
+        check_filter(&p, Some(3), None)
+            .unwrap_err()
+            .contains("tiles with images: 0..=2")
+    );
+    assert!(
+        check_filter(&p, Some(1), Some("f"))
+            .unwrap_err()
+            .contains("no symbol `f` on tile 1")
+    );
     assert!(check_filter(&p, None, Some("f")).is_ok());
 }

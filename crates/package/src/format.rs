@@ -75,7 +75,9 @@ pub enum PackageError {
     Machine(String),
     #[error("tile {tile} does not exist: the machine has {tiles} tiles")]
     TileOutOfRange { tile: u32, tiles: u32 },
-    #[error("tile images must be in strictly increasing tile order: tile {tile} follows tile {prev}")]
+    #[error(
+        "tile images must be in strictly increasing tile order: tile {tile} follows tile {prev}"
+    )]
     TilesNotSorted { prev: u32, tile: u32 },
     #[error("tile {tile}: segment `{name}`: {reason}")]
     BadSegment {
@@ -102,7 +104,11 @@ pub enum PackageError {
         reason: String,
     },
     #[error("exchange {id} (`{name}`): {reason}")]
-    BadExchange { id: u16, name: String, reason: String },
+    BadExchange {
+        id: u16,
+        name: String,
+        reason: String,
+    },
     #[error("exchange id {id} is used twice")]
     DuplicateExchange { id: u16 },
     #[error("host binding `{name}`: {reason}")]
@@ -667,10 +673,7 @@ pub fn validate(p: &Package) -> Result<(), PackageError> {
         if let Some(prev) = prev
             && t.tile <= prev
         {
-            return Err(PackageError::TilesNotSorted {
-                prev,
-                tile: t.tile,
-            });
+            return Err(PackageError::TilesNotSorted { prev, tile: t.tile });
         }
         prev = Some(t.tile);
         validate_tile(&m, t)?;
@@ -728,7 +731,11 @@ fn validate_tile(m: &Machine, t: &TileImage) -> Result<(), PackageError> {
         reason,
     };
     for s in &t.segments {
-        let range = format!("[{:#x}, {:#x})", s.addr, u64::from(s.addr) + u64::from(s.size));
+        let range = format!(
+            "[{:#x}, {:#x})",
+            s.addr,
+            u64::from(s.addr) + u64::from(s.size)
+        );
         if s.size == 0 {
             return Err(seg_err(s, "segment is empty".into()));
         }

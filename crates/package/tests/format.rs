@@ -194,7 +194,13 @@ fn malformed_sections_with_valid_checksums_are_rejected() {
     fix_checksums(&mut bad);
     let err = read_package(&bad).unwrap_err();
     assert!(
-        matches!(err, PackageError::Malformed { section: "tiles", .. }),
+        matches!(
+            err,
+            PackageError::Malformed {
+                section: "tiles",
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("cannot fit"), "{err}");
@@ -281,7 +287,10 @@ fn inconsistent_fields_are_rejected_with_the_right_error() {
 
     let mut p = base.clone();
     p.bindings.push(p.bindings[0].clone());
-    assert!(matches!(rejected(&p), PackageError::DuplicateBinding { .. }));
+    assert!(matches!(
+        rejected(&p),
+        PackageError::DuplicateBinding { .. }
+    ));
     let mut p = base.clone();
     p.bindings[0].slices[1].offset = 20;
     assert!(matches!(rejected(&p), PackageError::BadBinding { .. }));

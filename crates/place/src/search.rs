@@ -539,16 +539,35 @@ impl<'a> Solver<'a> {
 pub(crate) fn search(inst: &Instance, budget: u64) -> SearchResult {
     let prep = prepare(inst);
     let best = AtomicU64::new(u64::MAX);
-    let threads = ORDERS.len();
+    let custom: Vec<Vec<Key>> = std::env::var("TESSERA_ORDERS")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .map(|o| {
+                    o.chars()
+                        .filter_map(|c| match c {
+                            'T' => Some(Key::Total),
+                            'A' => Some(Key::Area),
+                            'L' => Some(Key::Length),
+                            'Z' => Some(Key::Size),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .unwrap_or_else(|| ORDERS.iter().map(|o| o.to_vec()).collect());
+    let threads = custom.len();
     let results: Vec<(Status, u64, Vec<u64>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|h| {
                 let prep = &prep;
                 let best = &best;
+                let order = custom[h].clone();
                 std::thread::Builder::new()
                     .stack_size(256 << 20)
                     .spawn_scoped(scope, move || {
-                        let mut s = Solver::new(inst, prep, ORDERS[h], h as u64, budget, best);
+                        let mut s = Solver::new(inst, prep, &order, h as u64, budget, best);
                         let t0 = std::time::Instant::now();
                         let st = s.solve();
                         if std::env::var_os("TESSERA_SEARCH_DEBUG").is_some() {

@@ -11,7 +11,7 @@
 
 use crate::PlanError;
 use serde::Serialize;
-use tessera_kernels::{AmpMatmul, Kernel, Rearrange, ReduceAdd};
+use tessera_kernels::{Add, AmpMatmul, Kernel, Rearrange, ReduceAdd};
 use tessera_machine::Machine;
 
 /// AMP chunk width: 16 inputs by 16 outputs per weight load.
@@ -69,8 +69,10 @@ pub struct MatmulMapping {
     pub blocks_per_tile: u32,
     /// Tensor bytes on the busiest tile.
     pub bytes_per_tile: u64,
-    /// Of which weights, live for the whole program.
+    /// Of which weights (in the interleaved region).
     pub weight_bytes: u64,
+    /// Of which live for the whole program: weights and the broadcast bias.
+    pub persistent_bytes: u64,
     pub cost: MatmulCost,
 }
 
@@ -101,19 +103,22 @@ impl MatmulMapping {
         let out_bytes = rows * nb * chunk_bytes;
         let slab_bytes = out_bytes / u64::from(pk);
         let partial_bytes = 2 * rows * chunk_bytes;
-        // The row-major receive buffer and the AMP-layout copy both live while the
-        // rearrangement runs; the output keeps one more slab (bias) beside its
-        // partials; the reduced sum and its activation are one slab each.
-        let bytes_per_tile =
-            2 * a_bytes + weight_bytes + out_bytes + slab_bytes + partial_bytes + 2 * slab_bytes;
+        // Weights and the broadcast bias slab stay for the whole program; of the
+        // rest, the rearrangement holds both copies of A, the matmul one copy of A,
+        // its output and the ping-pong partials; the reduction works in place.
+        let transient = (2 * a_bytes).max(a_bytes + out_bytes + partial_bytes);
+        let bytes_per_tile = weight_bytes + slab_bytes + transient;
 
         let amp = AmpMatmul::new(rows_t, kc_t, nb_t).estimate_cycles_with(t);
         let rearrange = Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t);
         let exchange_in = u64::from(t.exchange_overhead_cycles) + a_bytes / xbw;
         let slab_elems = u32::try_from(slab_bytes / 2).unwrap_or(u32::MAX);
-        let reduce = u64::from(t.exchange_overhead_cycles)
-            + slab_bytes * u64::from(pk - 1) / xbw
-            + ReduceAdd::new(pk + 1, slab_elems).estimate_cycles_with(t);
+        let mut reduce = Add::new(slab_elems).estimate_cycles_with(t);
+        if pk > 1 {
+            reduce += u64::from(t.exchange_overhead_cycles)
+                + slab_bytes * u64::from(pk - 1) / xbw
+                + ReduceAdd::new(pk, slab_elems).estimate_cycles_with(t);
+        }
         MatmulMapping {
             shape,
             pr,
@@ -124,6 +129,7 @@ impl MatmulMapping {
             blocks_per_tile: nb_t,
             bytes_per_tile,
             weight_bytes,
+            persistent_bytes: weight_bytes + slab_bytes,
             cost: MatmulCost {
                 exchange_in,
                 rearrange,

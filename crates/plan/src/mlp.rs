@@ -23,7 +23,9 @@ use std::collections::BTreeMap;
 
 use half::f16;
 use tessera_graph::{Graph, OpKind, TensorId, TensorMap};
-use tessera_kernels::{AmpMatmul, Gelu, LayerNorm, MemClass, Rearrange, ReduceAdd, pack_weights};
+use tessera_kernels::{
+    Add, AmpMatmul, Gelu, LayerNorm, MemClass, Rearrange, ReduceAdd, pack_weights,
+};
 use tessera_machine::Machine;
 
 use crate::ir::*;
@@ -252,14 +254,15 @@ struct Lowering<'a> {
 const HOST_IN: Step = 0;
 const LN: Step = 1;
 const X1: Step = 2;
-const MM1: Step = 3;
-const R1: Step = 4;
-const ACT1: Step = 5;
-const X2: Step = 6;
-const MM2: Step = 7;
-const R2: Step = 8;
-const OUT: Step = 9;
-const HOST_OUT: Step = 10;
+const REARRANGE: Step = 3;
+const MM1: Step = 4;
+const R1: Step = 5;
+const ACT1: Step = 6;
+const X2: Step = 7;
+const MM2: Step = 8;
+const R2: Step = 9;
+const OUT: Step = 10;
+const HOST_OUT: Step = 11;
 
 impl Lowering<'_> {
     fn last(&self) -> Step {
@@ -376,15 +379,14 @@ impl Lowering<'_> {
             .collect()
     }
 
-    /// Weights, partial buffers and the AMP call for every tile of `grid`, with
-    /// `extra_slabs` slabs after the partials in each tile's `p` buffer.
+    /// Weights, partial buffers and the AMP call for every tile of `grid`; each
+    /// tile's output buffer holds `pk` slabs.
     fn matmul_stage(
         &mut self,
         tag: &str,
         grid: &Grid,
         a_cm: &BTreeMap<(usize, usize, usize), BufId>,
         w: &[f32],
-        extra_slabs: u32,
     ) -> BTreeMap<(usize, usize, usize), BufId> {
         let n = grid.map.shape.n;
         let pk = grid.pk();
@@ -402,7 +404,7 @@ impl Lowering<'_> {
             let p = self.plan.add_buffer(
                 tile,
                 format!("{tag}.partials"),
-                slab_bytes * (pk + extra_slabs),
+                slab_bytes * pk,
                 Category::Partial,
             );
             let mm = AmpMatmul::new(rows, kc, nb_pad);
@@ -448,6 +450,34 @@ impl Lowering<'_> {
         self.exchange(step, name, copies);
     }
 
+    /// Sums the partial slabs into slab 0 (when the inner dimension was split) and
+    /// adds the broadcast bias, in place.
+    fn finish_slab(
+        &mut self,
+        grid: &Grid,
+        (i, j, l): (usize, usize, usize),
+        p: BufId,
+        step: Step,
+        bias: &[f32],
+        tag: &str,
+    ) {
+        let tile = grid.tile(i, j, l);
+        let pk = grid.pk();
+        let n = grid.slab_blocks(l) * grid.rows[i].1 * AMP_WIDTH;
+        let at0 = Loc { buf: p, offset: 0 };
+        if pk > 1 {
+            self.call(tile, step, ReduceAdd::new(pk, n), &[("in", at0), ("out", at0)]);
+        }
+        let bias = f16_bytes(Self::bias_slab(bias, grid, i, j, l));
+        let bias = self.constant(tile, format!("{tag}.bias"), bias, Category::Weight);
+        self.call(
+            tile,
+            step,
+            Add::new(n),
+            &[("a", at0), ("b", Loc { buf: bias, offset: 0 }), ("out", at0)],
+        );
+    }
+
     /// Bias broadcast over the rows of each slab a tile reduces, f16 block layout.
     fn bias_slab(bias: &[f32], grid: &Grid, i: usize, j: usize, l: usize) -> Vec<f32> {
         let slab = grid.slab_blocks(l);
@@ -470,6 +500,11 @@ impl Lowering<'_> {
     }
 }
 
+impl From<Add> for KernelKind {
+    fn from(k: Add) -> Self {
+        KernelKind::Add(k)
+    }
+}
 impl From<ReduceAdd> for KernelKind {
     fn from(k: ReduceAdd) -> Self {
         KernelKind::ReduceAdd(k)
@@ -522,14 +557,14 @@ fn choose_mappings(
                 continue;
             }
         };
-        let m2 = match map_matmul(machine, s2, usable.saturating_sub(m1.weight_bytes)) {
+        let m2 = match map_matmul(machine, s2, usable.saturating_sub(m1.persistent_bytes)) {
             Ok(m) => m,
             Err(e) => {
                 last_err = Some(e);
                 continue;
             }
         };
-        if m1.bytes_per_tile + m2.weight_bytes > usable
+        if m1.bytes_per_tile + m2.persistent_bytes > usable
             || m1.weight_bytes + m2.weight_bytes > interleaved
         {
             continue;
@@ -680,7 +715,7 @@ pub fn lower_mlp(
         }
         lw.call(
             g1.tile(i, j, l),
-            MM1,
+            REARRANGE,
             re,
             &[
                 ("in", Loc { buf: a_rm[&(i, j, l)], offset: 0 }),
@@ -688,41 +723,20 @@ pub fn lower_mlp(
             ],
         );
     }
-    let p1 = lw.matmul_stage("fc1", &g1, &a_cm, w1, 1);
+    let p1 = lw.matmul_stage("fc1", &g1, &a_cm, w1);
 
-    // [4..5] reduce-scatter, bias, GELU.
+    // [5..6] reduce-scatter, then partials + bias and GELU, in place in slab 0.
     lw.reduce_scatter(R1, "fc1.reduce", &g1, &p1);
-    let mut g_bufs = BTreeMap::new();
     for (i, j, l) in g1.cells() {
-        let tile = g1.tile(i, j, l);
-        let pk = g1.pk();
-        let rows = g1.rows[i].1;
-        let slab = g1.slab_blocks(l);
-        let n = slab * rows * AMP_WIDTH;
         let p = p1[&(i, j, l)];
-        // The bias slab is loaded; the partial slabs before it start as zeros.
-        let mut init = vec![0u8; (pk * n * 2) as usize];
-        init.extend(f16_bytes(Lowering::bias_slab(b1, &g1, i, j, l)));
-        lw.plan.buffers[p.0 as usize].init = Some(init);
-        lw.plan.touch(p, 0);
-        let sum = lw.plan.add_buffer(tile, "fc1.sum".into(), n * 2, Category::Activation);
-        let g = lw.plan.add_buffer(tile, "gelu.out".into(), n * 2, Category::Activation);
-        lw.call(
-            tile,
-            ACT1,
-            ReduceAdd::new(pk + 1, n),
-            &[("in", Loc { buf: p, offset: 0 }), ("out", Loc { buf: sum, offset: 0 })],
-        );
-        lw.call(
-            tile,
-            ACT1,
-            Gelu::new(n),
-            &[("in", Loc { buf: sum, offset: 0 }), ("out", Loc { buf: g, offset: 0 })],
-        );
-        g_bufs.insert((i, j, l), g);
+        lw.finish_slab(&g1, (i, j, l), p, ACT1, b1, "fc1");
+        let n = g1.slab_blocks(l) * g1.rows[i].1 * AMP_WIDTH;
+        let at0 = Loc { buf: p, offset: 0 };
+        lw.call(g1.tile(i, j, l), ACT1, Gelu::new(n), &[("in", at0), ("out", at0)]);
     }
+    let g_bufs = &p1;
 
-    // [6..7] fc2: `g`'s blocks land in fc2's AMP layout directly.
+    // [7..8] fc2: `g`'s blocks land in fc2's AMP layout directly.
     let mut a2 = BTreeMap::new();
     for (i, j, l) in g2.cells() {
         let bytes = g2.rows[i].1 * g2.chunks[j].1 * AMP_WIDTH * 2;
@@ -761,32 +775,29 @@ pub fn lower_mlp(
         }
     }
     lw.exchange(X2, "fc2.inputs", copies);
-    let p2 = lw.matmul_stage("fc2", &g2, &a2, w2, 2);
+    let p2 = lw.matmul_stage("fc2", &g2, &a2, w2);
 
-    // [8..9] reduce-scatter, then partials + bias + residual.
+    // [9..10] reduce-scatter, then partials + bias + residual, in place in slab 0.
     lw.reduce_scatter(R2, "fc2.reduce", &g2, &p2);
     let mut y_slices = Vec::new();
     for (i, j, l) in g2.cells() {
         let tile = g2.tile(i, j, l);
-        let pk = g2.pk();
         let (s0, rows) = g2.rows[i];
         let slab = g2.slab_blocks(l);
         let n = slab * rows * AMP_WIDTH;
         let p = p2[&(i, j, l)];
-        let mut init = vec![0u8; (pk * n * 2) as usize];
-        init.extend(f16_bytes(Lowering::bias_slab(b2, &g2, i, j, l)));
-        lw.plan.buffers[p.0 as usize].init = Some(init);
-        lw.plan.touch(p, 0);
-        let y = lw.plan.add_buffer(tile, "y".into(), n * 2, Category::Activation);
+        lw.finish_slab(&g2, (i, j, l), p, OUT, b2, "fc2");
+        let residual = lw.plan.add_buffer(tile, "residual".into(), n * 2, Category::Activation);
+        lw.plan.touch(residual, HOST_IN);
+        let at0 = Loc { buf: p, offset: 0 };
         lw.call(
             tile,
             OUT,
-            ReduceAdd::new(pk + 2, n),
-            &[("in", Loc { buf: p, offset: 0 }), ("out", Loc { buf: y, offset: 0 })],
+            Add::new(n),
+            &[("a", at0), ("b", Loc { buf: residual, offset: 0 }), ("out", at0)],
         );
-        lw.plan.touch(y, HOST_OUT);
+        lw.plan.touch(p, HOST_OUT);
         let (b0, nb) = g2.blocks[l];
-        let residual = (pk + 1) * n * 2;
         for q in 0..slab {
             let local = j as u32 * slab + q;
             if local >= nb {
@@ -796,8 +807,8 @@ pub fn lower_mlp(
             for row in 0..rows {
                 let within = (q * rows + row) * AMP_WIDTH * 2;
                 let host = (s0 + row) * row_bytes + col;
-                x_slices.push(Slice { loc: Loc { buf: p, offset: residual + within }, offset: host, bytes: AMP_WIDTH * 2 });
-                y_slices.push(Slice { loc: Loc { buf: y, offset: within }, offset: host, bytes: AMP_WIDTH * 2 });
+                x_slices.push(Slice { loc: Loc { buf: residual, offset: within }, offset: host, bytes: AMP_WIDTH * 2 });
+                y_slices.push(Slice { loc: Loc { buf: p, offset: within }, offset: host, bytes: AMP_WIDTH * 2 });
             }
         }
     }

@@ -12,7 +12,7 @@ fn main() {
     let machine = Machine::c600();
     let tiles = args.get(2).copied().unwrap_or(machine.tiles);
     let t = Instant::now();
-    let pkg = amp_package(&machine, tiles, rows, repeats);
+    let pkg = amp_package(&machine, tiles, rows, repeats).expect("kernel encodes");
     let mut sim = Simulator::new(&pkg).expect("benchmark package loads");
     println!("load {:.3}s", t.elapsed().as_secs_f64());
     let opts = SimOptions { trace: false, ..SimOptions::default() };

@@ -6,7 +6,7 @@
 use crate::{SimOptions, Simulator};
 use half::f16;
 use serde::Serialize;
-use tessera_isa::{AReg, Inst, IntOp, MReg, Word, encode};
+use tessera_isa::{AReg, EncodeError, Inst, IntOp, MReg, Word, encode};
 use tessera_machine::Machine;
 use tessera_package::{Package, Perms, Segment, Symbol, SymbolKind, TileImage};
 
@@ -66,9 +66,8 @@ impl CodeBuilder {
         }
     }
 
-    pub fn bytes(&self) -> Vec<u8> {
-        // Every word is built from valid fields by construction.
-        encode(&self.words).unwrap_or_default()
+    pub fn bytes(&self) -> Result<Vec<u8>, EncodeError> {
+        encode(&self.words)
     }
 }
 
@@ -252,8 +251,13 @@ fn le_bytes(v: &[u16]) -> Vec<u8> {
 }
 
 /// A package running the AMP kernel on `tiles` tiles of `machine`, `rows` rows per
-/// tile (at most [`MAX_ROWS`]), the whole kernel `repeats` times.
-pub fn amp_package(machine: &Machine, tiles: u32, rows: u32, repeats: u32) -> Package {
+/// tile (at most [`MAX_ROWS`]), the whole kernel `repeats` times (at most 2^20 - 1).
+pub fn amp_package(
+    machine: &Machine,
+    tiles: u32,
+    rows: u32,
+    repeats: u32,
+) -> Result<Package, EncodeError> {
     let rows = rows.clamp(1, MAX_ROWS);
     let l = AmpLayout::new(rows);
     let mut b = CodeBuilder::new(l.code);
@@ -268,7 +272,7 @@ pub fn amp_package(machine: &Machine, tiles: u32, rows: u32, repeats: u32) -> Pa
     amp_supervisor_code(&mut b2, &l, worker_entry, repeats);
     b2.align8();
     amp_worker_code(&mut b2);
-    let code = b2.bytes();
+    let code = b2.bytes()?;
     let workers = machine.workers;
     let mut state = Vec::new();
     let mut start = 0;
@@ -330,12 +334,12 @@ pub fn amp_package(machine: &Machine, tiles: u32, rows: u32, repeats: u32) -> Pa
             },
         ],
     };
-    Package {
+    Ok(Package {
         machine_toml: machine.to_toml(),
         tiles: (0..tiles.min(machine.tiles)).map(image).collect(),
         exchanges: Vec::new(),
         bindings: Vec::new(),
-    }
+    })
 }
 
 /// The product the kernel computes, in the AMP's order of operations (f32
@@ -385,8 +389,9 @@ pub struct CalibrationPoint {
 pub fn calibration(machine: &Machine, tiles: u32, ns: &[u32]) -> Vec<CalibrationPoint> {
     ns.iter()
         .map(|&n| {
-            let pkg = amp_package(machine, tiles, n, 1);
-            let cycles = Simulator::new(&pkg)
+            let cycles = amp_package(machine, tiles, n, 1)
+                .ok()
+                .and_then(|pkg| Simulator::new(&pkg).ok())
                 .map(|mut s| {
                     s.run(&SimOptions {
                         trace: false,

@@ -19,6 +19,8 @@ mod fp;
 mod interp;
 mod mem;
 mod program;
+#[cfg(test)]
+mod tests;
 mod tile;
 
 pub use fault::{Context, Fault, FaultKind};
@@ -53,6 +55,8 @@ pub enum LoadError {
     Binding { binding: String, reason: String },
     #[error("exchange programs: {0}")]
     Exchange(String),
+    #[error("unsupported machine: {0}")]
+    Unsupported(String),
 }
 
 /// Misuse of the simulator's API.
@@ -189,6 +193,14 @@ impl Simulator {
     /// region, no overlaps), bindings and exchange ids, and decodes the code.
     pub fn new(package: &Package) -> Result<Simulator, LoadError> {
         let machine = Machine::from_toml(&package.machine_toml, "package")?;
+        if machine.workers > 6 {
+            // `run` encodes worker numbers 0..=5 and the trace keeps worker masks
+            // in a byte.
+            return Err(LoadError::Unsupported(format!(
+                "{} workers per tile (at most 6)",
+                machine.workers
+            )));
+        }
         let layout = Layout::new(&machine);
         let mut cache = ProgramCache::default();
         let mut tiles = Vec::with_capacity(package.tiles.len());

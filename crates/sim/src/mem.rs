@@ -9,7 +9,6 @@ struct RegionInfo {
     end: u32,
     interleaved: bool,
     executable: bool,
-    element_bytes: u32,
     /// log2 of `element_bytes` (a power of two, validated by the machine).
     element_shift: u32,
     first_element: u32,
@@ -42,7 +41,6 @@ impl Layout {
                     end: r.end,
                     interleaved: r.interleaved,
                     executable: r.executable,
-                    element_bytes: r.element_bytes,
                     element_shift: r.element_bytes.trailing_zeros(),
                     first_element,
                 };

@@ -8,7 +8,7 @@ use tessera_sim::{SimOptions, Simulator, Status};
 fn amp_product_matches_reference() {
     let machine = Machine::small();
     for rows in [1u32, 5, 6, 7, 16, 37] {
-        let pkg = amp_package(&machine, 2, rows, 2);
+        let pkg = amp_package(&machine, 2, rows, 2).unwrap();
         let mut sim = Simulator::new(&pkg).unwrap();
         let report = sim.run(&SimOptions::default());
         assert_eq!(report.status, Status::Ok, "{:?}", report.faults);

@@ -38,11 +38,25 @@ fn misaligned_ld64step_faults_in_all_six_workers() {
 
 #[test]
 fn aligned_ld64step_completes() {
-    let mut sim = Simulator::new(&example("aligned_ld64step.s")).unwrap();
+    let package = example("aligned_ld64step.s");
+    let sym = |name: &str| {
+        package.tiles[0]
+            .symbols
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("symbol {name}"))
+            .addr
+    };
+    let (src, dst) = (sym("src"), sym("dst"));
+    assert_eq!(src % 8, 0);
+    let mut sim = Simulator::new(&package).unwrap();
     let report = sim.run(&SimOptions::default());
     assert_eq!(report.status, Status::Ok, "{:#?}", report.faults);
-    // Worker 5 copied its 32 bytes.
-    let src = sim.read_memory(0, 0x9_0000 + 48 + 320, 32).unwrap().to_vec();
-    assert!(src.iter().all(|&b| b == 0) || !src.is_empty());
+    // Worker 0 copied the sixteen f16 values 1..=16.
+    let copied = sim.read_memory(0, dst, 32).unwrap();
+    let want: Vec<u8> = (1..=16)
+        .flat_map(|v| half::f16::from_f32(v as f32).to_bits().to_le_bytes())
+        .collect();
+    assert_eq!(copied, &want[..]);
     assert!(report.per_tile[0].workers.iter().all(|w| w.issues > 0));
 }

@@ -49,15 +49,14 @@ pub fn run_asm(a: AsmArgs) -> anyhow::Result<Outcome> {
         .filter(|s| s.perms.execute)
         .map(|s| s.bytes.len())
         .sum();
+    let n =
+        |count: usize, what: &str| format!("{count} {what}{}", if count == 1 { "" } else { "s" });
     println!(
-        "wrote {}: {} tile image{}, {code} bytes of code in total, {} exchange{}, {} binding{}, {bytes} bytes",
+        "wrote {}: {}, {code} bytes of code in total, {}, {}, {bytes} bytes",
         a.output.display(),
-        package.tiles.len(),
-        if package.tiles.len() == 1 { "" } else { "s" },
-        package.exchanges.len(),
-        if package.exchanges.len() == 1 { "" } else { "s" },
-        package.bindings.len(),
-        if package.bindings.len() == 1 { "" } else { "s" },
+        n(package.tiles.len(), "tile image"),
+        n(package.exchanges.len(), "exchange"),
+        n(package.bindings.len(), "binding"),
     );
     Ok(Outcome::Ok)
 }

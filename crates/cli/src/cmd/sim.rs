@@ -107,7 +107,7 @@ struct BenchJson {
 
 pub fn bench(a: BenchSimArgs) -> anyhow::Result<Outcome> {
     let machine = Machine::c600();
-    let package = amp_package(&machine, machine.tiles, a.rows, a.repeats.max(1));
+    let package = amp_package(&machine, machine.tiles, a.rows, a.repeats.max(1))?;
     let mut sim = Simulator::new(&package).context("loading the benchmark package")?;
     let opts = SimOptions {
         trace: false,
