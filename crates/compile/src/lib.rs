@@ -53,6 +53,11 @@ fn summaries(d: &[Diagnosis]) -> String {
 pub struct CompileOptions {
     pub lower: LowerOptions,
     pub place: PlaceOptions,
+    /// Demonstration of the seed report's fault: after placement, move each buffer
+    /// whose declared alignment is below 8 bytes to an address that is not 8-byte
+    /// aligned, wherever the placement checker still accepts the tile. The result
+    /// is legal under the declared contracts; with the true contracts nothing moves.
+    pub exploit_declared_alignment: bool,
 }
 
 /// Placement figures over all tiles.
@@ -66,6 +71,8 @@ pub struct PlacementSummary {
     pub retry_mode: u32,
     pub search_mode: u32,
     pub place_ms: f64,
+    /// Buffers moved off 8-byte alignment by `exploit_declared_alignment`.
+    pub exploited_buffers: usize,
 }
 
 /// What a compile reports besides the package.
@@ -96,7 +103,7 @@ pub fn compile_mlp(
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
     let plan = lower_mlp(machine, graph, weights, &opts.lower)?;
-    let mut compiled = compile_plan(machine, &plan, &opts.place)?;
+    let mut compiled = compile_plan_with(machine, &plan, &opts.place, opts.exploit_declared_alignment)?;
     compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(compiled)
 }
@@ -106,6 +113,56 @@ pub fn compile_plan(
     machine: &Machine,
     plan: &TilePlan,
     place: &PlaceOptions,
+) -> Result<Compiled, CompileError> {
+    compile_plan_with(machine, plan, place, false)
+}
+
+/// Moves buffers declared less than 8-byte aligned off 8-byte alignment where the
+/// checker allows it; returns how many moved.
+fn exploit_alignment(
+    machine: &Machine,
+    problem: &tessera_place::TileProblem,
+    placement: &mut tessera_place::TilePlacement,
+    capacity: Option<u64>,
+) -> usize {
+    let mut moved = 0;
+    for r in problem.requests.iter().filter(|r| r.align < 8) {
+        let Some(idx) = placement.allocations.iter().position(|a| a.id == r.name) else {
+            continue;
+        };
+        let at = placement.allocations[idx].offset;
+        // Candidates: just past another allocation (where free space often starts),
+        // then small steps around the current address.
+        let mut candidates: Vec<u64> = placement
+            .allocations
+            .iter()
+            .map(|a| {
+                let size = problem.requests.iter().find(|q| q.name == a.id).map_or(0, |q| q.size);
+                // One alignment unit past the end: off the 8-byte grid when the end is on it.
+                (a.offset + size).next_multiple_of(r.align) + r.align
+            })
+            .collect();
+        candidates.extend((1..=8).flat_map(|k| [at + k * r.align, at.saturating_sub(k * r.align)]));
+        for new in candidates {
+            if new % 8 == 0 || new % r.align != 0 {
+                continue;
+            }
+            placement.allocations[idx].offset = new;
+            if tessera_place::check_placement(machine, problem, placement, capacity).is_empty() {
+                moved += 1;
+                break;
+            }
+            placement.allocations[idx].offset = at;
+        }
+    }
+    moved
+}
+
+fn compile_plan_with(
+    machine: &Machine,
+    plan: &TilePlan,
+    place: &PlaceOptions,
+    exploit: bool,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
     let sized = emit::size_code(plan)?;
@@ -125,7 +182,10 @@ pub fn compile_plan(
             message: e.to_string(),
         })?;
         match (outcome.placement, outcome.diagnosis) {
-            (Some(p), _) => {
+            (Some(mut p), _) => {
+                if exploit {
+                    summary.exploited_buffers += exploit_alignment(machine, problem, &mut p, place.capacity);
+                }
                 // The allocator already ran the checker; this is the independent
                 // second reading every compile promises.
                 let violations =

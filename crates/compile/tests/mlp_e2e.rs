@@ -46,3 +46,69 @@ fn tiny_mlp_runs_and_matches_the_reference() {
     eprintln!("cycles {} max_abs_error {err}", report.cycles);
     assert!(err < 0.05, "max abs error {err}");
 }
+
+/// The seed report's bug: the rearrangement declares 2-byte alignment while its
+/// `ld64step` needs 8. A placement that is legal under the declared contract must
+/// fault in the simulator at that load; the true contract runs clean.
+#[test]
+fn understated_rearrange_contract_faults_at_ld64step() {
+    let machine = Machine::small().with_tiles(16);
+    let graph = mlp(&MlpConfig::tiny(2)).unwrap();
+    let weights = init_weights(&graph, 1);
+    let inputs = random_inputs(&graph, 2);
+    let x = to_f16_bytes(inputs.get("x").unwrap().data());
+    let run = |opts: &CompileOptions| {
+        let compiled = compile_mlp(&machine, &graph, &weights, opts).unwrap();
+        let mut sim = Simulator::new(&compiled.package).unwrap();
+        sim.set_binding("x", &x).unwrap();
+        let report = sim.run(&SimOptions {
+            preload_bindings: true,
+            ..SimOptions::default()
+        });
+        (compiled.report, report)
+    };
+
+    let mut weak = CompileOptions {
+        exploit_declared_alignment: true,
+        ..CompileOptions::default()
+    };
+    weak.lower.rearrange_declared_align = Some(2);
+    let (compiled, report) = run(&weak);
+    assert!(compiled.placement.exploited_buffers > 0);
+    assert_eq!(report.status, Status::Fault);
+    assert!(!report.faults.is_empty());
+    for f in &report.faults {
+        assert_eq!(f.kind, tessera_sim::FaultKind::InvalidMemoryAddress, "{f}");
+        assert!(f.instruction.starts_with("ld64step"), "{f}");
+        assert!(
+            f.symbol.as_deref().is_some_and(|s| s.starts_with("rearrange_row_major_to_amp_f16")),
+            "{f}"
+        );
+        assert!(f.address.is_some_and(|a| a % 8 != 0), "{f}");
+    }
+    // All six workers fault on every affected tile (each has rows to move).
+    let tiles: std::collections::BTreeSet<u32> = report.faults.iter().map(|f| f.tile).collect();
+    assert_eq!(report.faults.len(), 6 * tiles.len());
+    eprintln!("{} faults on {} tiles; first: {}", report.faults.len(), tiles.len(), report.faults[0]);
+
+    // With the true contracts, exploiting every declared alignment is harmless.
+    let truthful = CompileOptions {
+        exploit_declared_alignment: true,
+        ..CompileOptions::default()
+    };
+    let (_, report) = run(&truthful);
+    assert_eq!(report.status, Status::Ok);
+}
+
+#[test]
+fn same_inputs_give_byte_identical_packages() {
+    let machine = Machine::small().with_tiles(16);
+    let graph = mlp(&MlpConfig::tiny(1)).unwrap();
+    let weights = init_weights(&graph, 7);
+    let a = compile_mlp(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
+    let b = compile_mlp(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
+    assert_eq!(
+        tessera_package::write_package(&a.package),
+        tessera_package::write_package(&b.package)
+    );
+}

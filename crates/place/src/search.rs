@@ -183,6 +183,9 @@ struct Solver<'a> {
     /// Per boundary between sections `k` and `k + 1`: unplaced units crossing it.
     cuts: Vec<u32>,
     decompose: bool,
+    /// Unplaced neighbours per unit. A unit with none is frozen: its lowest base,
+    /// hence its place in the canonical sequence, can no longer change.
+    open: Vec<u32>,
     trail_off: Vec<(u32, u64)>,
     /// Placed units with their `trail_off` marks, innermost last.
     stack: Vec<(u32, usize)>,
@@ -259,6 +262,7 @@ impl<'a> Solver<'a> {
             cuts,
             // Separation links units across time, so time cuts do not split them.
             decompose: !p.has_sep.iter().any(|&b| b),
+            open: p.nbr.iter().map(|l| l.len() as u32).collect(),
             trail_off: Vec::new(),
             stack: Vec::new(),
             cand: Vec::new(),
@@ -321,6 +325,7 @@ impl<'a> Solver<'a> {
         for k in 0..self.p.nbr[c].len() {
             let (d, kind) = self.p.nbr[c][k];
             let d = d as usize;
+            self.open[d] -= 1;
             if self.placed[d] {
                 continue;
             }
@@ -394,6 +399,9 @@ impl<'a> Solver<'a> {
             for k in self.p.s_lo[c]..self.p.s_hi[c].saturating_sub(1) {
                 self.cuts[k as usize] += 1;
             }
+            for &(d, _) in &self.p.nbr[c] {
+                self.open[d as usize] += 1;
+            }
             self.placed[c] = false;
         }
     }
@@ -449,6 +457,9 @@ impl<'a> Solver<'a> {
         }
         let mut min_h = u64::MAX;
         let mut remaining = 0usize;
+        // The canonical sequence is strictly increasing in (base, rank), and a
+        // frozen unit's key is final: it must come next or later, never be skipped.
+        let mut frozen = (u64::MAX, u32::MAX);
         for &c in &part.units {
             let c = c as usize;
             if self.placed[c] {
@@ -459,6 +470,13 @@ impl<'a> Solver<'a> {
             }
             remaining += 1;
             min_h = min_h.min(self.height(c));
+            if self.open[c] == 0 {
+                let key = (self.min_off[c], self.pre[c]);
+                if key < (last_o, last_pre) {
+                    return Status::NotFound;
+                }
+                frozen = frozen.min(key);
+            }
         }
         if remaining == 0 {
             return Status::Found;
@@ -471,7 +489,7 @@ impl<'a> Solver<'a> {
             }
             let o = self.min_off[c];
             let pr = self.pre[c];
-            if o < min_h && (o, pr) > (last_o, last_pre) {
+            if o < min_h && (o, pr) > (last_o, last_pre) && (o, pr) <= frozen {
                 self.cand.push((o, pr, c as u32));
             }
         }

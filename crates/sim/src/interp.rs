@@ -216,6 +216,15 @@ fn bump(p: u32, delta: i64) -> Res<u32> {
     })
 }
 
+/// `p + 8` for paced pointers (checked like [`bump`]).
+#[inline(always)]
+fn step8(p: u32) -> Res<u32> {
+    match p.checked_add(8) {
+        Some(v) => Ok(v),
+        None => bump(p, 8),
+    }
+}
+
 #[cold]
 fn conflict(addrs: &[u32], e: u32) -> Box<Trap> {
     let list: Vec<String> = addrs.iter().map(|a| format!("{a:#x}")).collect();
@@ -605,7 +614,7 @@ fn exec_main<const SUP: bool>(
             if e0 == e1 {
                 return Err(conflict(&[a0, a1], e0));
             }
-            let (n0, n1) = (bump(a0, 8)?, bump(a1, 8)?);
+            let (n0, n1) = (step8(a0)?, step8(a1)?);
             let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
             set_a2(ctx, d0, v0);
             set_a2(ctx, d1, v1);
@@ -620,7 +629,7 @@ fn exec_main<const SUP: bool>(
             if el == es {
                 return Err(conflict(&[al, as_], el));
             }
-            let (nl, ns) = (bump(al, 8)?, bump(as_, 8)?);
+            let (nl, ns) = (step8(al)?, step8(as_)?);
             let sv = ar2(ctx, s);
             let lv = rd64(&sh.mem, ol);
             sh.wr(env, as_, os, &sv.to_le_bytes());
@@ -649,7 +658,7 @@ fn exec_main<const SUP: bool>(
                 let e = if e0 == e1 || e0 == es { e0 } else { e1 };
                 return Err(conflict(&[a0, a1, as_], e));
             }
-            let (n0, n1, ns) = (bump(a0, 8)?, bump(a1, 8)?, bump(as_, 8)?);
+            let (n0, n1, ns) = (step8(a0)?, step8(a1)?, step8(as_)?);
             let sv = ar2(ctx, s);
             let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
             sh.wr(env, as_, os, &sv.to_le_bytes());
@@ -843,15 +852,19 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             let x = fp::unpack4(ar2(ctx, inp));
             let partial = fp::unpack4(ar2(ctx, pin));
             let result = fp::pack4(&amp.latch[4 * p..4 * p + 4]);
+            // Accumulate in a local copy (registers) rather than through `amp`:
+            // the same operations in the same order, without a store per step.
+            let mut acc = amp.acc;
             for (k, xk) in x.iter().enumerate() {
                 let w = &sh.weights[4 * p + k];
                 for j in 0..16 {
-                    amp.acc[j] += xk * w[j];
+                    acc[j] += xk * w[j];
                 }
             }
             for k in 0..4 {
-                amp.acc[4 * p + k] += partial[k];
+                acc[4 * p + k] += partial[k];
             }
+            amp.acc = acc;
             if p == 3 {
                 amp.latch = amp.acc;
                 amp.acc = [0.0; 16];

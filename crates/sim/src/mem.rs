@@ -3,7 +3,7 @@
 
 use tessera_machine::Machine;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, Default)]
 struct RegionInfo {
     start: u32,
     end: u32,
@@ -27,6 +27,21 @@ pub(crate) struct Layout {
     pub start: u32,
     pub end: u32,
     regions: Vec<RegionInfo>,
+    /// The first two regions inline (every preset has two), so that the element
+    /// of an address needs no pointer chase; `split` is the first region's end.
+    fast: [RegionInfo; 2],
+    split: u32,
+    two_regions: bool,
+}
+
+#[inline(always)]
+fn element_in(r: &RegionInfo, addr: u32) -> u32 {
+    let off = addr.wrapping_sub(r.start);
+    if r.interleaved {
+        r.first_element + ((off >> (r.element_shift + 1)) << 1) + ((off >> 3) & 1)
+    } else {
+        r.first_element + (off >> r.element_shift)
+    }
 }
 
 impl Layout {
@@ -47,10 +62,17 @@ impl Layout {
                 first_element += r.len() / r.element_bytes;
                 info
             })
-            .collect();
+            .collect::<Vec<RegionInfo>>();
+        let fast = [
+            regions.first().copied().unwrap_or_default(),
+            regions.get(1).copied().unwrap_or_default(),
+        ];
         Layout {
             start: m.sram_start(),
             end: m.sram_end(),
+            split: fast[0].end,
+            two_regions: regions.len() == 2,
+            fast,
             regions,
         }
     }
@@ -108,16 +130,19 @@ impl Layout {
 
     /// The memory element serving `addr` (same numbering as
     /// `Machine::element_of`); only called on checked addresses.
-    #[inline]
+    #[inline(always)]
     pub fn element(&self, addr: u32) -> u32 {
+        if self.two_regions {
+            let r = &self.fast[usize::from(addr >= self.split)];
+            return element_in(r, addr);
+        }
+        self.element_slow(addr)
+    }
+
+    fn element_slow(&self, addr: u32) -> u32 {
         for r in &self.regions {
             if addr < r.end {
-                let off = addr.wrapping_sub(r.start);
-                return if r.interleaved {
-                    r.first_element + ((off >> (r.element_shift + 1)) << 1) + ((off >> 3) & 1)
-                } else {
-                    r.first_element + (off >> r.element_shift)
-                };
+                return element_in(r, addr);
             }
         }
         u32::MAX

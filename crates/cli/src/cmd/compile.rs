@@ -48,7 +48,9 @@ pub struct ModelArgs {
     /// Seed of the weights (inputs use seed + 1).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Declare the rearrangement's operands 2-byte aligned, as the seed's bug did.
+    /// Declare the rearrangement's operands 2-byte aligned, as the seed's bug did,
+    /// and move those buffers off 8-byte alignment where placement allows: the
+    /// simulator must then fault at the kernel's 64-bit load.
     #[arg(long)]
     pub weaken_rearrange_contract: bool,
     #[arg(long)]
@@ -119,6 +121,7 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
     let mut opts = CompileOptions::default();
     if a.weaken_rearrange_contract {
         opts.lower.rearrange_declared_align = Some(2);
+        opts.exploit_declared_alignment = true;
     }
     let r = compile_mlp(&p.machine, &p.graph, &p.weights, &opts);
     pb.finish_and_clear();
