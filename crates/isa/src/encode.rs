@@ -255,7 +255,7 @@ impl Check {
     }
     fn pair(&self, field: &'static str, r: AReg) -> Result<u32, EncodeError> {
         let v = self.a(field, r)?;
-        if v % 2 == 0 {
+        if v.is_multiple_of(2) {
             Ok(v)
         } else {
             Err(self.err(field, v.into(), "is not an even register (pair)"))
@@ -263,7 +263,7 @@ impl Check {
     }
     fn quad(&self, field: &'static str, r: AReg) -> Result<u32, EncodeError> {
         let v = self.a(field, r)?;
-        if v % 4 == 0 {
+        if v.is_multiple_of(4) {
             Ok(v)
         } else {
             Err(self.err(field, v.into(), "is not a multiple of 4 (quad)"))
@@ -293,7 +293,7 @@ impl Check {
     fn target(&self, t: u32) -> Result<u32, EncodeError> {
         if t >= TARGET_LIMIT {
             Err(self.err("target", t.into(), "is not below 2^20"))
-        } else if t % 4 != 0 {
+        } else if !t.is_multiple_of(4) {
             Err(self.err("target", t.into(), "is not 4-byte aligned"))
         } else {
             Ok(t >> 2)
@@ -368,10 +368,7 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
         ),
         Inst::Ld2x64Pace { d0, d1, p0, p1 } => word(
             LD2X64_PACE,
-            r0(c.pair("d0", d0)?)
-                | r1(c.pair("d1", d1)?)
-                | r2(c.m("p0", p0)?)
-                | r3(c.m("p1", p1)?),
+            r0(c.pair("d0", d0)?) | r1(c.pair("d1", d1)?) | r2(c.m("p0", p0)?) | r3(c.m("p1", p1)?),
         ),
         Inst::Ldst64Pace { d, s, pl, ps } => word(
             LDST64_PACE,
@@ -875,7 +872,12 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
             },
             0xfff003,
         ),
-        _ => return Err(DecodeError::UnknownOpcode { opcode: op, word: w }),
+        _ => {
+            return Err(DecodeError::UnknownOpcode {
+                opcode: op,
+                word: w,
+            });
+        }
     };
     if w & 0x00ff_ffff & !used != 0 {
         return Err(DecodeError::ReservedBits { word: w });

@@ -18,7 +18,11 @@ pub fn aquad() -> impl Strategy<Value = AReg> {
     (0u8..4).prop_map(|r| AReg(r * 4))
 }
 fn avec(pair: bool) -> BoxedStrategy<AReg> {
-    if pair { apair().boxed() } else { areg().boxed() }
+    if pair {
+        apair().boxed()
+    } else {
+        areg().boxed()
+    }
 }
 pub fn int_op() -> impl Strategy<Value = IntOp> {
     proptest::sample::select(IntOp::ALL.to_vec())
@@ -74,16 +78,16 @@ pub fn main_inst() -> BoxedStrategy<Inst> {
             pl,
             ps
         }),
-        (apair(), apair(), apair(), mreg(), mreg(), mreg()).prop_map(
-            |(d0, d1, s, p0, p1, ps)| Inst::Ld2xSt64Pace {
+        (apair(), apair(), apair(), mreg(), mreg(), mreg()).prop_map(|(d0, d1, s, p0, p1, ps)| {
+            Inst::Ld2xSt64Pace {
                 d0,
                 d1,
                 s,
                 p0,
                 p1,
-                ps
+                ps,
             }
-        ),
+        }),
         (mreg(), 0u8..32).prop_map(|(base, quad)| Inst::AmpLoadW { base, quad }),
         mreg().prop_map(|a| Inst::Br { a }),
         target().prop_map(|target| Inst::Bri { target }),

@@ -36,15 +36,13 @@ enum Key {
     Area,
     /// Duration.
     Length,
-    /// Size.
-    Size,
 }
 
+/// Measured on the minimalloc suite: these two between them solve all eleven
+/// instances fastest; more orders only slow the race on two cores.
 const ORDERS: &[&[Key]] = &[
-    &[Key::Total, Key::Area],
-    &[Key::Area, Key::Total],
     &[Key::Total, Key::Length, Key::Area],
-    &[Key::Size, Key::Length],
+    &[Key::Total, Key::Area],
 ];
 
 /// Shared, order-independent preprocessing.
@@ -172,6 +170,7 @@ struct Part {
 struct Solver<'a> {
     inst: &'a Instance,
     p: &'a Prep,
+    order: Vec<Key>,
     pre: Vec<u32>,
     min_off: Vec<u64>,
     base: Vec<u64>,
@@ -210,34 +209,7 @@ impl<'a> Solver<'a> {
         best: &'a AtomicU64,
     ) -> Self {
         let n = p.ids.len();
-        let key_of = |i: usize, k: Key| -> u128 {
-            let x = &inst.units[p.ids[i]];
-            let len = (x.hi - x.lo).max(0) as u128;
-            match k {
-                Key::Total => (p.s_lo[i]..p.s_hi[i])
-                    .map(|s| p.total0[s as usize])
-                    .max()
-                    .unwrap_or(0) as u128,
-                Key::Area => len * x.extent as u128,
-                Key::Length => len,
-                Key::Size => x.extent as u128,
-            }
-        };
-        let mut idx: Vec<usize> = (0..n).collect();
-        idx.sort_by(|&a, &b| {
-            for &k in order {
-                let c = key_of(b, k).cmp(&key_of(a, k));
-                if c != std::cmp::Ordering::Equal {
-                    return c;
-                }
-            }
-            a.cmp(&b)
-        });
-        let mut pre = vec![0u32; n];
-        for (r, &i) in idx.iter().enumerate() {
-            // Ranks start at 1 so the root's `(0, 0)` precedes every candidate.
-            pre[i] = r as u32 + 1;
-        }
+        let pre = vec![0u32; n];
         let nsec = p.sections.len();
         let mut cuts = vec![0u32; nsec.saturating_sub(1)];
         for i in 0..n {
@@ -250,9 +222,10 @@ impl<'a> Solver<'a> {
             .iter()
             .map(|us| us.first().copied().unwrap_or(0))
             .collect();
-        Solver {
+        let mut solver = Solver {
             inst,
             p,
+            order: order.to_vec(),
             pre,
             min_off: p.min0.clone(),
             base: vec![0; n],
@@ -271,6 +244,41 @@ impl<'a> Solver<'a> {
             budget,
             tag,
             best,
+        };
+        let all: Vec<u32> = (0..n as u32).collect();
+        solver.rank(&all);
+        solver
+    }
+
+    /// Ranks `units` by the static order, with section totals as they stand now
+    /// (a subproblem is ranked by what is left of it).
+    fn rank(&mut self, units: &[u32]) {
+        let key_of = |i: usize, k: Key| -> u128 {
+            let x = &self.inst.units[self.p.ids[i]];
+            let len = (x.hi - x.lo).max(0) as u128;
+            match k {
+                Key::Total => (self.p.s_lo[i]..self.p.s_hi[i])
+                    .map(|s| self.total[s as usize])
+                    .max()
+                    .unwrap_or(0) as u128,
+                Key::Area => len * x.extent as u128,
+                Key::Length => len,
+            }
+        };
+        let mut keyed: Vec<([u128; 3], u32)> = units
+            .iter()
+            .map(|&u| {
+                let mut ks = [0u128; 3];
+                for (slot, &k) in ks.iter_mut().zip(&self.order) {
+                    *slot = key_of(u as usize, k);
+                }
+                (ks, u)
+            })
+            .collect();
+        keyed.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for (r, (_, u)) in keyed.iter().enumerate() {
+            // Ranks start at 1 so a fresh search's `(0, 0)` precedes every candidate.
+            self.pre[*u as usize] = r as u32 + 1;
         }
     }
 
@@ -438,7 +446,14 @@ impl<'a> Solver<'a> {
             if units.is_empty() {
                 continue;
             }
-            let st = self.dfs(&Part { units, sa: x, sb: y }, 0, 0);
+            let saved: Vec<u32> = units.iter().map(|&u| self.pre[u as usize]).collect();
+            self.rank(&units);
+            let sub = Part { units, sa: x, sb: y };
+            let st = self.dfs(&sub, 0, 0);
+            // Restore the ranks so the enclosing search keeps one canonical order.
+            for (u, r) in sub.units.iter().zip(saved) {
+                self.pre[*u as usize] = r;
+            }
             if st != Status::Found {
                 self.undo_to(mark);
                 return st;
@@ -493,9 +508,16 @@ impl<'a> Solver<'a> {
                 self.cand.push((o, pr, c as u32));
             }
         }
-        self.cand[start..].sort_unstable();
         let end = self.cand.len();
         for i in start..end {
+            // Selection on demand: most nodes only ever try their first candidate.
+            let mut m = i;
+            for j in (i + 1)..end {
+                if self.cand[j] < self.cand[m] {
+                    m = j;
+                }
+            }
+            self.cand.swap(i, m);
             let (o, pr, c) = self.cand[i];
             let mark = self.stack.len();
             if self.place(c as usize, o, part) {
@@ -557,40 +579,17 @@ impl<'a> Solver<'a> {
 pub(crate) fn search(inst: &Instance, budget: u64) -> SearchResult {
     let prep = prepare(inst);
     let best = AtomicU64::new(u64::MAX);
-    let custom: Vec<Vec<Key>> = std::env::var("TESSERA_ORDERS")
-        .ok()
-        .map(|v| {
-            v.split(',')
-                .map(|o| {
-                    o.chars()
-                        .filter_map(|c| match c {
-                            'T' => Some(Key::Total),
-                            'A' => Some(Key::Area),
-                            'L' => Some(Key::Length),
-                            'Z' => Some(Key::Size),
-                            _ => None,
-                        })
-                        .collect()
-                })
-                .collect()
-        })
-        .unwrap_or_else(|| ORDERS.iter().map(|o| o.to_vec()).collect());
-    let threads = custom.len();
+    let threads = ORDERS.len();
     let results: Vec<(Status, u64, Vec<u64>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|h| {
                 let prep = &prep;
                 let best = &best;
-                let order = custom[h].clone();
                 std::thread::Builder::new()
                     .stack_size(256 << 20)
                     .spawn_scoped(scope, move || {
-                        let mut s = Solver::new(inst, prep, &order, h as u64, budget, best);
-                        let t0 = std::time::Instant::now();
+                        let mut s = Solver::new(inst, prep, ORDERS[h], h as u64, budget, best);
                         let st = s.solve();
-                        if std::env::var_os("TESSERA_SEARCH_DEBUG").is_some() {
-                            eprintln!("order {h}: {st:?} after {} nodes, {} places, {:.1} ms", s.nodes, s.places, t0.elapsed().as_secs_f64() * 1e3);
-                        }
                         if st == Status::Found {
                             best.fetch_min((s.places << TAG_BITS) | s.tag, Ordering::Relaxed);
                         }

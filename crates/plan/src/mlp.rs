@@ -262,7 +262,8 @@ const X2: Step = 7;
 const MM2: Step = 8;
 const R2: Step = 9;
 const OUT: Step = 10;
-const HOST_OUT: Step = 11;
+const X3: Step = 11;
+const HOST_OUT: Step = 12;
 
 impl Lowering<'_> {
     fn last(&self) -> Step {
@@ -659,6 +660,7 @@ pub fn lower_mlp(
     let row_bytes = d * 2;
     let mut x_slices = Vec::new();
     let mut h_bufs = Vec::new();
+    let mut x_bufs = Vec::new();
     for (o, &(r0, n)) in owners.iter().enumerate() {
         let tile = o as u32;
         let x = lw.plan.add_buffer(tile, "x".into(), n * row_bytes, Category::Activation);
@@ -679,6 +681,7 @@ pub fn lower_mlp(
             ],
         );
         h_bufs.push(h);
+        x_bufs.push(x);
     }
 
     // [2..3] fc1 inputs: row-major slices, rearranged on the tile.
@@ -778,8 +781,18 @@ pub fn lower_mlp(
     let p2 = lw.matmul_stage("fc2", &g2, &a2, w2);
 
     // [9..10] reduce-scatter, then partials + bias + residual, in place in slab 0.
+    // The residual comes from the row owners' copy of `x` in the first exchange, and
+    // `y` goes back to the row owners, so that the host moves whole rows.
     lw.reduce_scatter(R2, "fc2.reduce", &g2, &p2);
-    let mut y_slices = Vec::new();
+    let owner_of = |row: u32| (row / rows_per_owner) as usize;
+    let mut residual_copies = Vec::new();
+    let mut y_copies = Vec::new();
+    let mut y_bufs = Vec::new();
+    for (o, &(_, n)) in owners.iter().enumerate() {
+        let y = lw.plan.add_buffer(o as u32, "y".into(), n * row_bytes, Category::Activation);
+        lw.plan.touch(y, HOST_OUT);
+        y_bufs.push(y);
+    }
     for (i, j, l) in g2.cells() {
         let tile = g2.tile(i, j, l);
         let (s0, rows) = g2.rows[i];
@@ -788,7 +801,6 @@ pub fn lower_mlp(
         let p = p2[&(i, j, l)];
         lw.finish_slab(&g2, (i, j, l), p, OUT, b2, "fc2");
         let residual = lw.plan.add_buffer(tile, "residual".into(), n * 2, Category::Activation);
-        lw.plan.touch(residual, HOST_IN);
         let at0 = Loc { buf: p, offset: 0 };
         lw.call(
             tile,
@@ -796,7 +808,6 @@ pub fn lower_mlp(
             Add::new(n),
             &[("a", at0), ("b", Loc { buf: residual, offset: 0 }), ("out", at0)],
         );
-        lw.plan.touch(p, HOST_OUT);
         let (b0, nb) = g2.blocks[l];
         for q in 0..slab {
             let local = j as u32 * slab + q;
@@ -804,14 +815,35 @@ pub fn lower_mlp(
                 continue;
             }
             let col = (b0 + local) * AMP_WIDTH * 2;
-            for row in 0..rows {
-                let within = (q * rows + row) * AMP_WIDTH * 2;
-                let host = (s0 + row) * row_bytes + col;
-                x_slices.push(Slice { loc: Loc { buf: residual, offset: within }, offset: host, bytes: AMP_WIDTH * 2 });
-                y_slices.push(Slice { loc: Loc { buf: p, offset: within }, offset: host, bytes: AMP_WIDTH * 2 });
+            for row in s0..s0 + rows {
+                let within = (q * rows + row - s0) * AMP_WIDTH * 2;
+                let o = owner_of(row);
+                let in_owner = (row - owners[o].0) * row_bytes + col;
+                residual_copies.push(Copy {
+                    src: Loc { buf: x_bufs[o], offset: in_owner },
+                    bytes: AMP_WIDTH * 2,
+                    dsts: vec![Loc { buf: residual, offset: within }],
+                });
+                y_copies.push(Copy {
+                    src: Loc { buf: p, offset: within },
+                    bytes: AMP_WIDTH * 2,
+                    dsts: vec![Loc { buf: y_bufs[o], offset: in_owner }],
+                });
             }
         }
     }
+    let first = lw.plan.exchanges[0].id;
+    for c in &residual_copies {
+        lw.plan.touch(c.src.buf, X1);
+        lw.plan.touch(c.dsts[0].buf, X1);
+    }
+    lw.plan.exchanges[first as usize].copies.extend(residual_copies);
+    lw.exchange(X3, "outputs", y_copies);
+    let y_slices = owners
+        .iter()
+        .zip(&y_bufs)
+        .map(|(&(r0, n), &y)| Slice { loc: Loc { buf: y, offset: 0 }, offset: r0 * row_bytes, bytes: n * row_bytes })
+        .collect();
     let total = r * row_bytes;
     lw.plan.bindings.push(Binding { name: pat.x_name, dir: BindingDir::Input, bytes: total, slices: x_slices });
     lw.plan.bindings.push(Binding { name: pat.y_name, dir: BindingDir::Output, bytes: total, slices: y_slices });

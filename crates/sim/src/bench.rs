@@ -34,7 +34,7 @@ impl CodeBuilder {
 
     /// Appends a word; a bundle at a 4-mod-8 address gets a `nop` first.
     pub fn push(&mut self, w: Word) -> u32 {
-        if matches!(w, Word::Bundle(..)) && self.here() % 8 != 0 {
+        if matches!(w, Word::Bundle(..)) && !self.here().is_multiple_of(8) {
             self.single(Inst::Nop);
         }
         let at = self.here();
@@ -54,14 +54,14 @@ impl CodeBuilder {
     /// Pads with a `nop` so that the next single word sits at 4 mod 8 (a repeat
     /// whose body is bundles then needs no padding inside the body).
     pub fn align_before_bundle_body(&mut self) {
-        if self.here() % 8 == 0 {
+        if self.here().is_multiple_of(8) {
             self.single(Inst::Nop);
         }
     }
 
     /// Pads to an 8-byte boundary.
     pub fn align8(&mut self) {
-        if self.here() % 8 != 0 {
+        if !self.here().is_multiple_of(8) {
             self.single(Inst::Nop);
         }
     }
@@ -278,7 +278,12 @@ pub fn amp_package(
     let mut start = 0;
     for w in 0..workers {
         let n = rows / workers + u32::from(w < rows % workers);
-        for v in [l.x + start * 32, l.partials + start * 32, l.y + start * 32, n] {
+        for v in [
+            l.x + start * 32,
+            l.partials + start * 32,
+            l.y + start * 32,
+            n,
+        ] {
             state.extend_from_slice(&v.to_le_bytes());
         }
         start += n;

@@ -27,7 +27,7 @@ pub(crate) fn f16_to_f32(bits: u16) -> f32 {
         }
         return f16::from_bits(bits).to_f32();
     }
-    f32::from_bits(((b & 0x8000) << 16) | ((b & 0x7fff) << 13) + ((127 - 15) << 23))
+    f32::from_bits(((b & 0x8000) << 16) | (((b & 0x7fff) << 13) + ((127 - 15) << 23)))
 }
 
 /// Round to nearest even. Results in the normal f16 range (including the
@@ -57,10 +57,20 @@ pub(crate) fn unpack4(v: u64) -> [f32; 4] {
     if v == 0 {
         return [0.0; 4];
     }
-    let lanes = [v as u32 & 0xffff, (v >> 16) as u32 & 0xffff, (v >> 32) as u32 & 0xffff, (v >> 48) as u32];
+    let lanes = [
+        v as u32 & 0xffff,
+        (v >> 16) as u32 & 0xffff,
+        (v >> 32) as u32 & 0xffff,
+        (v >> 48) as u32,
+    ];
     // All four lanes normal (exponent field 1..=30): widen without branches.
-    if lanes.iter().all(|l| ((l >> 10) & 0x1f).wrapping_sub(1) < 30) {
-        return lanes.map(|b| f32::from_bits(((b & 0x8000) << 16) | (((b & 0x7fff) << 13) + ((127 - 15) << 23))));
+    if lanes
+        .iter()
+        .all(|l| ((l >> 10) & 0x1f).wrapping_sub(1) < 30)
+    {
+        return lanes.map(|b| {
+            f32::from_bits(((b & 0x8000) << 16) | (((b & 0x7fff) << 13) + ((127 - 15) << 23)))
+        });
     }
     [
         f16_to_f32(v as u16),
@@ -89,7 +99,10 @@ mod tests {
         for bits in 0..=u16::MAX {
             let want = f16::from_bits(bits).to_f32();
             let got = f16_to_f32(bits);
-            assert!(want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()), "{bits:#x}");
+            assert!(
+                want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
+                "{bits:#x}"
+            );
         }
     }
 
@@ -101,13 +114,26 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
-            let bits = if i % 2 == 0 { x } else { 0x3800_0000 + (x % 0x1000_0000) };
+            let bits = if i % 2 == 0 {
+                x
+            } else {
+                0x3800_0000 + (x % 0x1000_0000)
+            };
             let v = f32::from_bits(bits);
             let want = f16::from_f32(v).to_bits();
             let got = f32_to_f16(v);
-            assert!(want == got || (v.is_nan() && (got & 0x7c00) == 0x7c00), "{bits:#x}");
+            assert!(
+                want == got || (v.is_nan() && (got & 0x7c00) == 0x7c00),
+                "{bits:#x}"
+            );
         }
-        for v in [65504.0f32, 65519.99, 65520.0, 1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0] {
+        for v in [
+            65504.0f32,
+            65519.99,
+            65520.0,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+        ] {
             assert_eq!(f32_to_f16(v), f16::from_f32(v).to_bits(), "{v}");
         }
     }

@@ -278,7 +278,12 @@ fn uses_areg(i: &Inst) -> bool {
 }
 
 /// Runs context `ctx` until it stops. `SUP` selects the supervisor's rules.
-pub(crate) fn run<const SUP: bool>(sh: &mut Shared, ctx: &mut Ctx, amp: &mut Amp, env: &Env) -> Stop {
+pub(crate) fn run<const SUP: bool>(
+    sh: &mut Shared,
+    ctx: &mut Ctx,
+    amp: &mut Amp,
+    env: &Env,
+) -> Stop {
     // A local handle on the code lets the loop borrow words in place (no copies on
     // the hot path) while `sh` is borrowed mutably; a store into code replaces
     // `sh.prog` and sets `code_dirty`, after which the handle is refreshed.
@@ -325,7 +330,7 @@ pub(crate) fn run<const SUP: bool>(sh: &mut Shared, ctx: &mut Ctx, amp: &mut Amp
                 }
             }
             Word::Bundle(m, a) => {
-                if pc % 8 != 0 {
+                if !pc.is_multiple_of(8) {
                     Err(trap(
                         FaultKind::InvalidProgramCounter,
                         format!("bundle at {pc:#x} is not 8-byte aligned"),
@@ -397,7 +402,11 @@ fn advance(ctx: &mut Ctx, pc: u32, len: u32) {
     let next = pc + len;
     if ctx.rpt_left > 0 && next == ctx.rpt_end {
         ctx.rpt_left -= 1;
-        ctx.pc = if ctx.rpt_left > 0 { ctx.rpt_start } else { next };
+        ctx.pc = if ctx.rpt_left > 0 {
+            ctx.rpt_start
+        } else {
+            next
+        };
     } else {
         ctx.pc = next;
     }
@@ -416,8 +425,7 @@ fn in_repeat() -> Box<Trap> {
 fn sup_aux() -> Box<Trap> {
     trap(
         FaultKind::InvalidInstruction,
-        "the supervisor has no arithmetic registers: aux-pipe instruction in the supervisor"
-            .into(),
+        "the supervisor has no arithmetic registers: aux-pipe instruction in the supervisor".into(),
         None,
     )
 }
@@ -426,7 +434,7 @@ fn sup_aux() -> Box<Trap> {
 fn fetch_fault(sh: &Shared, env: &Env, pc: u32, e: FetchError) -> Stop {
     let trap = match e {
         FetchError::NoCode => {
-            let why = if pc % 4 != 0 {
+            let why = if !pc.is_multiple_of(4) {
                 "is not 4-byte aligned"
             } else if !env.layout.is_executable(pc) {
                 "is not in an executable region"
@@ -472,10 +480,7 @@ fn start_repeat(
     if count > env.rpt_max {
         return Err(trap(
             FaultKind::InvalidOperand,
-            format!(
-                "repeat count {count} exceeds the limit of {}",
-                env.rpt_max
-            ),
+            format!("repeat count {count} exceeds the limit of {}", env.rpt_max),
             None,
         ));
     }
@@ -507,7 +512,7 @@ fn start_repeat(
 
 #[inline(always)]
 fn check_target(t: u32) -> Res<Flow> {
-    if t % 4 != 0 {
+    if !t.is_multiple_of(4) {
         Err(trap(
             FaultKind::InvalidProgramCounter,
             format!("branch target {t:#x} is not 4-byte aligned"),

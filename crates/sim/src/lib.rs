@@ -132,17 +132,37 @@ pub struct TileStats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum TraceKind {
-    SuperstepStart { index: u32 },
-    SuperstepEnd { index: u32 },
+    SuperstepStart {
+        index: u32,
+    },
+    SuperstepEnd {
+        index: u32,
+    },
     /// `run`/`runall` started `workers` (a bit mask) at `symbol`.
-    KernelStart { symbol: String, workers: u8 },
+    KernelStart {
+        symbol: String,
+        workers: u8,
+    },
     /// The workers that a `KernelStart` started have all exited.
-    KernelEnd { symbol: String, workers: u8 },
-    ExchangeStart { id: u16 },
-    ExchangeEnd { id: u16 },
-    HostTransferStart { bytes: u64 },
-    HostTransferEnd { bytes: u64 },
-    Mark { tag: u16 },
+    KernelEnd {
+        symbol: String,
+        workers: u8,
+    },
+    ExchangeStart {
+        id: u16,
+    },
+    ExchangeEnd {
+        id: u16,
+    },
+    HostTransferStart {
+        bytes: u64,
+    },
+    HostTransferEnd {
+        bytes: u64,
+    },
+    Mark {
+        tag: u16,
+    },
 }
 
 /// One event for the profile. Chip-wide events have no tile.
@@ -417,7 +437,10 @@ impl Simulator {
                 }
             }
             if opts.trace {
-                chip_trace.push(chip_event(arrived, TraceKind::SuperstepEnd { index: superstep }));
+                chip_trace.push(chip_event(
+                    arrived,
+                    TraceKind::SuperstepEnd { index: superstep },
+                ));
                 chip_trace.push(chip_event(
                     resume,
                     TraceKind::SuperstepStart {
@@ -463,7 +486,12 @@ impl Simulator {
                 let i = self.slot_of[&s.tile];
                 let off = (s.tile_addr - self.layout.start) as usize;
                 self.tiles[i].sh.mem[off..off + src.len()].copy_from_slice(src);
-                write_code_check(&mut self.tiles[i].sh, self.layout.start, s.tile_addr, s.bytes);
+                write_code_check(
+                    &mut self.tiles[i].sh,
+                    self.layout.start,
+                    s.tile_addr,
+                    s.bytes,
+                );
             }
         }
     }
@@ -494,7 +522,14 @@ impl Simulator {
         let kind = FaultKind::InvalidExchangeConfiguration;
         let image = &self.package.tiles[t.image];
         let cycle = t.clock();
-        t.fault(image, Context::Supervisor, trap(kind, cause, None), pc, word, cycle);
+        t.fault(
+            image,
+            Context::Supervisor,
+            *trap(kind, cause, None),
+            pc,
+            word,
+            cycle,
+        );
         t.state = TileState::Faulted;
     }
 
@@ -647,9 +682,19 @@ impl Simulator {
                     *received.entry(b).or_default() += u64::from(x.bytes);
                 }
             }
-            let busiest = sent.values().chain(received.values()).copied().max().unwrap_or(0);
-            let cost = u64::from(self.machine.timing.exchange_overhead_cycles) + busiest.div_ceil(rate);
-            let begin = executers.iter().map(|&s| self.tiles[s].clock()).max().unwrap_or(0);
+            let busiest = sent
+                .values()
+                .chain(received.values())
+                .copied()
+                .max()
+                .unwrap_or(0);
+            let cost =
+                u64::from(self.machine.timing.exchange_overhead_cycles) + busiest.div_ceil(rate);
+            let begin = executers
+                .iter()
+                .map(|&s| self.tiles[s].clock())
+                .max()
+                .unwrap_or(0);
             for &s in &executers {
                 let t = &mut self.tiles[s];
                 t.sup.clock = begin + cost;
@@ -682,7 +727,7 @@ impl Simulator {
                     let tile = &mut self.tiles[s];
                     let image = &self.package.tiles[tile.image];
                     let cycle = tile.clock();
-                    tile.fault(image, Context::Supervisor, t, pc, Some(word), cycle);
+                    tile.fault(image, Context::Supervisor, *t, pc, Some(word), cycle);
                     tile.state = TileState::Faulted;
                 }
                 Ok(records) => {
@@ -712,25 +757,39 @@ impl Simulator {
         let per_cycle = self.machine.host_bytes_per_cycle().max(1e-9);
         let cost = u64::from(self.machine.timing.host_transfer_overhead_cycles)
             + (total as f64 / per_cycle).ceil() as u64;
-        let begin = done.iter().map(|&s| self.tiles[s].clock()).max().unwrap_or(0);
+        let begin = done
+            .iter()
+            .map(|&s| self.tiles[s].clock())
+            .max()
+            .unwrap_or(0);
         for &s in &done {
             self.tiles[s].sup.clock = begin + cost;
             self.tiles[s].state = TileState::Running;
         }
         if tracing {
-            chip_trace.push(chip_event(begin, TraceKind::HostTransferStart { bytes: total }));
-            chip_trace.push(chip_event(begin + cost, TraceKind::HostTransferEnd { bytes: total }));
+            chip_trace.push(chip_event(
+                begin,
+                TraceKind::HostTransferStart { bytes: total },
+            ));
+            chip_trace.push(chip_event(
+                begin + cost,
+                TraceKind::HostTransferEnd { bytes: total },
+            ));
         }
     }
 
     fn parse_descriptors(&self, s: usize, desc: u32) -> Result<Vec<HostRecord>, Box<Trap>> {
         let mem = &self.tiles[s].sh.mem;
         let l = &self.layout;
-        let bad_addr = |cause: String, a: u32| trap(FaultKind::InvalidMemoryAddress, cause, Some(a));
+        let bad_addr =
+            |cause: String, a: u32| trap(FaultKind::InvalidMemoryAddress, cause, Some(a));
         let bad_op = |cause: String| trap(FaultKind::InvalidOperand, cause, Some(desc));
-        let off = l
-            .check(u64::from(desc), 4)
-            .map_err(|_| bad_addr(format!("host descriptor list at {desc:#x} is misaligned or outside SRAM"), desc))?;
+        let off = l.check(u64::from(desc), 4).map_err(|_| {
+            bad_addr(
+                format!("host descriptor list at {desc:#x} is misaligned or outside SRAM"),
+                desc,
+            )
+        })?;
         let rd32 = |o: usize| u32::from_le_bytes([mem[o], mem[o + 1], mem[o + 2], mem[o + 3]]);
         let rd16 = |o: usize| u16::from_le_bytes([mem[o], mem[o + 1]]);
         let count = rd32(off);
@@ -749,7 +808,9 @@ impl Simulator {
                 return Err(bad_op(format!("host descriptor {k}: no binding #{b}")));
             };
             if flags & !1 != 0 {
-                return Err(bad_op(format!("host descriptor {k}: unknown flags {flags:#x}")));
+                return Err(bad_op(format!(
+                    "host descriptor {k}: unknown flags {flags:#x}"
+                )));
             }
             let to_host = flags & 1 == 1;
             let ok_dir = match binding.kind {
@@ -761,7 +822,11 @@ impl Simulator {
                     "host descriptor {k}: binding `{}` is {:?} but the transfer goes {}",
                     binding.name,
                     binding.kind,
-                    if to_host { "to the host" } else { "to the tile" }
+                    if to_host {
+                        "to the host"
+                    } else {
+                        "to the tile"
+                    }
                 )));
             }
             if u64::from(host_off) + u64::from(len) > u64::from(binding.bytes) {
@@ -898,7 +963,8 @@ fn validate_segments(
                 s.addr, s.size, layout.start, layout.end
             )));
         }
-        if !s.bytes.is_empty() && u64::from(s.addr) + s.bytes.len() as u64 > u64::from(machine.loader_limit)
+        if !s.bytes.is_empty()
+            && u64::from(s.addr) + s.bytes.len() as u64 > u64::from(machine.loader_limit)
         {
             return Err(bad(format!(
                 "initialised bytes end past the loader limit {:#x}",
@@ -906,7 +972,7 @@ fn validate_segments(
             )));
         }
         if s.perms.execute {
-            if s.addr % 4 != 0 || s.size % 4 != 0 {
+            if !s.addr.is_multiple_of(4) || !s.size.is_multiple_of(4) {
                 return Err(bad("code must be 4-byte aligned and sized".into()));
             }
             if !layout.range_executable(s.addr, s.size) {
@@ -916,7 +982,11 @@ fn validate_segments(
                 )));
             }
         }
-        ranges.push((u64::from(s.addr), u64::from(s.addr) + u64::from(s.size), &s.name));
+        ranges.push((
+            u64::from(s.addr),
+            u64::from(s.addr) + u64::from(s.size),
+            &s.name,
+        ));
     }
     ranges.sort_unstable();
     for w in ranges.windows(2) {

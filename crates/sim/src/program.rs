@@ -90,7 +90,7 @@ impl Program {
     #[inline(always)]
     pub fn fetch(&self, pc: u32) -> Result<&Word, FetchError> {
         let idx = (pc.wrapping_sub(self.start) / 4) as usize;
-        if pc % 4 != 0 {
+        if !pc.is_multiple_of(4) {
             return Err(FetchError::NoCode);
         }
         match self.slots.get(idx) {
@@ -101,7 +101,7 @@ impl Program {
     }
 
     pub fn is_code(&self, pc: u32) -> bool {
-        pc % 4 == 0
+        pc.is_multiple_of(4)
             && pc >= self.start
             && matches!(
                 self.slots.get(((pc - self.start) / 4) as usize),
@@ -125,7 +125,8 @@ impl Program {
             let i = ((pc - self.start) / 4) as usize;
             if !matches!(self.slots[i], Slot::NoCode) {
                 let off = (pc - sram_start) as usize;
-                let next_is_code = matches!(self.slots.get(i + 1), Some(Slot::Word(_) | Slot::Invalid));
+                let next_is_code =
+                    matches!(self.slots.get(i + 1), Some(Slot::Word(_) | Slot::Invalid));
                 let limit = if next_is_code { off + 8 } else { off + 4 };
                 self.slots[i] = decode_slot(&mem[off..limit.min(mem.len())]);
             }
@@ -141,10 +142,13 @@ fn decode_slot(bytes: &[u8]) -> Slot {
     }
 }
 
+/// The executable segments of an image: (address, size, initial bytes).
+type CodeKey = Vec<(u32, u32, Vec<u8>)>;
+
 /// Shares decoded programs between tiles whose executable segments are identical.
 #[derive(Default)]
 pub(crate) struct ProgramCache {
-    map: HashMap<Vec<(u32, u32, Vec<u8>)>, Arc<Program>>,
+    map: HashMap<CodeKey, Arc<Program>>,
 }
 
 impl ProgramCache {

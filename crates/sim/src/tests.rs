@@ -73,7 +73,7 @@ fn exec_with<const SUP: bool>(
     let mut laid = Vec::new();
     let mut at = CODE;
     for w in code {
-        if matches!(w, Word::Bundle(..)) && at % 8 != 0 {
+        if matches!(w, Word::Bundle(..)) && !at.is_multiple_of(8) {
             laid.push(Word::Single(Inst::Nop));
             at += 4;
         }
@@ -581,7 +581,10 @@ fn conversions_sums_moves_broadcasts() {
     assert_eq!(r.a(4), hbits(1.0) | (0x7c00 << 16));
     assert_eq!(r.f(5), 10.5);
     assert_eq!(r.f(10), 70001.0);
-    assert_eq!((r.a(12), r.a(13)), (hbits(1.5) * 0x10001, hbits(1.5) * 0x10001));
+    assert_eq!(
+        (r.a(12), r.a(13)),
+        (hbits(1.5) * 0x10001, hbits(1.5) * 0x10001)
+    );
     // $a15 is $azero: the pair copy's high half is dropped.
     assert_eq!((r.f(14), r.a(15)), (1.0 + 2f32.powi(-11), 0));
 }
@@ -591,29 +594,29 @@ fn branches_calls_and_repeats() {
     // Code addresses: each single word is 4 bytes from CODE.
     let at = |i: u32| CODE + 4 * i;
     let r = exec(&[
-        li(1, 0),                              // 0
+        li(1, 0), // 0
         s(Inst::Brz {
             c: MReg(1),
             target: at(3),
-        }),                                    // 1
-        li(2, 99),                             // 2 (skipped)
+        }), // 1
+        li(2, 99), // 2 (skipped)
         s(Inst::Call {
             link: MReg(3),
             target: at(7),
-        }),                                    // 3
-        s(Inst::Rpti { count: 5, body: 1 }),   // 4
+        }), // 3
+        s(Inst::Rpti { count: 5, body: 1 }), // 4
         s(Inst::IntImm {
             op: IntOp::Add,
             d: MReg(4),
             a: MReg(4),
             imm: 3,
-        }),                                    // 5
-        s(Inst::Bri { target: at(9) }),        // 6
-        li(5, 42),                             // 7: subroutine
-        s(Inst::Br { a: MReg(3) }),            // 8
-        s(Inst::Rpti { count: 0, body: 1 }),   // 9: zero count skips
-        li(6, 1),                              // 10 (skipped)
-        li(7, 1),                              // 11
+        }), // 5
+        s(Inst::Bri { target: at(9) }), // 6
+        li(5, 42), // 7: subroutine
+        s(Inst::Br { a: MReg(3) }), // 8
+        s(Inst::Rpti { count: 0, body: 1 }), // 9: zero count skips
+        li(6, 1), // 10 (skipped)
+        li(7, 1), // 11
     ]);
     r.ok();
     assert_eq!(r.m(2), 0);
@@ -652,10 +655,13 @@ fn repeat_limits() {
     assert_eq!(kind, FaultKind::InvalidOperand);
     assert!(cause.contains("4096"), "{cause}");
     assert_eq!(pc, CODE);
-    let immediate = exec(&[s(Inst::Rpti {
-        count: 4095,
-        body: 1,
-    }), body]);
+    let immediate = exec(&[
+        s(Inst::Rpti {
+            count: 4095,
+            body: 1,
+        }),
+        body,
+    ]);
     immediate.ok();
     // A control instruction in the body faults when it is reached.
     let ctl = exec(&[
@@ -780,10 +786,12 @@ fn element_conflicts_in_both_regions() {
         p0: MReg(1),
         p1: MReg(2),
     });
-    let run = |p0: u32, p1: u32| exec_with::<false>(&[pace], move |c, _, _| {
-        c.m[1] = p0;
-        c.m[2] = p1;
-    });
+    let run = |p0: u32, p1: u32| {
+        exec_with::<false>(&[pace], move |c, _, _| {
+            c.m[1] = p0;
+            c.m[2] = p1;
+        })
+    };
     // Region 0: 16 KiB elements.
     assert_eq!(run(R0, R0 + 0x3ff8).fault().0, FaultKind::MemoryConflict);
     run(R0, R0 + 0x4000).ok();
@@ -801,11 +809,13 @@ fn element_conflicts_in_both_regions() {
         p1: MReg(2),
         ps: MReg(3),
     });
-    let run3 = |ps: u32| exec_with::<false>(&[three], move |c, _, _| {
-        c.m[1] = R1;
-        c.m[2] = R1 + 8;
-        c.m[3] = ps;
-    });
+    let run3 = |ps: u32| {
+        exec_with::<false>(&[three], move |c, _, _| {
+            c.m[1] = R1;
+            c.m[2] = R1 + 8;
+            c.m[3] = ps;
+        })
+    };
     let (kind, cause, _) = run3(R1 + 24).fault();
     assert_eq!(kind, FaultKind::MemoryConflict);
     assert!(cause.contains("element"), "{cause}");

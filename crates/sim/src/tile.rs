@@ -95,7 +95,7 @@ impl Tile {
         &mut self,
         image: &TileImage,
         context: Context,
-        trap: Box<Trap>,
+        trap: Trap,
         pc: u32,
         word: Option<Word>,
         cycle: u64,
@@ -124,7 +124,7 @@ impl Tile {
             let (inst, pc, word) = match stop {
                 Stop::Fault { trap, pc, word } => {
                     let cycle = self.sup.clock;
-                    self.fault(image, Context::Supervisor, trap, pc, word, cycle);
+                    self.fault(image, Context::Supervisor, *trap, pc, word, cycle);
                     self.state = TileState::Faulted;
                     return;
                 }
@@ -172,13 +172,20 @@ impl Tile {
                     let entry = self.sup.m[(entry.0 & 15) as usize];
                     let state = self.sup.m[(state.0 & 15) as usize];
                     if let Err(t) = self.check_start(entry, state, worker as usize) {
-                        self.fault(image, Context::Supervisor, t, pc, Some(word), issue);
+                        self.fault(image, Context::Supervisor, *t, pc, Some(word), issue);
                         self.state = TileState::Faulted;
                         return;
                     }
                     self.computed_since_sync = true;
-                    let end =
-                        self.start_worker(env, image, worker as usize, entry, state, issue + 1, tracing);
+                    let end = self.start_worker(
+                        env,
+                        image,
+                        worker as usize,
+                        entry,
+                        state,
+                        issue + 1,
+                        tracing,
+                    );
                     self.kernel_trace(image, tracing, entry, 1 << worker, issue, end);
                 }
                 Inst::RunAll {
@@ -188,10 +195,11 @@ impl Tile {
                 } => {
                     let entry = self.sup.m[(entry.0 & 15) as usize];
                     let base = self.sup.m[(state.0 & 15) as usize];
-                    if let Err(t) = self.check_start(entry, base, 0)
+                    if let Err(t) = self
+                        .check_start(entry, base, 0)
                         .and_then(|_| check_state(u64::from(stride)))
                     {
-                        self.fault(image, Context::Supervisor, t, pc, Some(word), issue);
+                        self.fault(image, Context::Supervisor, *t, pc, Some(word), issue);
                         self.state = TileState::Faulted;
                         return;
                     }
@@ -200,7 +208,8 @@ impl Tile {
                     for w in 0..self.workers.len() {
                         let state = base.wrapping_add(w as u32 * u32::from(stride));
                         let start = issue + 1 + w as u64;
-                        end = end.max(self.start_worker(env, image, w, entry, state, start, tracing));
+                        end =
+                            end.max(self.start_worker(env, image, w, entry, state, start, tracing));
                     }
                     let mask = ((1u32 << self.workers.len()) - 1) as u8;
                     self.kernel_trace(image, tracing, entry, mask, issue, end);
@@ -218,12 +227,15 @@ impl Tile {
         if worker >= self.workers.len() {
             return Err(trap(
                 FaultKind::InvalidOperand,
-                format!("worker {worker} does not exist ({} workers)", self.workers.len()),
+                format!(
+                    "worker {worker} does not exist ({} workers)",
+                    self.workers.len()
+                ),
                 None,
             ));
         }
-        if entry % 4 != 0 || !self.sh.prog.is_code(entry) {
-            let why = if entry % 4 != 0 {
+        if !entry.is_multiple_of(4) || !self.sh.prog.is_code(entry) {
+            let why = if !entry.is_multiple_of(4) {
                 "is not 4-byte aligned"
             } else {
                 "is not executable code"
@@ -279,7 +291,7 @@ impl Tile {
                 }
                 Stop::Fault { trap, pc, word } => {
                     let cycle = wk.ctx.clock;
-                    self.fault(image, Context::Worker(w as u8), trap, pc, word, cycle);
+                    self.fault(image, Context::Worker(w as u8), *trap, pc, word, cycle);
                     break;
                 }
                 Stop::Super { pc, word, .. } => {
@@ -291,7 +303,7 @@ impl Tile {
                         "supervisor-only instruction in a worker".into(),
                         None,
                     );
-                    self.fault(image, Context::Worker(w as u8), t, pc, Some(word), cycle);
+                    self.fault(image, Context::Worker(w as u8), *t, pc, Some(word), cycle);
                     break;
                 }
             }
@@ -343,7 +355,7 @@ impl Tile {
 }
 
 fn check_state(state: u64) -> Result<(), Box<Trap>> {
-    if state % 4 != 0 {
+    if !state.is_multiple_of(4) {
         return Err(trap(
             FaultKind::InvalidMemoryAddress,
             format!("worker state pointer (or stride) {state:#x} is not 4-byte aligned"),

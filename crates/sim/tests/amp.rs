@@ -1,7 +1,7 @@
 //! The AMP kernel against a scalar reference, and the calibration shape.
 
 use tessera_machine::Machine;
-use tessera_sim::bench::{amp_package, amp_reference, AmpLayout};
+use tessera_sim::bench::{AmpLayout, amp_package, amp_reference};
 use tessera_sim::{SimOptions, Simulator, Status};
 
 #[test]

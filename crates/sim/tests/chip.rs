@@ -46,7 +46,11 @@ fn every_faulting_tile_and_context_is_reported() {
     let m = Machine::small();
     let p = package(
         &m,
-        vec![stepping_tile(0, 2), stepping_tile(1, 0), stepping_tile(3, 4)],
+        vec![
+            stepping_tile(0, 2),
+            stepping_tile(1, 0),
+            stepping_tile(3, 4),
+        ],
         vec![],
         vec![],
     );
@@ -104,7 +108,11 @@ fn timeout_is_a_deterministic_fault() {
     assert_eq!(a.faults.len(), 7);
     assert!(a.faults.iter().all(|f| f.kind == FaultKind::Timeout));
     assert_eq!(a.faults[0].context, Context::Supervisor);
-    assert!(a.faults[1..].iter().all(|f| f.symbol.as_deref() == Some("spin")));
+    assert!(
+        a.faults[1..]
+            .iter()
+            .all(|f| f.symbol.as_deref() == Some("spin"))
+    );
 }
 
 #[test]
@@ -206,8 +214,16 @@ fn exchange_id_mismatch_is_an_invalid_configuration() {
         assert_eq!(f.context, Context::Supervisor);
         assert!(f.instruction.starts_with("exchange"), "{}", f.instruction);
     }
-    assert!(r.faults[0].cause.contains("tiles 1 did not execute"), "{}", r.faults[0].cause);
-    assert!(r.faults[1].cause.contains("tiles 0 did not execute"), "{}", r.faults[1].cause);
+    assert!(
+        r.faults[0].cause.contains("tiles 1 did not execute"),
+        "{}",
+        r.faults[0].cause
+    );
+    assert!(
+        r.faults[1].cause.contains("tiles 0 did not execute"),
+        "{}",
+        r.faults[1].cause
+    );
     // A program that does not exist.
     let tiles = vec![exchange_tile(0, 1, &[9])];
     let (_, r) = run(&package(&Machine::small(), tiles, vec![], vec![]));
@@ -230,7 +246,11 @@ fn overlapping_exchange_destinations_conflict() {
     assert_eq!(r.faults.len(), 1, "{:#?}", r.faults);
     assert_eq!(r.faults[0].tile, 2);
     assert_eq!(r.faults[0].kind, FaultKind::InvalidExchangeConfiguration);
-    assert!(r.faults[0].cause.contains("conflict"), "{}", r.faults[0].cause);
+    assert!(
+        r.faults[0].cause.contains("conflict"),
+        "{}",
+        r.faults[0].cause
+    );
     // Adjacent, non-overlapping destinations are fine.
     let x = ExchangeProgram {
         id: 1,
@@ -278,10 +298,19 @@ fn exchange_needs_a_sync_after_compute() {
     });
     let (_, r) = run(&package(&Machine::small(), vec![img], vec![x], vec![]));
     assert_eq!(r.faults.len(), 1);
-    assert!(r.faults[0].cause.contains("without a global sync"), "{}", r.faults[0].cause);
+    assert!(
+        r.faults[0].cause.contains("without a global sync"),
+        "{}",
+        r.faults[0].cause
+    );
 }
 
-fn binding(name: &str, kind: BindingKind, bytes: u32, slices: &[(u32, u32, u32, u32)]) -> HostBinding {
+fn binding(
+    name: &str,
+    kind: BindingKind,
+    bytes: u32,
+    slices: &[(u32, u32, u32, u32)],
+) -> HostBinding {
     HostBinding {
         name: name.into(),
         kind,
@@ -362,7 +391,11 @@ fn host_descriptors_move_bytes_both_ways() {
     let r = sim.run(&SimOptions::default());
     assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
     assert_eq!(sim.binding("y").unwrap(), &words_le(&[42, 100])[..]);
-    assert!(r.trace.iter().any(|e| e.kind == TraceKind::HostTransferEnd { bytes: 8 }));
+    assert!(
+        r.trace
+            .iter()
+            .any(|e| e.kind == TraceKind::HostTransferEnd { bytes: 8 })
+    );
     assert!(sim.set_binding("x", &[0; 3]).is_err());
     assert!(sim.set_binding("nope", &[]).is_err());
 }
@@ -375,10 +408,26 @@ fn bad_host_descriptors_fault() {
     ];
     let cases: Vec<(Vec<u8>, FaultKind, &str)> = vec![
         // Output direction on an input binding.
-        (descriptors(&[(0, 1, 0, R1, 4)]), FaultKind::InvalidOperand, "Input"),
-        (descriptors(&[(5, 0, 0, R1, 4)]), FaultKind::InvalidOperand, "no binding"),
-        (descriptors(&[(0, 0, 6, R1, 4)]), FaultKind::InvalidOperand, "exceed"),
-        (descriptors(&[(0, 2, 0, R1, 4)]), FaultKind::InvalidOperand, "flags"),
+        (
+            descriptors(&[(0, 1, 0, R1, 4)]),
+            FaultKind::InvalidOperand,
+            "Input",
+        ),
+        (
+            descriptors(&[(5, 0, 0, R1, 4)]),
+            FaultKind::InvalidOperand,
+            "no binding",
+        ),
+        (
+            descriptors(&[(0, 0, 6, R1, 4)]),
+            FaultKind::InvalidOperand,
+            "exceed",
+        ),
+        (
+            descriptors(&[(0, 2, 0, R1, 4)]),
+            FaultKind::InvalidOperand,
+            "flags",
+        ),
         (
             descriptors(&[(0, 0, 0, 0xE_7FFE, 4)]),
             FaultKind::InvalidMemoryAddress,
@@ -391,7 +440,11 @@ fn bad_host_descriptors_fault() {
         let (_, r) = run(&p);
         assert_eq!(r.faults.len(), 1);
         assert_eq!(r.faults[0].kind, kind);
-        assert!(r.faults[0].cause.contains(want), "{} / {want}", r.faults[0].cause);
+        assert!(
+            r.faults[0].cause.contains(want),
+            "{} / {want}",
+            r.faults[0].cause
+        );
         assert!(r.faults[0].instruction.starts_with("hostxfer"));
     }
 }
@@ -450,7 +503,12 @@ fn sync_waits_for_the_slowest_tile() {
         ]);
         t.image()
     };
-    let p = package(&Machine::small(), vec![tile(0, 10), tile(1, 1000)], vec![], vec![]);
+    let p = package(
+        &Machine::small(),
+        vec![tile(0, 10), tile(1, 1000)],
+        vec![],
+        vec![],
+    );
     let (_, r) = run(&p);
     assert_eq!(r.status, Status::Ok);
     assert_eq!(r.per_tile[0].cycles, r.per_tile[1].cycles);

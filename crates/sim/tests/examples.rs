@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use tessera_sim::{Context, FaultKind, SimOptions, Simulator, Status};
 
 fn example(name: &str) -> tessera_package::Package {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/faults").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/faults")
+        .join(name);
     tessera_isa::assemble_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 

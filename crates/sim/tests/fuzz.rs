@@ -116,7 +116,12 @@ proptest! {
 fn a_word_sequence_example_runs() {
     // Sanity check for the harness itself: a plain exit.
     let code = tessera_isa::encode(&[Word::Single(tessera_isa::Inst::Exit)]).unwrap();
-    let p = package(&Machine::small(), vec![image_from_bytes(0, code, vec![])], vec![], vec![]);
+    let p = package(
+        &Machine::small(),
+        vec![image_from_bytes(0, code, vec![])],
+        vec![],
+        vec![],
+    );
     let r = Simulator::new(&p).unwrap().run(&SimOptions::default());
     assert!(r.faults.is_empty());
 }

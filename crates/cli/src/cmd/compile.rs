@@ -84,7 +84,9 @@ fn progress(json: bool, msg: &str) -> ProgressBar {
     } else {
         ProgressBar::new_spinner()
     };
-    pb.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"));
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"),
+    );
     pb.set_message(msg.to_string());
     pb.enable_steady_tick(Duration::from_millis(120));
     pb
@@ -177,7 +179,9 @@ pub fn compile(a: CompileArgs) -> anyhow::Result<Outcome> {
 }
 
 fn f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect()
+    v.iter()
+        .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+        .collect()
 }
 
 fn f16_values(b: &[u8]) -> Vec<f32> {
@@ -236,14 +240,27 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let p = prepare(&a)?;
     let c = do_compile(&a, &p)?;
     if !a.json {
-        eprintln!("compiled in {:.0} ms on {} tiles", c.report.compile_ms, c.report.tiles_used);
+        eprintln!(
+            "compiled in {:.0} ms on {} tiles",
+            c.report.compile_ms, c.report.tiles_used
+        );
         print_report(&c.report);
     }
     let pb = progress(a.json, "simulating");
     let t = Instant::now();
     let mut sim = Simulator::new(&c.package).context("loading the package")?;
-    let x = p.inputs.iter().next().map(|(_, t)| t.data()).context("the model has no input")?;
-    let input_name = p.graph.input_specs().next().map(|s| s.0.to_string()).context("no input")?;
+    let x = p
+        .inputs
+        .iter()
+        .next()
+        .map(|(_, t)| t.data())
+        .context("the model has no input")?;
+    let input_name = p
+        .graph
+        .input_specs()
+        .next()
+        .map(|s| s.0.to_string())
+        .context("no input")?;
     sim.set_binding(&input_name, &f16_bytes(x))?;
     let report = sim.run(&SimOptions {
         preload_bindings: true,
@@ -309,7 +326,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             simulate_ms
         );
         match max_err {
-            Some(e) => println!("max abs error {e:.6} (tolerance {tol:.6}, output scale {scale:.3})"),
+            Some(e) => {
+                println!("max abs error {e:.6} (tolerance {tol:.6}, output scale {scale:.3})")
+            }
             None => println!("no output: the run faulted"),
         }
         for f in report.faults.iter().take(24) {

@@ -81,8 +81,8 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
     let text = std::fs::read_to_string(&a.problem)
         .with_context(|| format!("cannot read {}", a.problem.display()))?;
     let opts = options(&a);
-    let is_json = a.problem.extension().is_some_and(|e| e == "json")
-        || text.trim_start().starts_with('{');
+    let is_json =
+        a.problem.extension().is_some_and(|e| e == "json") || text.trim_start().starts_with('{');
     if !is_json {
         let p = parse_csv(&text, &a.problem.display().to_string())?;
         let r = place_flat(&p, &opts)?;
@@ -146,7 +146,12 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
         .map(Mode::name);
     if a.json {
         let single = (tiles.len() == 1)
-            .then(|| tiles[0].placement.as_ref().map(|p| p.allocations.as_slice()))
+            .then(|| {
+                tiles[0]
+                    .placement
+                    .as_ref()
+                    .map(|p| p.allocations.as_slice())
+            })
             .flatten();
         crate::cmd::print_json(&Report {
             fits,

@@ -76,7 +76,10 @@ pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
             report.instructions
         );
         for f in &report.faults {
-            let addr = f.address.map(|a| format!(" [address {a:#x}]")).unwrap_or_default();
+            let addr = f
+                .address
+                .map(|a| format!(" [address {a:#x}]"))
+                .unwrap_or_default();
             println!("  {f}{addr}");
         }
     }
@@ -156,7 +159,10 @@ pub fn bench(a: BenchSimArgs) -> anyhow::Result<Outcome> {
             out.wall_seconds
         );
         println!("  calibration, f16 [N,16] x [16,16] per tile (reference: Bow fit 340 + 4N):");
-        println!("  {:>6} {:>10} {:>10} {:>8}", "N", "cycles", "reference", "dev %");
+        println!(
+            "  {:>6} {:>10} {:>10} {:>8}",
+            "N", "cycles", "reference", "dev %"
+        );
         for c in &out.calibration {
             println!(
                 "  {:>6} {:>10} {:>10} {:>+8.1}",
