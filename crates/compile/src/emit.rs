@@ -8,12 +8,14 @@
 use std::collections::BTreeMap;
 
 use rayon::prelude::*;
-use tessera_isa::{Inst, Word, encode};
+use std::ops::Range;
+
+use tessera_host::{BindingSpec, HostPlan, SliceSpec, TileHost};
+use tessera_isa::{Inst, MReg, Word, encode};
 use tessera_kernels::{Call as KCall, OperandAddrs, code_bytes};
 use tessera_machine::Machine;
 use tessera_package::{
-    BindingKind, BindingSlice, ExchangeProgram, HostBinding, Package, Perms, Segment, Symbol,
-    SymbolKind, TileImage, Transfer,
+    BindingKind, ExchangeProgram, Package, Perms, Segment, Symbol, SymbolKind, TileImage, Transfer,
 };
 use tessera_place::TilePlacement;
 use tessera_plan::{BindingDir, BufId, Call, StepKind, TilePlan};
@@ -46,9 +48,20 @@ fn kernel_err(tile: u32, kernel: String, e: impl ToString) -> CompileError {
     }
 }
 
-/// The supervisor program of one tile: each step's calls, a sync and exchange per
-/// exchange phase, then exit. `addr` gives a buffer's address, `entry` a kernel
-/// symbol's code address.
+/// The host phases a supervisor program runs, and the tile's descriptor blocks.
+pub struct HostCode<'a> {
+    pub tile: &'a TileHost,
+    pub inputs: Range<usize>,
+    pub outputs: Range<usize>,
+}
+
+/// The register the host snippets load descriptor addresses into; kernel
+/// snippets clobber `$m0..=$m12` only, and nothing lives across steps.
+const HOST_REG: MReg = MReg(13);
+
+/// The supervisor program of one tile: the input host phases, each step's calls, a
+/// sync and exchange per exchange phase, the output host phases, then exit. `addr`
+/// gives a buffer's address, `entry` a kernel symbol's code address.
 fn supervisor_words(
     plan: &TilePlan,
     tile: u32,
@@ -56,7 +69,9 @@ fn supervisor_words(
     base: u32,
     addr: &dyn Fn(BufId) -> u32,
     entry: &dyn Fn(&str) -> u32,
+    host: &HostCode<'_>,
 ) -> Result<Vec<Word>, CompileError> {
+    let host_err = |e: tessera_host::HostError| CompileError::Host(e.to_string());
     let mut words = Vec::new();
     let mut pc = base;
     let mut next_call = 0;
@@ -90,7 +105,19 @@ fn supervisor_words(
                 words.push(Word::Single(Inst::Exchange { id: *id }));
                 pc += 8;
             }
-            StepKind::HostIn | StepKind::HostOut => {}
+            StepKind::HostIn | StepKind::HostOut => {
+                let phases = if *kind == StepKind::HostIn {
+                    host.inputs.clone()
+                } else {
+                    host.outputs.clone()
+                };
+                let snippet = host
+                    .tile
+                    .supervisor_code(phases, HOST_REG)
+                    .map_err(host_err)?;
+                pc += code_bytes(&snippet);
+                words.extend(snippet);
+            }
         }
     }
     words.push(Word::Single(Inst::Exit));
@@ -105,8 +132,9 @@ fn operand_addrs(call: &Call, addr: &dyn Fn(BufId) -> u32) -> OperandAddrs {
     a
 }
 
-/// Code sizes of every tile, computed with all addresses zero.
-pub fn size_code(plan: &TilePlan) -> Result<SizedCode, CompileError> {
+/// Code sizes of every tile, computed with all addresses zero and the host plan's
+/// provisional descriptor blocks.
+pub fn size_code(plan: &TilePlan, host: &HostPlan) -> Result<SizedCode, CompileError> {
     let mut tiles: Vec<TileCode> = vec![TileCode::default(); plan.tiles as usize];
     for (ci, call) in plan.calls.iter().enumerate() {
         tiles[call.tile as usize].calls.push(ci);
@@ -124,7 +152,14 @@ pub fn size_code(plan: &TilePlan) -> Result<SizedCode, CompileError> {
                 code.representative.insert(symbol, ci);
             }
         }
-        let words = supervisor_words(plan, tile as u32, code, 0, &|_| 0, &|_| 0)?;
+        let provisional = tessera_host::emit_provisional(host, tile as u32)
+            .map_err(|e| CompileError::Host(e.to_string()))?;
+        let hc = HostCode {
+            tile: &provisional,
+            inputs: host.phases_of(BindingKind::Input),
+            outputs: host.phases_of(BindingKind::Output),
+        };
+        let words = supervisor_words(plan, tile as u32, code, 0, &|_| 0, &|_| 0, &hc)?;
         code.supervisor_bytes = code_bytes(&words);
     }
     Ok(SizedCode { tiles })
@@ -134,14 +169,46 @@ fn encode_words(tile: u32, what: &str, words: &[Word]) -> Result<Vec<u8>, Compil
     encode(words).map_err(|e| kernel_err(tile, what.to_string(), e))
 }
 
-/// Emits the package from placed tiles.
-pub fn emit(
-    machine: &Machine,
+/// Host data of the final package: the plan at placed addresses and each tile's
+/// emitted descriptor blocks.
+pub struct FinalHost {
+    pub plan: HostPlan,
+    pub tiles: Vec<TileHost>,
+}
+
+/// The plan's host bindings as the host crate's specs, at the addresses `addr`
+/// gives (provisional or final).
+pub fn binding_specs(plan: &TilePlan, addr: &dyn Fn(BufId) -> u32) -> Vec<BindingSpec> {
+    plan.bindings
+        .iter()
+        .map(|b| BindingSpec {
+            name: b.name.clone(),
+            kind: match b.dir {
+                BindingDir::Input => BindingKind::Input,
+                BindingDir::Output => BindingKind::Output,
+            },
+            bytes: b.bytes,
+            slices: b
+                .slices
+                .iter()
+                .map(|s| SliceSpec {
+                    tile: plan.buffer(s.loc.buf).tile,
+                    offset: s.offset,
+                    bytes: s.bytes,
+                    tile_addr: addr(s.loc.buf) + s.loc.offset,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Buffer addresses from the placements (indexed by buffer id), and code
+/// addresses per tile (kernel symbol, or "" for the supervisor).
+pub fn addresses(
     plan: &TilePlan,
-    sized: &SizedCode,
     problems: &Problems,
     placements: &[TilePlacement],
-) -> Result<Package, CompileError> {
+) -> (Vec<u32>, Vec<BTreeMap<String, u32>>) {
     // Buffer and code addresses, per tile.
     let mut buf_addr = vec![0u32; plan.buffers.len()];
     let mut code_addr: Vec<BTreeMap<String, u32>> = vec![BTreeMap::new(); plan.tiles as usize];
@@ -161,7 +228,20 @@ pub fn emit(
             }
         }
     }
+    (buf_addr, code_addr)
+}
+
+/// Emits the package from placed tiles.
+pub fn emit(
+    machine: &Machine,
+    plan: &TilePlan,
+    sized: &SizedCode,
+    (buf_addr, code_addr): &(Vec<u32>, Vec<BTreeMap<String, u32>>),
+    host: &FinalHost,
+) -> Result<Package, CompileError> {
     let addr = |b: BufId| buf_addr[b.0 as usize];
+    let inputs = host.plan.phases_of(BindingKind::Input);
+    let outputs = host.plan.phases_of(BindingKind::Output);
 
     let tiles: Result<Vec<TileImage>, CompileError> = (0..plan.tiles)
         .into_par_iter()
@@ -182,9 +262,20 @@ pub fn emit(
             };
             let entry = |s: &str| codes[s];
             let sup_base = codes[""];
-            let sup = supervisor_words(plan, tile, code, sup_base, &addr, &entry)?;
+            let tile_host = &host.tiles[tile as usize];
+            let hc = HostCode {
+                tile: tile_host,
+                inputs: inputs.clone(),
+                outputs: outputs.clone(),
+            };
+            let sup = supervisor_words(plan, tile, code, sup_base, &addr, &entry, &hc)?;
+            segments.extend(tile_host.package_segments());
             let bytes = encode_words(tile, "supervisor", &sup)?;
-            assert_eq!(bytes.len() as u32, code.supervisor_bytes, "supervisor size changed");
+            assert_eq!(
+                bytes.len() as u32,
+                code.supervisor_bytes,
+                "supervisor size changed"
+            );
             symbols.push(Symbol {
                 name: "supervisor".into(),
                 addr: sup_base,
@@ -227,7 +318,10 @@ pub fn emit(
                     .state(&operand_addrs(call, &addr))
                     .map_err(|e| kernel_err(tile, k.symbol(), e))?;
                 let buf = plan.buffer(call.state);
-                assert!(state.bytes.len() as u32 <= buf.bytes, "state outgrew its buffer");
+                assert!(
+                    state.bytes.len() as u32 <= buf.bytes,
+                    "state outgrew its buffer"
+                );
                 segments.push(Segment {
                     name: format!("{}.state", k.symbol()),
                     addr: addr(call.state),
@@ -286,28 +380,7 @@ pub fn emit(
                 .collect(),
         })
         .collect();
-    let bindings = plan
-        .bindings
-        .iter()
-        .map(|b| HostBinding {
-            name: b.name.clone(),
-            kind: match b.dir {
-                BindingDir::Input => BindingKind::Input,
-                BindingDir::Output => BindingKind::Output,
-            },
-            bytes: b.bytes,
-            slices: b
-                .slices
-                .iter()
-                .map(|s| BindingSlice {
-                    tile: plan.buffer(s.loc.buf).tile,
-                    tile_addr: addr(s.loc.buf) + s.loc.offset,
-                    offset: s.offset,
-                    bytes: s.bytes,
-                })
-                .collect(),
-        })
-        .collect();
+    let bindings = host.plan.package_bindings();
     Ok(Package {
         machine_toml: machine.to_toml(),
         tiles: tiles?,

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
+use tessera_host::HostPlan;
 use tessera_machine::Machine;
 use tessera_package::Package;
 use tessera_place::{Diagnosis, Options as PlaceOptions};
@@ -37,6 +38,8 @@ pub enum CompileError {
         kernel: String,
         message: String,
     },
+    #[error("host transfer planning: {0}")]
+    Host(String),
     #[error("the assembled package is invalid (a compiler bug): {0}")]
     Package(String),
 }
@@ -75,11 +78,31 @@ pub struct PlacementSummary {
     pub exploited_buffers: usize,
 }
 
+/// Host descriptor storage: the bound counted before deduplication, the common
+/// reservation made before tensor placement, and what the final plan used.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HostReport {
+    /// The common reservation on every tile (the largest bound, 4-byte rounded).
+    pub reserved_bytes_per_tile: u32,
+    pub reserved_range: (u32, u32),
+    /// The largest per-tile bound (provisional sizing, before deduplication).
+    pub bound_bytes_max: u32,
+    /// The most descriptor bytes any tile uses in the final package.
+    pub final_bytes_max: u32,
+    pub packets: u64,
+    pub packets_deduplicated: u64,
+    pub input_phases: usize,
+    pub output_phases: usize,
+    /// Host-link cycles of all phases by the simulator's model (overhead included).
+    pub link_cycles: u64,
+}
+
 /// What a compile reports besides the package.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CompileReport {
     pub tiles_used: u32,
     pub placement: PlacementSummary,
+    pub host: HostReport,
     pub decisions: Vec<String>,
     pub exchange_copies: usize,
     pub kernel_calls: usize,
@@ -103,7 +126,8 @@ pub fn compile_mlp(
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
     let plan = lower_mlp(machine, graph, weights, &opts.lower)?;
-    let mut compiled = compile_plan_with(machine, &plan, &opts.place, opts.exploit_declared_alignment)?;
+    let mut compiled =
+        compile_plan_with(machine, &plan, &opts.place, opts.exploit_declared_alignment)?;
     compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(compiled)
 }
@@ -137,7 +161,11 @@ fn exploit_alignment(
             .allocations
             .iter()
             .map(|a| {
-                let size = problem.requests.iter().find(|q| q.name == a.id).map_or(0, |q| q.size);
+                let size = problem
+                    .requests
+                    .iter()
+                    .find(|q| q.name == a.id)
+                    .map_or(0, |q| q.size);
                 // One alignment unit past the end: off the 8-byte grid when the end is on it.
                 (a.offset + size).next_multiple_of(r.align) + r.align
             })
@@ -165,8 +193,26 @@ fn compile_plan_with(
     exploit: bool,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
-    let sized = emit::size_code(plan)?;
-    let problems = tile_problems(machine, plan, &sized);
+    let host_err = |e: tessera_host::HostError| CompileError::Host(e.to_string());
+    // Provisional host sizing: slicing and phases depend only on binding sizes and
+    // tiles, so the bound counted here (before deduplication) holds for any tensor
+    // addresses placement picks.
+    let provisional =
+        HostPlan::new(machine, &emit::binding_specs(plan, &|_| 0)).map_err(host_err)?;
+    let reserved = provisional.max_bound().next_multiple_of(4);
+    let res_end = machine.loader_limit & !7;
+    let res_start = res_end.saturating_sub(reserved) & !7;
+    let sized = emit::size_code(plan, &provisional)?;
+    let mut problems = tile_problems(machine, plan, &sized);
+    if reserved > 0 {
+        for p in &mut problems.problems {
+            p.reservations.push(tessera_place::Reservation {
+                name: "host.descriptors".into(),
+                start: u64::from(res_start),
+                end: u64::from(res_end),
+            });
+        }
+    }
     let t = Instant::now();
     let outcomes = tessera_place::place_tiles(machine, &problems.problems, place);
     let place_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -184,7 +230,8 @@ fn compile_plan_with(
         match (outcome.placement, outcome.diagnosis) {
             (Some(mut p), _) => {
                 if exploit {
-                    summary.exploited_buffers += exploit_alignment(machine, problem, &mut p, place.capacity);
+                    summary.exploited_buffers +=
+                        exploit_alignment(machine, problem, &mut p, place.capacity);
                 }
                 // The allocator already ran the checker; this is the independent
                 // second reading every compile promises.
@@ -220,11 +267,56 @@ fn compile_plan_with(
     if !failures.is_empty() {
         return Err(CompileError::DoesNotFit(failures));
     }
-    let package = emit::emit(machine, plan, &sized, &problems, &placements)?;
+    // Final host planning at the placed addresses, into the reservation.
+    let addrs = emit::addresses(plan, &problems, &placements);
+    let final_plan = HostPlan::new(
+        machine,
+        &emit::binding_specs(plan, &|b| addrs.0[b.0 as usize]),
+    )
+    .map_err(host_err)?;
+    final_plan.check_addresses().map_err(host_err)?;
+    let hosts = (0..plan.tiles)
+        .map(|t| {
+            tessera_host::emit_tile(
+                &final_plan,
+                t,
+                provisional.bound(t),
+                &[(res_start, res_end)],
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(host_err)?;
+    let hs = tessera_host::HostSummary::of(&hosts);
+    let host = HostReport {
+        reserved_bytes_per_tile: res_end - res_start,
+        reserved_range: (res_start, res_end),
+        bound_bytes_max: provisional.max_bound(),
+        final_bytes_max: hs.max_tile_bytes_used,
+        packets: final_plan.packet_total(),
+        packets_deduplicated: hs.packets_deduplicated,
+        input_phases: final_plan
+            .phases_of(tessera_package::BindingKind::Input)
+            .len(),
+        output_phases: final_plan
+            .phases_of(tessera_package::BindingKind::Output)
+            .len(),
+        link_cycles: final_plan.link_cycles(machine, 0..final_plan.phases().len()),
+    };
+    let package = emit::emit(
+        machine,
+        plan,
+        &sized,
+        &addrs,
+        &emit::FinalHost {
+            plan: final_plan,
+            tiles: hosts,
+        },
+    )?;
     tessera_package::validate(&package).map_err(|e| CompileError::Package(e.to_string()))?;
     let report = CompileReport {
         tiles_used: plan.tiles,
         placement: summary,
+        host,
         decisions: plan.decisions.clone(),
         exchange_copies: plan.exchanges.iter().map(|x| x.copies.len()).sum(),
         kernel_calls: plan.calls.len(),

@@ -81,14 +81,17 @@ pub fn tile_problems(_machine: &Machine, plan: &TilePlan, sized: &SizedCode) -> 
             category: Some("code".into()),
         };
         if code.supervisor_bytes > 0 {
-            problems[tile]
-                .requests
-                .push(code_request("code:supervisor".into(), code.supervisor_bytes));
+            problems[tile].requests.push(code_request(
+                "code:supervisor".into(),
+                code.supervisor_bytes,
+            ));
             items[tile].insert("code:supervisor".into(), Item::Supervisor);
         }
         for (symbol, bytes) in &code.kernels {
             let name = format!("code:{symbol}");
-            problems[tile].requests.push(code_request(name.clone(), *bytes));
+            problems[tile]
+                .requests
+                .push(code_request(name.clone(), *bytes));
             items[tile].insert(name, Item::Kernel(symbol.clone()));
         }
     }

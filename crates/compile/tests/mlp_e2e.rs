@@ -8,7 +8,9 @@ use tessera_machine::Machine;
 use tessera_sim::{SimOptions, Simulator, Status};
 
 fn to_f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect()
+    v.iter()
+        .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+        .collect()
 }
 
 fn from_f16_bytes(b: &[u8]) -> Vec<f32> {
@@ -28,7 +30,7 @@ fn tiny_mlp_runs_and_matches_the_reference() {
     sim.set_binding("x", &to_f16_bytes(inputs.get("x").unwrap().data()))
         .unwrap();
     let report = sim.run(&SimOptions {
-        preload_bindings: true,
+        preload_bindings: false,
         ..SimOptions::default()
     });
     for f in &report.faults {
@@ -62,7 +64,7 @@ fn understated_rearrange_contract_faults_at_ld64step() {
         let mut sim = Simulator::new(&compiled.package).unwrap();
         sim.set_binding("x", &x).unwrap();
         let report = sim.run(&SimOptions {
-            preload_bindings: true,
+            preload_bindings: false,
             ..SimOptions::default()
         });
         (compiled.report, report)
@@ -81,7 +83,9 @@ fn understated_rearrange_contract_faults_at_ld64step() {
         assert_eq!(f.kind, tessera_sim::FaultKind::InvalidMemoryAddress, "{f}");
         assert!(f.instruction.starts_with("ld64step"), "{f}");
         assert!(
-            f.symbol.as_deref().is_some_and(|s| s.starts_with("rearrange_row_major_to_amp_f16")),
+            f.symbol
+                .as_deref()
+                .is_some_and(|s| s.starts_with("rearrange_row_major_to_amp_f16")),
             "{f}"
         );
         assert!(f.address.is_some_and(|a| a % 8 != 0), "{f}");
@@ -89,7 +93,12 @@ fn understated_rearrange_contract_faults_at_ld64step() {
     // All six workers fault on every affected tile (each has rows to move).
     let tiles: std::collections::BTreeSet<u32> = report.faults.iter().map(|f| f.tile).collect();
     assert_eq!(report.faults.len(), 6 * tiles.len());
-    eprintln!("{} faults on {} tiles; first: {}", report.faults.len(), tiles.len(), report.faults[0]);
+    eprintln!(
+        "{} faults on {} tiles; first: {}",
+        report.faults.len(),
+        tiles.len(),
+        report.faults[0]
+    );
 
     // With the true contracts, exploiting every declared alignment is harmless.
     let truthful = CompileOptions {

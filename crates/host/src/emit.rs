@@ -126,6 +126,9 @@ pub fn emit_tile(
     let spans = usable_ranges(plan, ranges)?;
     let available = spans.iter().map(|r| r.1 - r.0).sum();
     let mut cursor: Vec<u32> = spans.iter().map(|r| r.0).collect();
+    // Blocks are multiples of 4 bytes packed from an aligned start, so each
+    // range's blocks, appended in placement order, form one contiguous segment.
+    let mut contents: Vec<Vec<u8>> = vec![Vec::new(); spans.len()];
     let mut addr_of = Vec::with_capacity(distinct.len());
     for b in &distinct {
         let len = b.len() as u32;
@@ -137,32 +140,20 @@ pub fn emit_tile(
                 available,
             });
         };
-        addr_of.push((r, cursor[r]));
+        addr_of.push(cursor[r]);
         cursor[r] += len;
+        contents[r].extend_from_slice(b);
     }
-    // Blocks are multiples of 4 bytes packed from an aligned start, so each
-    // range's blocks form one contiguous segment.
-    let mut segments: Vec<HostSegment> = spans
+    let segments = spans
         .iter()
-        .zip(&cursor)
-        .filter(|(s, c)| **c > s.0)
-        .map(|(s, c)| HostSegment {
-            addr: s.0,
-            bytes: Vec::with_capacity((c - s.0) as usize),
-        })
+        .zip(contents)
+        .filter(|(_, bytes)| !bytes.is_empty())
+        .map(|(s, bytes)| HostSegment { addr: s.0, bytes })
         .collect();
-    for (b, &(r, at)) in distinct.iter().zip(&addr_of) {
-        let seg = segments
-            .iter_mut()
-            .find(|s| s.addr == spans[r].0)
-            .expect("a range holding a block has a segment");
-        debug_assert_eq!(seg.addr as usize + seg.bytes.len(), at as usize);
-        seg.bytes.extend_from_slice(b);
-    }
     Ok(TileHost {
         tile,
         segments,
-        phase_block_addr: block_of.iter().map(|&k| addr_of[k].1).collect(),
+        phase_block_addr: block_of.iter().map(|&k| addr_of[k]).collect(),
         bytes_used: needed,
         bytes_before_dedup,
         packets_stored: stored,
@@ -274,5 +265,32 @@ impl TileHost {
                 },
             })
             .collect()
+    }
+}
+
+/// Host descriptor storage over the tiles of a package, for reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct HostSummary {
+    pub tiles: u32,
+    pub bytes_before_dedup: u64,
+    pub bytes_used: u64,
+    /// The most any one tile uses (at most the common reservation).
+    pub max_tile_bytes_used: u32,
+    pub packets_stored: u64,
+    pub packets_deduplicated: u64,
+}
+
+impl HostSummary {
+    pub fn of(hosts: &[TileHost]) -> HostSummary {
+        hosts
+            .iter()
+            .fold(HostSummary::default(), |s, h| HostSummary {
+                tiles: s.tiles + 1,
+                bytes_before_dedup: s.bytes_before_dedup + u64::from(h.bytes_before_dedup),
+                bytes_used: s.bytes_used + u64::from(h.bytes_used),
+                max_tile_bytes_used: s.max_tile_bytes_used.max(h.bytes_used),
+                packets_stored: s.packets_stored + u64::from(h.packets_stored),
+                packets_deduplicated: s.packets_deduplicated + u64::from(h.packets_deduplicated),
+            })
     }
 }

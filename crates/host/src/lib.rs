@@ -43,7 +43,9 @@ pub enum HostError {
         len: u32,
         bytes: u32,
     },
-    #[error("host binding `{binding}` slice {slice} is on tile {tile}; the machine has {tiles} tiles")]
+    #[error(
+        "host binding `{binding}` slice {slice} is on tile {tile}; the machine has {tiles} tiles"
+    )]
     TileOutOfRange {
         binding: String,
         slice: usize,

@@ -202,7 +202,12 @@ impl HostPlan {
     pub fn phases_of(&self, kind: BindingKind) -> Range<usize> {
         let start = self.phases.iter().position(|p| p.kind == kind);
         match start {
-            Some(s) => s..s + self.phases[s..].iter().take_while(|p| p.kind == kind).count(),
+            Some(s) => {
+                s..s + self.phases[s..]
+                    .iter()
+                    .take_while(|p| p.kind == kind)
+                    .count()
+            }
             None => {
                 // An empty range where the kind would sit keeps ranges ordered.
                 let rank = KIND_ORDER.iter().position(|&k| k == kind).unwrap_or(0);

@@ -81,7 +81,7 @@ fn misaligned_in_body(items: &[Item]) -> bool {
                 if let Some(n) = rpt_body(w) {
                     let next_bundle =
                         matches!(items.get(i + 1), Some(Item::Word(Word::Bundle(..))));
-                    if next_bundle && pos % 8 == 0 {
+                    if next_bundle && pos.is_multiple_of(8) {
                         pos += 4;
                     }
                     left = u32::from(n);

@@ -241,9 +241,7 @@ pub(crate) fn retry_order(inst: &Instance) -> Vec<usize> {
 pub(crate) fn greedy(inst: &Instance, order: &[usize]) -> Result<Vec<u64>, Failure> {
     let mut board = Board::new(inst);
     for &u in order {
-        board
-            .place(u)
-            .map_err(|rule| Failure { unit: u, rule })?;
+        board.place(u).map_err(|rule| Failure { unit: u, rule })?;
     }
     Ok(board.base.into_iter().map(|b| b.unwrap_or(0)).collect())
 }

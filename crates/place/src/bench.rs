@@ -96,21 +96,31 @@ fn reference(suite: &str, name: &str) -> Option<Reference> {
         ("iree_mobilenet", 1.0000, 0.001),
         ("iree_mobilebert", 1.1356, 0.003),
     ];
-    let stem = name.split('.').next().unwrap_or(name);
-    if suite == "minimalloc" {
-        return MM.iter().find(|(k, _)| *k == stem).map(|&(_, s)| Reference {
-            peer: "minimalloc",
-            ratio: None,
-            time_ms: s * 1e3,
-            time_factor: 10.0,
-        });
+    let mut stem = name.trim_end_matches(".csv").trim_end_matches(".halfopen");
+    if let Some((head, tail)) = stem.rsplit_once('.')
+        && tail.bytes().all(|b| b.is_ascii_digit())
+    {
+        stem = head;
     }
-    IA.iter().find(|(k, _, _)| *k == stem).map(|&(_, r, s)| Reference {
-        peer: "idealloc -l 1",
-        ratio: Some(r),
-        time_ms: s * 1e3,
-        time_factor: 1.0,
-    })
+    if suite == "minimalloc" {
+        return MM
+            .iter()
+            .find(|(k, _)| *k == stem)
+            .map(|&(_, s)| Reference {
+                peer: "minimalloc",
+                ratio: None,
+                time_ms: s * 1e3,
+                time_factor: 10.0,
+            });
+    }
+    IA.iter()
+        .find(|(k, _, _)| *k == stem)
+        .map(|&(_, r, s)| Reference {
+            peer: "idealloc -l 1",
+            ratio: Some(r),
+            time_ms: s * 1e3,
+            time_factor: 1.0,
+        })
 }
 
 /// Every `*.csv` under `dir`, sorted, except raw exports with an `offset` column.
@@ -169,10 +179,7 @@ pub fn run_instance(dir: &Path, path: &Path, opts: &Options) -> Result<BenchRow,
         .unwrap_or_default();
     let p = parse_csv(&text, &rel.display().to_string())?;
     let capacity = capacity_from_name(&name);
-    let o = Options {
-        capacity,
-        ..*opts
-    };
+    let o = Options { capacity, ..*opts };
     let r: FlatOutcome = place_flat(&p, &o)?;
     let lb = r.lower_bound.max(1) as f64;
     let reference = reference(&suite, &name);

@@ -66,7 +66,11 @@ fn v(rule: Rule, names: &[&str], bytes: u64, detail: String) -> Violation {
 }
 
 fn round(x: u64, to: u64) -> u64 {
-    if to <= 1 { x } else { x.div_ceil(to).saturating_mul(to) }
+    if to <= 1 {
+        x
+    } else {
+        x.div_ceil(to).saturating_mul(to)
+    }
 }
 
 /// One stretch of placed data: a request or one member of a sequence.
@@ -100,10 +104,15 @@ pub fn check_placement(
 
     let mut at: HashMap<&str, (u64, Option<u64>)> = HashMap::new();
     for a in &pl.allocations {
-        let known = t.requests.iter().any(|r| r.name == a.id)
-            || t.sequences.iter().any(|s| s.name == a.id);
+        let known =
+            t.requests.iter().any(|r| r.name == a.id) || t.sequences.iter().any(|s| s.name == a.id);
         if !known {
-            out.push(v(Rule::Unknown, &[&a.id], 0, "allocation for an unknown name".into()));
+            out.push(v(
+                Rule::Unknown,
+                &[&a.id],
+                0,
+                "allocation for an unknown name".into(),
+            ));
         } else if at.insert(&a.id, (a.offset, a.stride)).is_some() {
             out.push(v(Rule::Unknown, &[&a.id], 0, "allocated twice".into()));
         }
@@ -143,7 +152,12 @@ pub fn check_placement(
     let mut pieces: Vec<Piece> = Vec::new();
     for (i, r) in t.requests.iter().enumerate() {
         let Some(&(off, _)) = at.get(r.name.as_str()) else {
-            out.push(v(Rule::Missing, &[&r.name], r.size, "request not placed".into()));
+            out.push(v(
+                Rule::Missing,
+                &[&r.name],
+                r.size,
+                "request not placed".into(),
+            ));
             continue;
         };
         let rounded = round(r.size, r.end_round);
@@ -164,12 +178,22 @@ pub fn check_placement(
     }
     for (k, s) in t.sequences.iter().enumerate() {
         let Some(&(off, stride)) = at.get(s.name.as_str()) else {
-            out.push(v(Rule::Missing, &[&s.name], s.size, "sequence not placed".into()));
+            out.push(v(
+                Rule::Missing,
+                &[&s.name],
+                s.size,
+                "sequence not placed".into(),
+            ));
             continue;
         };
         let rounded = round(s.size, s.end_round);
         let Some(stride) = stride else {
-            out.push(v(Rule::Stride, &[&s.name], 0, "sequence without a stride".into()));
+            out.push(v(
+                Rule::Stride,
+                &[&s.name],
+                0,
+                "sequence without a stride".into(),
+            ));
             continue;
         };
         if s.count > 1 && stride < rounded {
@@ -185,7 +209,10 @@ pub fn check_placement(
                 Rule::Stride,
                 &[&s.name],
                 stride % s.align,
-                format!("stride {stride} is not a multiple of the alignment {}", s.align),
+                format!(
+                    "stride {stride} is not a multiple of the alignment {}",
+                    s.align
+                ),
             ));
         }
         let first_piece = pieces.len();
@@ -251,14 +278,20 @@ pub fn check_placement(
                 Rule::Region,
                 &[&p.name],
                 p.raw_end - rend.min(usable_end),
-                format!("data [{:#x}, {:#x}) leaves region {ri} or the capacity", p.start, p.raw_end),
+                format!(
+                    "data [{:#x}, {:#x}) leaves region {ri} or the capacity",
+                    p.start, p.raw_end
+                ),
             ));
         } else if p.end > rend || p.end > usable_end {
             out.push(v(
                 Rule::EndRound,
                 &[&p.name],
                 p.end - rend.min(usable_end),
-                format!("rounded end {:#x} leaves region {ri} or the capacity", p.end),
+                format!(
+                    "rounded end {:#x} leaves region {ri} or the capacity",
+                    p.end
+                ),
             ));
         } else if p.tail_end > rend {
             out.push(v(
@@ -320,8 +353,7 @@ pub fn check_placement(
     }
 
     for a in &t.aliases {
-        if let (Some(&(x, _)), Some(&(y, _))) = (at.get(a.name.as_str()), at.get(a.of.as_str()))
-        {
+        if let (Some(&(x, _)), Some(&(y, _))) = (at.get(a.name.as_str()), at.get(a.of.as_str())) {
             let want = y as i128 + a.offset as i128;
             if x as i128 != want {
                 out.push(v(
@@ -389,7 +421,12 @@ pub fn check_flat(p: &FlatProblem, offsets: &[u64], capacity: Option<u64>) -> Ve
     }
     for (b, &o) in p.buffers.iter().zip(offsets) {
         if b.align > 1 && o % b.align != 0 {
-            out.push(v(Rule::Alignment, &[&b.id], o % b.align, format!("offset {o}")));
+            out.push(v(
+                Rule::Alignment,
+                &[&b.id],
+                o % b.align,
+                format!("offset {o}"),
+            ));
         }
         if let Some(c) = capacity
             && o.saturating_add(b.size) > c

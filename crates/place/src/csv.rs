@@ -51,9 +51,15 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<FlatProblem, PlaceError> {
         what: format!("{origin}:{line}"),
         message,
     };
-    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
     let Some((_, header)) = lines.next() else {
-        return Err(err(1, "empty file: expected a header `id,lower,upper,size`".into()));
+        return Err(err(
+            1,
+            "empty file: expected a header `id,lower,upper,size`".into(),
+        ));
     };
     let cols: Vec<String> = header
         .split(',')

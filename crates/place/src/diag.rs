@@ -106,7 +106,13 @@ pub(crate) fn diagnose(
         Some(BlockingRule::Class | BlockingRule::Tail | BlockingRule::LoaderLimit)
     );
     let missing_bytes = if opts.diagnose && !hopeless {
-        missing_capacity(m, t, opts, live_bound_missing, u64::from(m.sram_bytes()) * 4)
+        missing_capacity(
+            m,
+            t,
+            opts,
+            live_bound_missing,
+            u64::from(m.sram_bytes()) * 4,
+        )
     } else {
         None
     };

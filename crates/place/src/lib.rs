@@ -135,7 +135,10 @@ pub(crate) fn run_ladder(inst: &Instance, modes: ModeSelect, budget: u64) -> Lad
     };
     let want = |m: Mode| modes == ModeSelect::Ladder || modes == ModeSelect::Only(m);
     for (mode, order) in [
-        (Mode::Lifetime, alloc::lifetime_order as fn(&Instance) -> Vec<usize>),
+        (
+            Mode::Lifetime,
+            alloc::lifetime_order as fn(&Instance) -> Vec<usize>,
+        ),
         (Mode::Retry, alloc::retry_order),
     ] {
         if !want(mode) {

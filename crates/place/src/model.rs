@@ -3,9 +3,9 @@
 //! each with the static rules that bind its base address. Tile problems and flat CSV
 //! problems both lower to this, so every mode runs one engine.
 
+use crate::PlaceError;
 use crate::csv::FlatProblem;
 use crate::problem::{MemClass, TileProblem};
-use crate::PlaceError;
 use std::collections::HashMap;
 use tessera_machine::Machine;
 
@@ -216,7 +216,10 @@ impl Instance {
         let end = capacity.unwrap_or(MAX_BYTES * 4).min(MAX_BYTES * 4);
         let mut units = Vec::with_capacity(p.buffers.len());
         for (i, b) in p.buffers.iter().enumerate() {
-            if b.size > MAX_BYTES || b.align == 0 || !b.align.is_power_of_two() || b.align > MAX_BYTES
+            if b.size > MAX_BYTES
+                || b.align == 0
+                || !b.align.is_power_of_two()
+                || b.align > MAX_BYTES
             {
                 return Err(PlaceError::Invalid(format!(
                     "buffer `{}`: size or alignment out of range",
@@ -263,9 +266,7 @@ impl Instance {
     ) -> Result<Instance, PlaceError> {
         let mut zones: Vec<Zone> = Vec::new();
         let start = u64::from(m.sram_start());
-        let cap_end = limit
-            .capacity
-            .map_or(u64::MAX, |c| start.saturating_add(c));
+        let cap_end = limit.capacity.map_or(u64::MAX, |c| start.saturating_add(c));
         for r in &m.regions {
             let (zs, ze) = (u64::from(r.start), u64::from(r.end).min(cap_end));
             if ze > zs {
@@ -287,6 +288,11 @@ impl Instance {
         if let Some(z) = zones.last_mut() {
             z.end = z.end.saturating_add(limit.extra);
         }
+        let machine_admits = |c: MemClass| {
+            m.regions
+                .iter()
+                .any(|r| c.admits(r.interleaved, r.executable))
+        };
         let class_mask = |c: MemClass| -> u64 {
             zones
                 .iter()
@@ -302,15 +308,31 @@ impl Instance {
             if names.insert(&r.name, Item::Request(i)).is_some() {
                 return Err(bad(format!("duplicate name `{}`", r.name)));
             }
-            check_shape(&r.name, r.size, r.align, r.end_round, r.first, r.last, r.tail)
-                .map_err(&bad)?;
+            check_shape(
+                &r.name,
+                r.size,
+                r.align,
+                r.end_round,
+                r.first,
+                r.last,
+                r.tail,
+            )
+            .map_err(&bad)?;
         }
         for (i, s) in t.sequences.iter().enumerate() {
             if names.insert(&s.name, Item::Sequence(i)).is_some() {
                 return Err(bad(format!("duplicate name `{}`", s.name)));
             }
-            check_shape(&s.name, s.size, s.align, s.end_round, s.first, s.last, s.tail)
-                .map_err(&bad)?;
+            check_shape(
+                &s.name,
+                s.size,
+                s.align,
+                s.end_round,
+                s.first,
+                s.last,
+                s.tail,
+            )
+            .map_err(&bad)?;
             if s.count == 0 || s.count > 1 << 20 {
                 return Err(bad(format!("sequence `{}`: count must be 1..2^20", s.name)));
             }
@@ -369,7 +391,7 @@ impl Instance {
         }
         let mut groups: Vec<Vec<(usize, i64)>> = Vec::new();
         let mut group_of_root: HashMap<usize, usize> = HashMap::new();
-        let mut unit_of_request = vec![0usize; n];
+        let mut unit_of_request = Vec::with_capacity(n);
         for i in 0..n {
             let (r, d) = find(&mut parent, &mut off, i);
             let g = *group_of_root.entry(r).or_insert_with(|| {
@@ -377,7 +399,7 @@ impl Instance {
                 groups.len() - 1
             });
             groups[g].push((i, d));
-            unit_of_request[i] = g;
+            unit_of_request.push(g);
         }
 
         let mut units: Vec<Unit> = Vec::new();
@@ -414,7 +436,7 @@ impl Instance {
             }
             for &(i, _) in members {
                 let r = &t.requests[i];
-                if (phase + rel_of_request[i]) % r.align != 0 {
+                if !(phase + rel_of_request[i]).is_multiple_of(r.align) {
                     return Err(bad(format!(
                         "alias group of `{}`: offsets cannot satisfy every alignment",
                         r.name
@@ -422,11 +444,21 @@ impl Instance {
                 }
             }
             let first = &t.requests[members[0].0];
-            if zmask == 0 {
+            // A class the capacity cut away is a failure to fit, not a bad problem.
+            let classes_meet = m.regions.iter().any(|r| {
+                members
+                    .iter()
+                    .all(|&(i, _)| t.requests[i].class.admits(r.interleaved, r.executable))
+            });
+            if !classes_meet {
                 return Err(bad(format!(
                     "`{}`: no region admits its memory class{}",
                     first.name,
-                    if members.len() > 1 { " (alias group)" } else { "" }
+                    if members.len() > 1 {
+                        " (alias group)"
+                    } else {
+                        ""
+                    }
                 )));
             }
             units.push(Unit {
@@ -451,8 +483,11 @@ impl Instance {
         let mut unit_of_sequence = Vec::new();
         for (i, s) in t.sequences.iter().enumerate() {
             let zmask = class_mask(s.class);
-            if zmask == 0 {
-                return Err(bad(format!("`{}`: no region admits its memory class", s.name)));
+            if !machine_admits(s.class) {
+                return Err(bad(format!(
+                    "`{}`: no region admits its memory class",
+                    s.name
+                )));
             }
             let rounded = round_up(s.size, s.end_round).unwrap_or(u64::MAX);
             let (stride, align) = if s.separate {
@@ -468,7 +503,10 @@ impl Instance {
                 let a = s.align.max(grain);
                 (round_up(rounded + s.tail, a).unwrap_or(u64::MAX), a)
             } else {
-                (round_up(rounded.max(1), s.align).unwrap_or(u64::MAX), s.align)
+                (
+                    round_up(rounded.max(1), s.align).unwrap_or(u64::MAX),
+                    s.align,
+                )
             };
             let extent = stride
                 .checked_mul(s.count - 1)
@@ -530,7 +568,10 @@ impl Instance {
         let mut fixed: Vec<(u64, u64)> = Vec::new();
         for r in &t.reservations {
             if r.start > r.end || r.end > MAX_BYTES {
-                return Err(bad(format!("reservation `{}` is reversed or out of range", r.name)));
+                return Err(bad(format!(
+                    "reservation `{}` is reversed or out of range",
+                    r.name
+                )));
             }
             if r.start < r.end {
                 fixed.push((r.start, r.end));
@@ -591,7 +632,9 @@ fn check_shape(
         }
     }
     if first > last || last >= (i64::MAX / 2) as u64 {
-        return Err(format!("`{name}`: lifetime [{first}, {last}] is reversed or too large"));
+        return Err(format!(
+            "`{name}`: lifetime [{first}, {last}] is reversed or too large"
+        ));
     }
     Ok(())
 }
@@ -641,9 +684,5 @@ pub(crate) fn allocations_of(
             }
         }
     }
-    req.into_iter()
-        .chain(seq)
-        .chain(flat)
-        .flatten()
-        .collect()
+    req.into_iter().chain(seq).chain(flat).flatten().collect()
 }

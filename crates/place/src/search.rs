@@ -20,11 +20,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What the search concluded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SearchResult {
-    Found { bases: Vec<u64>, nodes: u64 },
+    Found {
+        bases: Vec<u64>,
+        nodes: u64,
+    },
     /// Every canonical placement was ruled out.
-    Exhausted { nodes: u64 },
+    Exhausted {
+        nodes: u64,
+    },
     /// The node budget ran out first.
-    GaveUp { nodes: u64 },
+    GaveUp {
+        nodes: u64,
+    },
 }
 
 /// Static orders that break ties between units at one address.
@@ -253,14 +260,41 @@ impl<'a> Solver<'a> {
     /// Ranks `units` by the static order, with section totals as they stand now
     /// (a subproblem is ranked by what is left of it).
     fn rank(&mut self, units: &[u32]) {
+        // Range maxima of the section totals over the units' span (a sparse table:
+        // long-lived units span thousands of sections in real traces).
+        let lo = units
+            .iter()
+            .map(|&u| self.p.s_lo[u as usize])
+            .min()
+            .unwrap_or(0) as usize;
+        let hi = units
+            .iter()
+            .map(|&u| self.p.s_hi[u as usize])
+            .max()
+            .unwrap_or(0) as usize;
+        let mut table: Vec<Vec<u64>> = vec![self.total[lo..hi.max(lo)].to_vec()];
+        let mut w = 1;
+        while 2 * w <= hi.saturating_sub(lo) {
+            let prev = &table[table.len() - 1];
+            let next: Vec<u64> = (0..prev.len() - w)
+                .map(|i| prev[i].max(prev[i + w]))
+                .collect();
+            table.push(next);
+            w *= 2;
+        }
+        let range_max = |a: usize, b: usize| -> u64 {
+            if b <= a {
+                return 0;
+            }
+            let k = (usize::BITS - 1 - (b - a).leading_zeros()) as usize;
+            let row = &table[k];
+            row[a - lo].max(row[b - lo - (1 << k)])
+        };
         let key_of = |i: usize, k: Key| -> u128 {
             let x = &self.inst.units[self.p.ids[i]];
             let len = (x.hi - x.lo).max(0) as u128;
             match k {
-                Key::Total => (self.p.s_lo[i]..self.p.s_hi[i])
-                    .map(|s| self.total[s as usize])
-                    .max()
-                    .unwrap_or(0) as u128,
+                Key::Total => range_max(self.p.s_lo[i] as usize, self.p.s_hi[i] as usize) as u128,
                 Key::Area => len * x.extent as u128,
                 Key::Length => len,
             }
@@ -345,10 +379,7 @@ impl<'a> Solver<'a> {
             if top <= cur {
                 continue;
             }
-            let new = self
-                .inst
-                .static_fit(self.p.ids[d], top)
-                .unwrap_or(u64::MAX);
+            let new = self.inst.static_fit(self.p.ids[d], top).unwrap_or(u64::MAX);
             if new != cur {
                 self.trail_off.push((d as u32, cur));
                 self.min_off[d] = new;
@@ -432,23 +463,30 @@ impl<'a> Solver<'a> {
         let mut bounds = vec![part.sa];
         bounds.extend(cuts.iter().map(|&k| k + 1));
         bounds.push(part.sb);
-        for w in bounds.windows(2) {
-            let (x, y) = (w[0], w[1]);
-            let units: Vec<u32> = part
-                .units
-                .iter()
-                .copied()
-                .filter(|&u| {
-                    let u = u as usize;
-                    !self.placed[u] && self.p.s_lo[u] < y && self.p.s_hi[u] > x
-                })
-                .collect();
+        // No unplaced unit crosses a cut, so each lies in exactly one window.
+        let mut windows: Vec<Vec<u32>> = vec![Vec::new(); bounds.len() - 1];
+        for &u in &part.units {
+            let ui = u as usize;
+            if self.placed[ui] {
+                continue;
+            }
+            let w = bounds.partition_point(|&b| b <= self.p.s_lo[ui]);
+            if let Some(list) = windows.get_mut(w.saturating_sub(1)) {
+                list.push(u);
+            }
+        }
+        for (wi, units) in windows.into_iter().enumerate() {
+            let (x, y) = (bounds[wi], bounds[wi + 1]);
             if units.is_empty() {
                 continue;
             }
             let saved: Vec<u32> = units.iter().map(|&u| self.pre[u as usize]).collect();
             self.rank(&units);
-            let sub = Part { units, sa: x, sb: y };
+            let sub = Part {
+                units,
+                sa: x,
+                sb: y,
+            };
             let st = self.dfs(&sub, 0, 0);
             // Restore the ranks so the enclosing search keeps one canonical order.
             for (u, r) in sub.units.iter().zip(saved) {
@@ -560,12 +598,27 @@ impl<'a> Solver<'a> {
             .iter()
             .partition(|&&u| self.p.s_lo[u as usize] < self.p.s_hi[u as usize]);
         if !untimed.is_empty() && self.decompose {
-            let st = self.dfs(&Part { units: untimed, sa: 0, sb: 0 }, 0, 0);
+            let st = self.dfs(
+                &Part {
+                    units: untimed,
+                    sa: 0,
+                    sb: 0,
+                },
+                0,
+                0,
+            );
             if st != Status::Found {
                 return st;
             }
-            let root = Part { units: timed, ..root };
-            return if cuts.is_empty() { self.dfs(&root, 0, 0) } else { self.solve_split(&root, &cuts) };
+            let root = Part {
+                units: timed,
+                ..root
+            };
+            return if cuts.is_empty() {
+                self.dfs(&root, 0, 0)
+            } else {
+                self.solve_split(&root, &cuts)
+            };
         }
         if cuts.is_empty() {
             self.dfs(&root, 0, 0)

@@ -227,7 +227,11 @@ mod tests {
     #[test]
     fn small_problem_covers_every_row_chunk_and_block() {
         let m = Machine::small();
-        let shape = MatmulShape { rows: 7, k: 40, n: 20 };
+        let shape = MatmulShape {
+            rows: 7,
+            k: 40,
+            n: 20,
+        };
         let map = map_matmul(&m, shape, BUDGET).unwrap();
         assert!(map.tiles() <= 4);
         assert!(map.rows_per_tile * map.pr >= 7);
@@ -238,7 +242,16 @@ mod tests {
     #[test]
     fn impossible_budget_reports_the_smallest_need() {
         let m = Machine::small();
-        let err = map_matmul(&m, MatmulShape { rows: 4096, k: 4096, n: 4096 }, BUDGET).unwrap_err();
+        let err = map_matmul(
+            &m,
+            MatmulShape {
+                rows: 4096,
+                k: 4096,
+                n: 4096,
+            },
+            BUDGET,
+        )
+        .unwrap_err();
         match err {
             PlanError::DoesNotFit { needed, budget, .. } => {
                 assert!(needed > budget);
@@ -246,7 +259,15 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert!(matches!(
-            map_matmul(&m, MatmulShape { rows: 0, k: 1, n: 1 }, BUDGET),
+            map_matmul(
+                &m,
+                MatmulShape {
+                    rows: 0,
+                    k: 1,
+                    n: 1
+                },
+                BUDGET
+            ),
             Err(PlanError::Empty { .. })
         ));
     }
@@ -254,7 +275,14 @@ mod tests {
     #[test]
     fn deterministic() {
         let m = Machine::c600();
-        let s = MatmulShape { rows: 1458, k: 1152, n: 4304 };
-        assert_eq!(map_matmul(&m, s, BUDGET).unwrap(), map_matmul(&m, s, BUDGET).unwrap());
+        let s = MatmulShape {
+            rows: 1458,
+            k: 1152,
+            n: 4304,
+        };
+        assert_eq!(
+            map_matmul(&m, s, BUDGET).unwrap(),
+            map_matmul(&m, s, BUDGET).unwrap()
+        );
     }
 }

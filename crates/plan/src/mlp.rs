@@ -28,9 +28,9 @@ use tessera_kernels::{
 };
 use tessera_machine::Machine;
 
+use crate::PlanError;
 use crate::ir::*;
 use crate::matmul::{AMP_WIDTH, MatmulMapping, MatmulShape, map_matmul};
-use crate::PlanError;
 
 /// Policy knobs of the lowering.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,7 +175,7 @@ fn match_mlp(graph: &Graph) -> Result<MlpPattern, PlanError> {
         w2: param_name(graph, *w2)?,
         b2: param_name(graph, *b2)?,
     };
-    if pattern.width % AMP_WIDTH != 0 || pattern.hidden % AMP_WIDTH != 0 {
+    if !pattern.width.is_multiple_of(AMP_WIDTH) || !pattern.hidden.is_multiple_of(AMP_WIDTH) {
         return Err(unsupported(format!(
             "width {} and hidden {} must be multiples of {AMP_WIDTH}",
             pattern.width, pattern.hidden
@@ -271,7 +271,9 @@ impl Lowering<'_> {
     }
 
     fn constant(&mut self, tile: u32, name: String, bytes: Vec<u8>, category: Category) -> BufId {
-        let id = self.plan.add_buffer(tile, name, bytes.len() as u32, category);
+        let id = self
+            .plan
+            .add_buffer(tile, name, bytes.len() as u32, category);
         self.plan.buffers[id.0 as usize].init = Some(bytes);
         let last = self.last();
         self.plan.touch(id, 0);
@@ -410,8 +412,20 @@ impl Lowering<'_> {
             );
             let mm = AmpMatmul::new(rows, kc, nb_pad);
             let mut ops = vec![
-                ("a", Loc { buf: a_cm[&(i, j, l)], offset: 0 }),
-                ("w", Loc { buf: wbuf, offset: 0 }),
+                (
+                    "a",
+                    Loc {
+                        buf: a_cm[&(i, j, l)],
+                        offset: 0,
+                    },
+                ),
+                (
+                    "w",
+                    Loc {
+                        buf: wbuf,
+                        offset: 0,
+                    },
+                ),
                 ("out", Loc { buf: p, offset: 0 }),
             ];
             for (k, name) in ["p0", "p1"].into_iter().enumerate() {
@@ -432,7 +446,13 @@ impl Lowering<'_> {
     }
 
     /// Reduce-scatter of `grid`'s partial slabs (see the module comment).
-    fn reduce_scatter(&mut self, step: Step, name: &str, grid: &Grid, p: &BTreeMap<(usize, usize, usize), BufId>) {
+    fn reduce_scatter(
+        &mut self,
+        step: Step,
+        name: &str,
+        grid: &Grid,
+        p: &BTreeMap<(usize, usize, usize), BufId>,
+    ) {
         let pk = grid.pk() as usize;
         let mut copies = Vec::new();
         for (i, j, l) in grid.cells() {
@@ -442,9 +462,15 @@ impl Lowering<'_> {
                     continue;
                 }
                 copies.push(Copy {
-                    src: Loc { buf: p[&(i, j, l)], offset: jj as u32 * slab_bytes },
+                    src: Loc {
+                        buf: p[&(i, j, l)],
+                        offset: jj as u32 * slab_bytes,
+                    },
                     bytes: slab_bytes,
-                    dsts: vec![Loc { buf: p[&(i, jj, l)], offset: j as u32 * slab_bytes }],
+                    dsts: vec![Loc {
+                        buf: p[&(i, jj, l)],
+                        offset: j as u32 * slab_bytes,
+                    }],
                 });
             }
         }
@@ -467,7 +493,12 @@ impl Lowering<'_> {
         let n = grid.slab_blocks(l) * grid.rows[i].1 * AMP_WIDTH;
         let at0 = Loc { buf: p, offset: 0 };
         if pk > 1 {
-            self.call(tile, step, ReduceAdd::new(pk, n), &[("in", at0), ("out", at0)]);
+            self.call(
+                tile,
+                step,
+                ReduceAdd::new(pk, n),
+                &[("in", at0), ("out", at0)],
+            );
         }
         let bias = f16_bytes(Self::bias_slab(bias, grid, i, j, l));
         let bias = self.constant(tile, format!("{tag}.bias"), bias, Category::Weight);
@@ -475,7 +506,17 @@ impl Lowering<'_> {
             tile,
             step,
             Add::new(n),
-            &[("a", at0), ("b", Loc { buf: bias, offset: 0 }), ("out", at0)],
+            &[
+                ("a", at0),
+                (
+                    "b",
+                    Loc {
+                        buf: bias,
+                        offset: 0,
+                    },
+                ),
+                ("out", at0),
+            ],
         );
     }
 
@@ -537,8 +578,16 @@ fn choose_mappings(
     f: u32,
     usable: u64,
 ) -> Result<(MatmulMapping, MatmulMapping), PlanError> {
-    let s1 = MatmulShape { rows: r, k: d, n: f };
-    let s2 = MatmulShape { rows: r, k: f, n: d };
+    let s1 = MatmulShape {
+        rows: r,
+        k: d,
+        n: f,
+    };
+    let s2 = MatmulShape {
+        rows: r,
+        k: f,
+        n: d,
+    };
     let interleaved: u64 = machine
         .regions
         .iter()
@@ -663,10 +712,18 @@ pub fn lower_mlp(
     let mut x_bufs = Vec::new();
     for (o, &(r0, n)) in owners.iter().enumerate() {
         let tile = o as u32;
-        let x = lw.plan.add_buffer(tile, "x".into(), n * row_bytes, Category::Activation);
+        let x = lw
+            .plan
+            .add_buffer(tile, "x".into(), n * row_bytes, Category::Activation);
         lw.plan.touch(x, HOST_IN);
-        x_slices.push(Slice { loc: Loc { buf: x, offset: 0 }, offset: r0 * row_bytes, bytes: n * row_bytes });
-        let h = lw.plan.add_buffer(tile, "ln.out".into(), n * row_bytes, Category::Activation);
+        x_slices.push(Slice {
+            loc: Loc { buf: x, offset: 0 },
+            offset: r0 * row_bytes,
+            bytes: n * row_bytes,
+        });
+        let h = lw
+            .plan
+            .add_buffer(tile, "ln.out".into(), n * row_bytes, Category::Activation);
         let gb = lw.constant(tile, "ln.gamma".into(), gamma.clone(), Category::Weight);
         let bb = lw.constant(tile, "ln.beta".into(), beta.clone(), Category::Weight);
         lw.call(
@@ -690,8 +747,16 @@ pub fn lower_mlp(
     for (i, j, l) in g1.cells() {
         let tile = g1.tile(i, j, l);
         let bytes = g1.rows[i].1 * g1.chunks[j].1 * AMP_WIDTH * 2;
-        a_rm.insert((i, j, l), lw.plan.add_buffer(tile, "fc1.in".into(), bytes, Category::Activation));
-        a_cm.insert((i, j, l), lw.plan.add_buffer(tile, "fc1.in.amp".into(), bytes, Category::Activation));
+        a_rm.insert(
+            (i, j, l),
+            lw.plan
+                .add_buffer(tile, "fc1.in".into(), bytes, Category::Activation),
+        );
+        a_cm.insert(
+            (i, j, l),
+            lw.plan
+                .add_buffer(tile, "fc1.in.amp".into(), bytes, Category::Activation),
+        );
     }
     let mut copies = Vec::new();
     for (o, &(r0, n)) in owners.iter().enumerate() {
@@ -701,10 +766,16 @@ pub fn lower_mlp(
             for (j, &(c0, kc)) in g1.chunks.iter().enumerate() {
                 let seg = kc * AMP_WIDTH * 2;
                 copies.push(Copy {
-                    src: Loc { buf: h_bufs[o], offset: (row - r0) * row_bytes + c0 * AMP_WIDTH * 2 },
+                    src: Loc {
+                        buf: h_bufs[o],
+                        offset: (row - r0) * row_bytes + c0 * AMP_WIDTH * 2,
+                    },
                     bytes: seg,
                     dsts: (0..g1.blocks.len())
-                        .map(|l| Loc { buf: a_rm[&(i, j, l)], offset: row_in_group * seg })
+                        .map(|l| Loc {
+                            buf: a_rm[&(i, j, l)],
+                            offset: row_in_group * seg,
+                        })
                         .collect(),
                 });
             }
@@ -721,8 +792,20 @@ pub fn lower_mlp(
             REARRANGE,
             re,
             &[
-                ("in", Loc { buf: a_rm[&(i, j, l)], offset: 0 }),
-                ("out", Loc { buf: a_cm[&(i, j, l)], offset: 0 }),
+                (
+                    "in",
+                    Loc {
+                        buf: a_rm[&(i, j, l)],
+                        offset: 0,
+                    },
+                ),
+                (
+                    "out",
+                    Loc {
+                        buf: a_cm[&(i, j, l)],
+                        offset: 0,
+                    },
+                ),
             ],
         );
     }
@@ -735,7 +818,12 @@ pub fn lower_mlp(
         lw.finish_slab(&g1, (i, j, l), p, ACT1, b1, "fc1");
         let n = g1.slab_blocks(l) * g1.rows[i].1 * AMP_WIDTH;
         let at0 = Loc { buf: p, offset: 0 };
-        lw.call(g1.tile(i, j, l), ACT1, Gelu::new(n), &[("in", at0), ("out", at0)]);
+        lw.call(
+            g1.tile(i, j, l),
+            ACT1,
+            Gelu::new(n),
+            &[("in", at0), ("out", at0)],
+        );
     }
     let g_bufs = &p1;
 
@@ -743,7 +831,15 @@ pub fn lower_mlp(
     let mut a2 = BTreeMap::new();
     for (i, j, l) in g2.cells() {
         let bytes = g2.rows[i].1 * g2.chunks[j].1 * AMP_WIDTH * 2;
-        a2.insert((i, j, l), lw.plan.add_buffer(g2.tile(i, j, l), "fc2.in.amp".into(), bytes, Category::Activation));
+        a2.insert(
+            (i, j, l),
+            lw.plan.add_buffer(
+                g2.tile(i, j, l),
+                "fc2.in.amp".into(),
+                bytes,
+                Category::Activation,
+            ),
+        );
     }
     let mut copies = Vec::new();
     for (i, j, l) in g1.cells() {
@@ -765,7 +861,10 @@ pub fn lower_mlp(
                     continue;
                 }
                 copies.push(Copy {
-                    src: Loc { buf: g_bufs[&(i, j, l)], offset: (q * rows + (lo - r0)) * AMP_WIDTH * 2 },
+                    src: Loc {
+                        buf: g_bufs[&(i, j, l)],
+                        offset: (q * rows + (lo - r0)) * AMP_WIDTH * 2,
+                    },
                     bytes: (hi - lo) * AMP_WIDTH * 2,
                     dsts: (0..g2.blocks.len())
                         .map(|l2| Loc {
@@ -789,7 +888,9 @@ pub fn lower_mlp(
     let mut y_copies = Vec::new();
     let mut y_bufs = Vec::new();
     for (o, &(_, n)) in owners.iter().enumerate() {
-        let y = lw.plan.add_buffer(o as u32, "y".into(), n * row_bytes, Category::Activation);
+        let y = lw
+            .plan
+            .add_buffer(o as u32, "y".into(), n * row_bytes, Category::Activation);
         lw.plan.touch(y, HOST_OUT);
         y_bufs.push(y);
     }
@@ -800,13 +901,25 @@ pub fn lower_mlp(
         let n = slab * rows * AMP_WIDTH;
         let p = p2[&(i, j, l)];
         lw.finish_slab(&g2, (i, j, l), p, OUT, b2, "fc2");
-        let residual = lw.plan.add_buffer(tile, "residual".into(), n * 2, Category::Activation);
+        let residual = lw
+            .plan
+            .add_buffer(tile, "residual".into(), n * 2, Category::Activation);
         let at0 = Loc { buf: p, offset: 0 };
         lw.call(
             tile,
             OUT,
             Add::new(n),
-            &[("a", at0), ("b", Loc { buf: residual, offset: 0 }), ("out", at0)],
+            &[
+                ("a", at0),
+                (
+                    "b",
+                    Loc {
+                        buf: residual,
+                        offset: 0,
+                    },
+                ),
+                ("out", at0),
+            ],
         );
         let (b0, nb) = g2.blocks[l];
         for q in 0..slab {
@@ -820,14 +933,26 @@ pub fn lower_mlp(
                 let o = owner_of(row);
                 let in_owner = (row - owners[o].0) * row_bytes + col;
                 residual_copies.push(Copy {
-                    src: Loc { buf: x_bufs[o], offset: in_owner },
+                    src: Loc {
+                        buf: x_bufs[o],
+                        offset: in_owner,
+                    },
                     bytes: AMP_WIDTH * 2,
-                    dsts: vec![Loc { buf: residual, offset: within }],
+                    dsts: vec![Loc {
+                        buf: residual,
+                        offset: within,
+                    }],
                 });
                 y_copies.push(Copy {
-                    src: Loc { buf: p, offset: within },
+                    src: Loc {
+                        buf: p,
+                        offset: within,
+                    },
                     bytes: AMP_WIDTH * 2,
-                    dsts: vec![Loc { buf: y_bufs[o], offset: in_owner }],
+                    dsts: vec![Loc {
+                        buf: y_bufs[o],
+                        offset: in_owner,
+                    }],
                 });
             }
         }
@@ -837,15 +962,31 @@ pub fn lower_mlp(
         lw.plan.touch(c.src.buf, X1);
         lw.plan.touch(c.dsts[0].buf, X1);
     }
-    lw.plan.exchanges[first as usize].copies.extend(residual_copies);
+    lw.plan.exchanges[first as usize]
+        .copies
+        .extend(residual_copies);
     lw.exchange(X3, "outputs", y_copies);
     let y_slices = owners
         .iter()
         .zip(&y_bufs)
-        .map(|(&(r0, n), &y)| Slice { loc: Loc { buf: y, offset: 0 }, offset: r0 * row_bytes, bytes: n * row_bytes })
+        .map(|(&(r0, n), &y)| Slice {
+            loc: Loc { buf: y, offset: 0 },
+            offset: r0 * row_bytes,
+            bytes: n * row_bytes,
+        })
         .collect();
     let total = r * row_bytes;
-    lw.plan.bindings.push(Binding { name: pat.x_name, dir: BindingDir::Input, bytes: total, slices: x_slices });
-    lw.plan.bindings.push(Binding { name: pat.y_name, dir: BindingDir::Output, bytes: total, slices: y_slices });
+    lw.plan.bindings.push(Binding {
+        name: pat.x_name,
+        dir: BindingDir::Input,
+        bytes: total,
+        slices: x_slices,
+    });
+    lw.plan.bindings.push(Binding {
+        name: pat.y_name,
+        dir: BindingDir::Output,
+        bytes: total,
+        slices: y_slices,
+    });
     Ok(lw.plan)
 }

@@ -38,6 +38,9 @@ pub(crate) fn f32_to_f16(x: f32) -> u16 {
     let abs = b & 0x7fff_ffff;
     // 2^-14 (smallest normal f16) <= |x| < 2^16.
     if !(0x3880_0000..0x4780_0000).contains(&abs) {
+        if abs == 0 {
+            return (b >> 16) as u16;
+        }
         return f16::from_f32(x).to_bits();
     }
     let sign = ((b >> 16) & 0x8000) as u16;

@@ -312,6 +312,20 @@ pub(crate) fn run<const SUP: bool>(
         ctx.issues += 1;
         ctx.instructions += n_inst;
         ctx.clock += env.interval;
+        if let Word::Bundle(m, a) = word
+            && !SUP
+            && pc.is_multiple_of(8)
+            && feeder_bundle(sh, ctx, amp, env, m, a)
+        {
+            ctx.m[15] = 0;
+            ctx.a[15] = 0;
+            advance(ctx, pc, 8);
+            if sh.code_dirty {
+                sh.code_dirty = false;
+                prog = Arc::clone(&sh.prog);
+            }
+            continue;
+        }
         let result = match word {
             Word::Single(i) => {
                 if ctx.rpt_left > 0 && i.is_control() {
@@ -844,6 +858,94 @@ fn fmac(ctx: &Ctx, vec: FVec, d: AReg, a: AReg, b: AReg) -> AuxOut {
     }
 }
 
+/// One AMP step (docs/isa.md, "AMP"): returns the previous row's output quarter as
+/// four f16 lanes and accumulates 64 products plus four partials.
+#[inline(always)]
+fn amp_step(amp: &mut Amp, weights: &[[f32; 16]; 16], inp: u64, pin: u64, phase: u8) -> u64 {
+    let p = (phase & 3) as usize;
+    let x = fp::unpack4(inp);
+    let partial = fp::unpack4(pin);
+    let result = fp::pack4(&amp.latch[4 * p..4 * p + 4]);
+    // Accumulate in a local copy (registers) rather than through `amp`: the same
+    // operations in the same order, without a store per step.
+    let mut acc = amp.acc;
+    for (k, xk) in x.iter().enumerate() {
+        let w = &weights[4 * p + k];
+        for j in 0..16 {
+            acc[j] += xk * w[j];
+        }
+    }
+    for k in 0..4 {
+        acc[4 * p + k] += partial[k];
+    }
+    if p == 3 {
+        amp.latch = acc;
+        amp.acc = [0.0; 16];
+    } else {
+        amp.acc = acc;
+    }
+    result
+}
+
+/// The AMP feeder bundle `{ ld2xst64pace ; amp }`, which dominates matrix
+/// products, when all three accesses are valid and conflict-free. Returns false,
+/// having changed nothing, otherwise: the general path then executes the bundle
+/// and raises the fault. Same operations and order as the general path (operands
+/// read first, the aux result written last).
+#[inline(always)]
+fn feeder_bundle(
+    sh: &mut Shared,
+    ctx: &mut Ctx,
+    amp: &mut Amp,
+    env: &Env,
+    main: &Inst,
+    aux: &Inst,
+) -> bool {
+    let (
+        &Inst::Ld2xSt64Pace {
+            d0,
+            d1,
+            s,
+            p0,
+            p1,
+            ps,
+        },
+        &Inst::Amp {
+            out,
+            inp,
+            pin,
+            phase,
+        },
+    ) = (main, aux)
+    else {
+        return false;
+    };
+    let (a0, a1, a2) = (mr(ctx, p0), mr(ctx, p1), mr(ctx, ps));
+    let l = &env.layout;
+    let (lo, hi) = (l.start, l.end - 8);
+    let inside = |a: u32| lo <= a && a <= hi;
+    if (a0 | a1 | a2) & 7 != 0 || !inside(a0) || !inside(a1) || !inside(a2) {
+        return false;
+    }
+    let (e0, e1, e2) = (l.element(a0), l.element(a1), l.element(a2));
+    if e0 == e1 || e0 == e2 || e1 == e2 {
+        return false;
+    }
+    let sv = ar2(ctx, s);
+    let result = amp_step(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
+    let v0 = rd64(&sh.mem, (a0 - lo) as usize);
+    let v1 = rd64(&sh.mem, (a1 - lo) as usize);
+    sh.wr(env, a2, (a2 - lo) as usize, &sv.to_le_bytes());
+    set_a2(ctx, d0, v0);
+    set_a2(ctx, d1, v1);
+    // Below `end - 8`, so no overflow.
+    set_m(ctx, p0, a0 + 8);
+    set_m(ctx, p1, a1 + 8);
+    set_m(ctx, ps, a2 + 8);
+    set_a2(ctx, out, result);
+    true
+}
+
 #[inline(always)]
 fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> Res<()> {
     let out = match *i {
@@ -853,27 +955,7 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             pin,
             phase,
         } => {
-            let p = (phase & 3) as usize;
-            let x = fp::unpack4(ar2(ctx, inp));
-            let partial = fp::unpack4(ar2(ctx, pin));
-            let result = fp::pack4(&amp.latch[4 * p..4 * p + 4]);
-            // Accumulate in a local copy (registers) rather than through `amp`:
-            // the same operations in the same order, without a store per step.
-            let mut acc = amp.acc;
-            for (k, xk) in x.iter().enumerate() {
-                let w = &sh.weights[4 * p + k];
-                for j in 0..16 {
-                    acc[j] += xk * w[j];
-                }
-            }
-            for k in 0..4 {
-                acc[4 * p + k] += partial[k];
-            }
-            amp.acc = acc;
-            if p == 3 {
-                amp.latch = amp.acc;
-                amp.acc = [0.0; 16];
-            }
+            let result = amp_step(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
             two(out, result)
         }
         Inst::FBin { op, vec, d, a, b } => lanes(ctx, vec, d, a, b, |x, y| fbin(op, x, y)),

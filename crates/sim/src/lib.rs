@@ -236,7 +236,11 @@ impl Simulator {
                 return Err(LoadError::DuplicateTile(image.tile));
             }
             validate_segments(&machine, &layout, image)?;
-            let mut mem = vec![0u8; layout.bytes()];
+            // Zeroed by writing rather than by a lazily mapped allocation: the
+            // page faults of first touch belong to loading, not to every run.
+            #[allow(clippy::slow_vector_initialization)]
+            let mut mem = Vec::with_capacity(layout.bytes());
+            mem.resize(layout.bytes(), 0u8);
             tile::load_segments(&mut mem, layout.start, &image.segments);
             let mut t = Tile {
                 id: image.tile,

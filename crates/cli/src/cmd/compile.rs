@@ -13,7 +13,7 @@ use tessera_graph::{
     Graph, HostTensor, Inputs, MlpConfig, OpKind, Weights, init_weights, mlp, random_inputs,
 };
 use tessera_machine::Machine;
-use tessera_sim::{Fault, SimOptions, Simulator, Status};
+use tessera_sim::{Fault, SimOptions, Simulator, Status, TraceEvent, TraceKind};
 
 use crate::Outcome;
 
@@ -135,6 +135,18 @@ fn print_report(r: &CompileReport) {
         eprintln!("  {d}");
     }
     eprintln!(
+        "  host: {} phases in, {} out; {} packets; bound {} bytes/tile before deduplication, reserved {} bytes/tile at {:#x}..{:#x}, final at most {} bytes/tile ({} packets deduplicated)",
+        r.host.input_phases,
+        r.host.output_phases,
+        r.host.packets,
+        r.host.bound_bytes_max,
+        r.host.reserved_bytes_per_tile,
+        r.host.reserved_range.0,
+        r.host.reserved_range.1,
+        r.host.final_bytes_max,
+        r.host.packets_deduplicated
+    );
+    eprintln!(
         "  placement: peak {} bytes on tile {} ({} tiles by lifetime order, {} by retry, {} by search) in {:.0} ms",
         r.placement.peak_bytes,
         r.placement.worst_tile,
@@ -205,7 +217,9 @@ struct RunJson<'a> {
     flop_per_cycle: f64,
     peak_share: f64,
     simulated_instructions: u64,
+    host_transfer_cycles: u64,
     placement: &'a tessera_compile::PlacementSummary,
+    host: &'a tessera_compile::HostReport,
     decisions: &'a [String],
     faults: &'a [Fault],
 }
@@ -218,6 +232,24 @@ pub fn tolerance(scale: f32) -> f32 {
     // at the output's magnitude, which add up like a random walk. 32 ulps at the
     // output's scale bounds that with room for the tails of ~10^6 outputs.
     32.0 * 2f32.powi(-11) * scale.max(1.0)
+}
+
+/// Cycles between each host transfer's start and end events, summed.
+fn host_transfer_cycles(trace: &[TraceEvent]) -> u64 {
+    let mut open = None;
+    let mut total = 0;
+    for e in trace {
+        match e.kind {
+            TraceKind::HostTransferStart { .. } => open = Some(e.cycle),
+            TraceKind::HostTransferEnd { .. } => {
+                if let Some(s) = open.take() {
+                    total += e.cycle - s;
+                }
+            }
+            _ => {}
+        }
+    }
+    total
 }
 
 /// FLOP of the graph's matrix products (two per multiply-accumulate).
@@ -263,10 +295,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
         .context("no input")?;
     sim.set_binding(&input_name, &f16_bytes(x))?;
     let report = sim.run(&SimOptions {
-        preload_bindings: true,
-        trace: false,
+        preload_bindings: false,
+        trace: true,
         ..SimOptions::default()
     });
+    let host_cycles = host_transfer_cycles(&report.trace);
     let simulate_ms = t.elapsed().as_secs_f64() * 1e3;
     pb.finish_and_clear();
 
@@ -311,7 +344,9 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             flop_per_cycle: fpc,
             peak_share: share,
             simulated_instructions: report.instructions,
+            host_transfer_cycles: host_cycles,
             placement: &c.report.placement,
+            host: &c.report.host,
             decisions: &c.report.decisions,
             faults: &report.faults,
         })?;
@@ -325,6 +360,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             100.0 * share,
             simulate_ms
         );
+        println!("host transfers: {host_cycles} cycles");
         match max_err {
             Some(e) => {
                 println!("max abs error {e:.6} (tolerance {tol:.6}, output scale {scale:.3})")

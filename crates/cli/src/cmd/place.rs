@@ -235,7 +235,7 @@ pub fn bench(a: BenchPlaceArgs) -> anyhow::Result<Outcome> {
     }
     println!("benchmarks: {}", dir.display());
     println!(
-        "{:<46} {:>6} {:>13} {:>13} {:>9} {:>5} {:>10} {:>8} {:>9} {:>9}  {:<24} {}",
+        "{:<46} {:>6} {:>13} {:>13} {:>9} {:>5} {:>10} {:>8} {:>9} {:>9}  {:<24} goal",
         "instance",
         "bufs",
         "lower bound",
@@ -247,7 +247,6 @@ pub fn bench(a: BenchPlaceArgs) -> anyhow::Result<Outcome> {
         "greedy/LB",
         "greedy ms",
         "peer",
-        "goal"
     );
     for r in &rows {
         let peer = match r.reference {
