@@ -46,9 +46,46 @@ pub enum CompileError {
 
 fn summaries(d: &[Diagnosis]) -> String {
     d.iter()
-        .map(|d| format!("  {}", d.summary))
+        .map(|d| format!("  {}", shortfall(d)))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// One line per tile: the bytes missing for the whole tile (the host descriptor
+/// reservation included, since it shrinks what tensors may use) and what was live,
+/// by category, rather than the size of the request that happened to fail.
+pub fn shortfall(d: &Diagnosis) -> String {
+    let missing = match d.missing_bytes {
+        Some(b) => format!("{b} bytes missing"),
+        None => "more capacity does not help".to_string(),
+    };
+    let mut line = format!(
+        "tile {}: {missing}, host descriptors included (live-bytes bound: {} bytes over a capacity of {})",
+        d.tile, d.live_bound_missing, d.capacity
+    );
+    if let Some(f) = &d.first_failure {
+        let live: Vec<String> = f
+            .live
+            .iter()
+            .map(|c| {
+                let name = if c.category == "reserved" {
+                    "host descriptors (reserved)"
+                } else {
+                    &c.category
+                };
+                format!("{name} {}", c.bytes)
+            })
+            .collect();
+        line += &format!(
+            "; live at step {}: {}; first request refused: `{}` ({} bytes, {})",
+            f.step,
+            live.join(", "),
+            f.request,
+            f.size,
+            f.rule.name()
+        );
+    }
+    line
 }
 
 /// Compile-time knobs.

@@ -121,3 +121,95 @@ fn same_inputs_give_byte_identical_packages() {
         tessera_package::write_package(&b.package)
     );
 }
+
+/// Tensors that fit alone but not beside the host descriptor reservation: the
+/// error gives the bytes missing for the whole tile, descriptors included, and what
+/// was live, not the size of the last request.
+#[test]
+fn out_of_memory_counts_the_host_reservation() {
+    use tessera_compile::{CompileError, compile_plan};
+    use tessera_plan::*;
+
+    let machine = Machine::small().with_tiles(1);
+    let mut plan = TilePlan {
+        tiles: 1,
+        steps: vec![StepKind::HostIn, StepKind::Compute, StepKind::HostOut],
+        ..TilePlan::default()
+    };
+    let add = |plan: &mut TilePlan, name: &str, bytes: u32| {
+        let id = BufId(plan.buffers.len() as u32);
+        plan.buffers.push(Buffer {
+            id,
+            tile: 0,
+            name: name.into(),
+            bytes,
+            align: 8,
+            class: tessera_kernels::MemClass::Any,
+            tail: 0,
+            first: 0,
+            last: 2,
+            category: Category::Activation,
+            init: None,
+        });
+        id
+    };
+    // 16 KiB short of the whole SRAM in 2 KiB buffers: fits with code alone.
+    let count = (machine.sram_bytes() - 16 * 1024) / 2048;
+    let bufs: Vec<BufId> = (0..count)
+        .map(|i| add(&mut plan, &format!("t{i}"), 2048))
+        .collect();
+    if let Err(e) = compile_plan(&machine, &plan, &Default::default()) {
+        panic!("tensors alone should fit: {e}");
+    }
+
+    // 600 one-packet input slices: 600 phases of 20 descriptor bytes each; with
+    // their supervisor snippets, well over the 16 KiB left.
+    plan.bindings.push(Binding {
+        name: "x".into(),
+        dir: BindingDir::Input,
+        bytes: 600 * 32,
+        slices: (0..600u32)
+            .map(|i| Slice {
+                loc: Loc {
+                    buf: bufs[i as usize % bufs.len()],
+                    offset: 64 * (i / bufs.len() as u32),
+                },
+                offset: 32 * i,
+                bytes: 32,
+            })
+            .collect(),
+    });
+    let Err(err) = compile_plan(&machine, &plan, &Default::default()) else {
+        panic!("tensors plus the host reservation should not fit");
+    };
+    let CompileError::DoesNotFit(diags) = &err else {
+        panic!("unexpected error {err}");
+    };
+    let d = &diags[0];
+    let first = d.first_failure.as_ref().expect("a first failure");
+    let reserved = first
+        .live
+        .iter()
+        .find(|c| c.category == "reserved")
+        .expect("reservation");
+    assert_eq!(reserved.bytes, 600 * 20);
+    let live: u64 = first.live.iter().map(|c| c.bytes).sum();
+    // The total live at the worst step, reservation included, minus the SRAM.
+    assert_eq!(
+        d.live_bound_missing,
+        d.worst_live + reserved.bytes - u64::from(machine.sram_bytes())
+    );
+    assert!(live >= d.worst_live);
+    let missing = d.missing_bytes.expect("missing bytes found");
+    assert!(missing >= d.live_bound_missing);
+    // The whole tile's shortfall: 2 KiB tensors, 600 host snippets of 20 bytes
+    // plus `exit` (rounded to 8) and 600 descriptor blocks of 20 bytes, against
+    // the SRAM. Not the size of the request that happened to fail.
+    let code = (600 * 20 + 4u64).next_multiple_of(8);
+    let expected = u64::from(count) * 2048 + code + 600 * 20 - u64::from(machine.sram_bytes());
+    assert_eq!(d.live_bound_missing, expected);
+    assert_ne!(missing, first.size);
+    let text = err.to_string();
+    assert!(text.contains("host descriptors (reserved) 12000"), "{text}");
+    eprintln!("{text}");
+}
