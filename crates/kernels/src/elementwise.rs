@@ -14,7 +14,7 @@ use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
 use crate::contract::{Contract, Operand, Role};
 use crate::layernorm::{fbin, ld64s, simple_contract, st64s, to_f16, to_f32};
 use crate::{
-    Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
+    Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand, split,
 };
 
@@ -125,11 +125,7 @@ fn binary_state(rows: u32, n: u32, a: u32, b: u32, out: u32, broadcast: bool) ->
             .u32(if broadcast { 0 } else { n * 2 })
             .pad_to((i + 1) * usize::from(STRIDE));
     }
-    VertexState {
-        bytes: buf.0,
-        runall_offset: 0,
-        stride: STRIDE,
-    }
+    buf.finish(STRIDE)
 }
 
 fn binary_cycles(t: &Timing, rows: u32, n: u32) -> u64 {
@@ -191,10 +187,6 @@ impl Kernel for Add {
             false,
         ))
     }
-    fn supervisor(&self, call: &Call<'_>, _code_base: u32) -> Result<Vec<Word>, KernelError> {
-        let st = self.state(call.addrs)?;
-        crate::runall_snippet(&self.symbol(), call, &st)
-    }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
         binary_cycles(t, 1, self.n)
     }
@@ -233,10 +225,6 @@ impl Kernel for AddBias {
             operand(addrs, &name, "out")?,
             true,
         ))
-    }
-    fn supervisor(&self, call: &Call<'_>, _code_base: u32) -> Result<Vec<Word>, KernelError> {
-        let st = self.state(call.addrs)?;
-        crate::runall_snippet(&self.symbol(), call, &st)
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
         binary_cycles(t, self.rows, self.n)
@@ -337,15 +325,7 @@ impl Kernel for ReduceAdd {
                 .u32(self.k - 2)
                 .pad_to((i + 1) * usize::from(STRIDE));
         }
-        Ok(VertexState {
-            bytes: buf.0,
-            runall_offset: 0,
-            stride: STRIDE,
-        })
-    }
-    fn supervisor(&self, call: &Call<'_>, _code_base: u32) -> Result<Vec<Word>, KernelError> {
-        let st = self.state(call.addrs)?;
-        crate::runall_snippet(&self.symbol(), call, &st)
+        Ok(buf.finish(STRIDE))
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
         let k = u64::from(self.k);

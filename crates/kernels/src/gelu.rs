@@ -8,14 +8,14 @@
 //!
 //! The flat element range is split into six contiguous runs of 4-element groups.
 
-use tessera_isa::{FBinOp, FUnOp, FVec, Inst, Word};
+use tessera_isa::{FBinOp, FUnOp, FVec, Inst};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, ld32, ld32m, m};
 use crate::contract::{Contract, Operand, Role};
 use crate::layernorm::{bcast2, fbin, fun, ld64s, simple_contract, st64s, to_f16, to_f32};
 use crate::{
-    Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
+    Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand, split,
 };
 
@@ -140,16 +140,7 @@ impl Kernel for Gelu {
                 .f32(1.0)
                 .pad_to((i + 1) * usize::from(STRIDE));
         }
-        Ok(VertexState {
-            bytes: buf.0,
-            runall_offset: 0,
-            stride: STRIDE,
-        })
-    }
-
-    fn supervisor(&self, call: &Call<'_>, _code_base: u32) -> Result<Vec<Word>, KernelError> {
-        let st = self.state(call.addrs)?;
-        crate::runall_snippet(&self.symbol(), call, &st)
+        Ok(buf.finish(STRIDE))
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {

@@ -12,13 +12,13 @@
 //! last operation of one group shares an issue with the first load of the next,
 //! with the first group peeled instead of over-reading past the row.
 
-use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, Word};
+use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, MZ, a, inti, ld32, ld32m, m, mov};
 use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
 use crate::{
-    Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
+    Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
     operand, split,
 };
 
@@ -270,16 +270,7 @@ impl Kernel for LayerNorm {
                 .f32(self.eps)
                 .pad_to((i + 1) * usize::from(STRIDE));
         }
-        Ok(VertexState {
-            bytes: buf.0,
-            runall_offset: 0,
-            stride: STRIDE,
-        })
-    }
-
-    fn supervisor(&self, call: &Call<'_>, _code_base: u32) -> Result<Vec<Word>, KernelError> {
-        let st = self.state(call.addrs)?;
-        crate::runall_snippet(&self.symbol(), call, &st)
+        Ok(buf.finish(STRIDE))
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {

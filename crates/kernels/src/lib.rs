@@ -134,7 +134,12 @@ pub trait Kernel {
     /// Supervisor words for one call at `code_base` (4-byte aligned): start the
     /// workers, wait for them, fall through. Clobbers `$m0..=$m12`. Size independent
     /// of `code_base` and of every address.
-    fn supervisor(&self, call: &Call<'_>, code_base: u32) -> Result<Vec<Word>, KernelError>;
+    fn supervisor(&self, call: &Call<'_>, code_base: u32) -> Result<Vec<Word>, KernelError> {
+        // Most kernels are single-shot: start the workers once and wait.
+        let _ = code_base;
+        let st = self.state(call.addrs)?;
+        runall_snippet(&self.symbol(), call, &st)
+    }
     /// Estimated tile cycles of one call, from the first word of its supervisor
     /// snippet until the supervisor can issue the word after it.
     fn estimate_cycles_with(&self, timing: &Timing) -> u64;
@@ -193,6 +198,15 @@ impl StateBuf {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// The finished state of a kernel whose workers' records start at offset 0.
+    pub(crate) fn finish(self, stride: u16) -> VertexState {
+        VertexState {
+            bytes: self.0,
+            runall_offset: 0,
+            stride,
+        }
+    }
+
     pub(crate) fn pad_to(&mut self, len: usize) -> &mut Self {
         assert!(self.0.len() <= len, "state record overflows its stride");
         self.0.resize(len, 0);

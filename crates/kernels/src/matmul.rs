@@ -433,11 +433,7 @@ impl Kernel for AmpMatmul {
             buf.u32(r0 * 32).u32(r);
         }
         buf.pad_to(STATE_BYTES as usize);
-        Ok(VertexState {
-            bytes: buf.0,
-            runall_offset: 0,
-            stride: STRIDE,
-        })
+        Ok(buf.finish(STRIDE))
     }
 
     fn supervisor(&self, call: &Call<'_>, code_base: u32) -> Result<Vec<Word>, KernelError> {

@@ -7,13 +7,13 @@
 //! bumped by one row minus 32 bytes after each piece (a register add, since a row can
 //! be longer than `ld64step`'s ±1016-byte step).
 
-use tessera_isa::{Inst, IntOp, Word};
+use tessera_isa::{Inst, IntOp};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
 use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
 use crate::{
-    Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
+    Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
     operand, split,
 };
 
@@ -161,16 +161,7 @@ impl Kernel for Rearrange {
                 .u32((self.rows - r) * 32)
                 .pad_to((i + 1) * usize::from(STRIDE));
         }
-        Ok(VertexState {
-            bytes: buf.0,
-            runall_offset: 0,
-            stride: STRIDE,
-        })
-    }
-
-    fn supervisor(&self, call: &Call<'_>, _code_base: u32) -> Result<Vec<Word>, KernelError> {
-        let st = self.state(call.addrs)?;
-        crate::runall_snippet(&self.symbol(), call, &st)
+        Ok(buf.finish(STRIDE))
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
