@@ -18,7 +18,7 @@ use tessera_package::{
     BindingKind, ExchangeProgram, Package, Perms, Segment, Symbol, SymbolKind, TileImage, Transfer,
 };
 use tessera_place::TilePlacement;
-use tessera_plan::{BindingDir, BufId, Call, StepKind, TilePlan};
+use tessera_plan::{BindingDir, BufId, Call, Category, StepKind, TilePlan};
 
 use crate::CompileError;
 use crate::requests::{Item, Problems, buffer_request_name};
@@ -51,8 +51,20 @@ fn kernel_err(tile: u32, kernel: String, e: impl ToString) -> CompileError {
 /// The host phases a supervisor program runs, and the tile's descriptor blocks.
 pub struct HostCode<'a> {
     pub tile: &'a TileHost,
+    /// Weight phases (once, at initialisation) and input phases, in this order.
     pub inputs: Range<usize>,
     pub outputs: Range<usize>,
+}
+
+/// The phases a program runs at its start: the host crate orders weight phases
+/// before input phases, so they form one range.
+fn initial_phases(host: &HostPlan) -> Range<usize> {
+    let w = host.phases_of(BindingKind::Weight);
+    let i = host.phases_of(BindingKind::Input);
+    let start = if w.is_empty() { i.start } else { w.start };
+    let end = if i.is_empty() { w.end } else { i.end };
+    debug_assert!(w.is_empty() || i.is_empty() || w.end == i.start);
+    start..end.max(start)
 }
 
 /// The register the host snippets load descriptor addresses into; kernel
@@ -156,7 +168,7 @@ pub fn size_code(plan: &TilePlan, host: &HostPlan) -> Result<SizedCode, CompileE
             .map_err(|e| CompileError::Host(e.to_string()))?;
         let hc = HostCode {
             tile: &provisional,
-            inputs: host.phases_of(BindingKind::Input),
+            inputs: initial_phases(host),
             outputs: host.phases_of(BindingKind::Output),
         };
         let words = supervisor_words(plan, tile as u32, code, 0, &|_| 0, &|_| 0, &hc)?;
@@ -186,6 +198,7 @@ pub fn binding_specs(plan: &TilePlan, addr: &dyn Fn(BufId) -> u32) -> Vec<Bindin
             kind: match b.dir {
                 BindingDir::Input => BindingKind::Input,
                 BindingDir::Output => BindingKind::Output,
+                BindingDir::Weight => BindingKind::Weight,
             },
             bytes: b.bytes,
             slices: b
@@ -240,7 +253,7 @@ pub fn emit(
     host: &FinalHost,
 ) -> Result<Package, CompileError> {
     let addr = |b: BufId| buf_addr[b.0 as usize];
-    let inputs = host.plan.phases_of(BindingKind::Input);
+    let inputs = initial_phases(&host.plan);
     let outputs = host.plan.phases_of(BindingKind::Output);
 
     let tiles: Result<Vec<TileImage>, CompileError> = (0..plan.tiles)
@@ -330,22 +343,19 @@ pub fn emit(
                     perms: rw,
                 });
             }
-            for b in plan.buffers.iter().filter(|b| b.tile == tile) {
-                if let Some(init) = &b.init {
-                    symbols.push(Symbol {
-                        name: buffer_request_name(plan, b.id),
-                        addr: addr(b.id),
-                        size: b.bytes,
-                        kind: SymbolKind::Data,
-                    });
-                    segments.push(Segment {
-                        name: b.name.clone(),
-                        addr: addr(b.id),
-                        size: b.bytes,
-                        bytes: init.clone(),
-                        perms: rw,
-                    });
-                }
+            // Weights stay for the whole program at one address: name them for
+            // diagnostics and disassembly.
+            for b in plan
+                .buffers
+                .iter()
+                .filter(|b| b.tile == tile && b.category == Category::Weight)
+            {
+                symbols.push(Symbol {
+                    name: buffer_request_name(plan, b.id),
+                    addr: addr(b.id),
+                    size: b.bytes,
+                    kind: SymbolKind::Data,
+                });
             }
             segments.sort_by_key(|s| s.addr);
             symbols.sort_by(|a, b| (a.addr, &a.name).cmp(&(b.addr, &b.name)));
@@ -380,7 +390,12 @@ pub fn emit(
                 .collect(),
         })
         .collect();
-    let bindings = host.plan.package_bindings();
+    // The package carries each weight image; the host streams it at initialisation.
+    let mut bindings = host.plan.package_bindings();
+    for (b, p) in bindings.iter_mut().zip(&plan.bindings) {
+        debug_assert_eq!(b.name, p.name);
+        b.data = p.data.clone();
+    }
     Ok(Package {
         machine_toml: machine.to_toml(),
         tiles: tiles?,

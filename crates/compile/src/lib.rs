@@ -128,6 +128,8 @@ pub struct HostReport {
     pub final_bytes_max: u32,
     pub packets: u64,
     pub packets_deduplicated: u64,
+    /// Phases that stream the weights once, at initialisation.
+    pub weight_phases: usize,
     pub input_phases: usize,
     pub output_phases: usize,
     /// Host-link cycles of all phases by the simulator's model (overhead included).
@@ -331,6 +333,9 @@ fn compile_plan_with(
         final_bytes_max: hs.max_tile_bytes_used,
         packets: final_plan.packet_total(),
         packets_deduplicated: hs.packets_deduplicated,
+        weight_phases: final_plan
+            .phases_of(tessera_package::BindingKind::Weight)
+            .len(),
         input_phases: final_plan
             .phases_of(tessera_package::BindingKind::Input)
             .len(),

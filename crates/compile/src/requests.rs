@@ -52,7 +52,8 @@ pub fn tile_problems(_machine: &Machine, plan: &TilePlan, sized: &SizedCode) -> 
     let mut items: Vec<BTreeMap<String, Item>> = vec![BTreeMap::new(); plan.tiles as usize];
     for b in &plan.buffers {
         let name = buffer_request_name(plan, b.id);
-        let loaded = b.init.is_some() || b.category == tessera_plan::Category::VertexState;
+        // Vertex state is the loader's; weights arrive through host transfers.
+        let loaded = b.category == tessera_plan::Category::VertexState;
         problems[b.tile as usize].requests.push(Request {
             name: name.clone(),
             size: u64::from(b.bytes),

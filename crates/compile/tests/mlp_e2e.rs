@@ -149,7 +149,6 @@ fn out_of_memory_counts_the_host_reservation() {
             first: 0,
             last: 2,
             category: Category::Activation,
-            init: None,
         });
         id
     };
@@ -178,6 +177,7 @@ fn out_of_memory_counts_the_host_reservation() {
                 bytes: 32,
             })
             .collect(),
+        data: Vec::new(),
     });
     let Err(err) = compile_plan(&machine, &plan, &Default::default()) else {
         panic!("tensors plus the host reservation should not fit");

@@ -342,6 +342,7 @@ impl HostPlan {
         self.bindings
             .iter()
             .map(|b| HostBinding {
+                data: Vec::new(),
                 name: b.name.clone(),
                 kind: b.kind,
                 bytes: b.bytes,

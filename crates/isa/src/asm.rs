@@ -709,6 +709,7 @@ impl<'a> Assembler<'a> {
                 });
             }
             out_bindings.push(HostBinding {
+                data: Vec::new(),
                 name: b.name.clone(),
                 kind: b.kind,
                 bytes: u32_of(bytes, b.line, b.col, "binding length")?,

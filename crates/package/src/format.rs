@@ -11,7 +11,7 @@ use tessera_machine::Machine;
 /// The eight bytes every package starts with.
 pub const MAGIC: [u8; 8] = *b"TSRPKG\0\0";
 /// The format version this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 const SECTION_MACHINE: u32 = 1;
 const SECTION_TILES: u32 = 2;
@@ -263,6 +263,7 @@ fn bindings_section(p: &Package) -> Vec<u8> {
             put_u32(&mut out, s.offset);
             put_u32(&mut out, s.bytes);
         }
+        put_bytes(&mut out, &b.data);
     }
     out
 }
@@ -642,11 +643,13 @@ fn read_bindings(body: &[u8]) -> Result<Vec<HostBinding>, PackageError> {
                 bytes: r.u32("slice length")?,
             });
         }
+        let data = r.bytes("binding data")?;
         out.push(HostBinding {
             name,
             kind,
             bytes,
             slices,
+            data,
         });
     }
     r.finish()?;
@@ -883,6 +886,18 @@ fn validate_binding(m: &Machine, b: &HostBinding) -> Result<(), PackageError> {
     };
     if b.name.is_empty() {
         return Err(err("binding name is empty".into()));
+    }
+    if !b.data.is_empty() {
+        if b.kind != BindingKind::Weight {
+            return Err(err("only a weight binding carries host data".into()));
+        }
+        if b.data.len() as u64 != u64::from(b.bytes) {
+            return Err(err(format!(
+                "carries {} bytes of data for a {}-byte buffer",
+                b.data.len(),
+                b.bytes
+            )));
+        }
     }
     for (i, s) in b.slices.iter().enumerate() {
         if s.bytes == 0 {

@@ -97,6 +97,10 @@ pub struct HostBinding {
     /// Total bytes of the host buffer.
     pub bytes: u32,
     pub slices: Vec<BindingSlice>,
+    /// Host contents the package carries: for a Weight binding, the image the host
+    /// streams to the tiles once, at initialisation (`bytes` long); empty for
+    /// inputs and outputs, whose contents come and go with every run.
+    pub data: Vec<u8>,
 }
 
 /// A complete, loadable program for a machine.

@@ -64,6 +64,7 @@ fn small_package() -> Package {
             }],
         }],
         bindings: vec![HostBinding {
+            data: Vec::new(),
             name: "x".into(),
             kind: BindingKind::Input,
             bytes: 32,
@@ -154,10 +155,10 @@ fn header_errors_are_typed() {
     bad[0] = b'X';
     assert!(matches!(read_package(&bad), Err(PackageError::BadMagic)));
     let mut bad = data.clone();
-    bad[8] = 2;
+    bad[8] = 1; // the format before bindings carried weight images
     assert!(matches!(
         read_package(&bad),
-        Err(PackageError::UnsupportedVersion { found: 2, .. })
+        Err(PackageError::UnsupportedVersion { found: 1, .. })
     ));
     let mut bad = data.clone();
     bad[20] ^= 1; // inside the table: crc of the machine section
@@ -474,6 +475,7 @@ fn package() -> impl Strategy<Value = Package> {
                         })
                         .collect();
                     HostBinding {
+                        data: Vec::new(),
                         name,
                         kind: [BindingKind::Input, BindingKind::Output, BindingKind::Weight]
                             [kind as usize],
@@ -522,4 +524,23 @@ proptest! {
         fix_checksums(&mut data);
         let _ = read_package(&data);
     }
+}
+
+#[test]
+fn only_weight_bindings_carry_data_of_their_size() {
+    let mut p = small_package();
+    let b = &mut p.bindings[0];
+    b.data = vec![7; b.bytes as usize];
+    let kind = b.kind;
+    let res = validate(&p);
+    if kind == BindingKind::Weight {
+        assert!(res.is_ok());
+    } else {
+        assert!(matches!(res, Err(PackageError::BadBinding { .. })));
+    }
+    p.bindings[0].kind = BindingKind::Weight;
+    assert!(validate(&p).is_ok());
+    assert_eq!(read_package(&write_package(&p)).unwrap(), p);
+    p.bindings[0].data.pop();
+    assert!(matches!(validate(&p), Err(PackageError::BadBinding { .. })));
 }

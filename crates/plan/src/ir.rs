@@ -59,9 +59,6 @@ pub struct Buffer {
     pub first: Step,
     pub last: Step,
     pub category: Category,
-    /// Contents written by the loader (weights, constants); `None` for run-time data.
-    #[serde(skip)]
-    pub init: Option<Vec<u8>>,
 }
 
 /// The kernels the planner can call.
@@ -147,8 +144,12 @@ pub enum StepKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BindingDir {
+    /// Host to tiles, every run.
     Input,
+    /// Tiles to host, every run.
     Output,
+    /// Host to tiles once, at initialisation; the plan carries the image.
+    Weight,
 }
 
 /// A byte range of a host buffer that lives in a buffer on a tile.
@@ -167,6 +168,10 @@ pub struct Binding {
     pub dir: BindingDir,
     pub bytes: u32,
     pub slices: Vec<Slice>,
+    /// The host image of a weight binding (`bytes` long): the device layout of every
+    /// tile's part, concatenated; empty for inputs and outputs.
+    #[serde(skip)]
+    pub data: Vec<u8>,
 }
 
 /// A whole tile plan.
@@ -213,7 +218,6 @@ impl TilePlan {
             first: Step::MAX,
             last: 0,
             category,
-            init: None,
         });
         id
     }

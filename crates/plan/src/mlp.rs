@@ -247,6 +247,8 @@ impl Grid {
 
 struct Lowering<'a> {
     plan: TilePlan,
+    /// Weight binding name -> (host image, slices).
+    weights: BTreeMap<String, (Vec<u8>, Vec<Slice>)>,
     machine: &'a Machine,
     opts: &'a LowerOptions,
 }
@@ -270,11 +272,20 @@ impl Lowering<'_> {
         HOST_OUT
     }
 
+    /// A buffer of constant contents: the host streams `bytes` into it once, at
+    /// initialisation, through the weight binding `weights/NAME`, whose image is
+    /// every tile's part in device layout, concatenated in the order of creation.
     fn constant(&mut self, tile: u32, name: String, bytes: Vec<u8>, category: Category) -> BufId {
         let id = self
             .plan
-            .add_buffer(tile, name, bytes.len() as u32, category);
-        self.plan.buffers[id.0 as usize].init = Some(bytes);
+            .add_buffer(tile, name.clone(), bytes.len() as u32, category);
+        let (image, slices) = self.weights.entry(format!("weights/{name}")).or_default();
+        slices.push(Slice {
+            loc: Loc { buf: id, offset: 0 },
+            offset: image.len() as u32,
+            bytes: bytes.len() as u32,
+        });
+        image.extend(bytes);
         let last = self.last();
         self.plan.touch(id, 0);
         self.plan.touch(id, last);
@@ -660,6 +671,7 @@ pub fn lower_mlp(
             steps: vec![StepKind::Compute; (HOST_OUT + 1) as usize],
             ..TilePlan::default()
         },
+        weights: BTreeMap::new(),
         machine,
         opts,
     };
@@ -976,17 +988,28 @@ pub fn lower_mlp(
         })
         .collect();
     let total = r * row_bytes;
+    for (name, (image, slices)) in std::mem::take(&mut lw.weights) {
+        lw.plan.bindings.push(Binding {
+            name,
+            dir: BindingDir::Weight,
+            bytes: image.len() as u32,
+            slices,
+            data: image,
+        });
+    }
     lw.plan.bindings.push(Binding {
         name: pat.x_name,
         dir: BindingDir::Input,
         bytes: total,
         slices: x_slices,
+        data: Vec::new(),
     });
     lw.plan.bindings.push(Binding {
         name: pat.y_name,
         dir: BindingDir::Output,
         bytes: total,
         slices: y_slices,
+        data: Vec::new(),
     });
     Ok(lw.plan)
 }

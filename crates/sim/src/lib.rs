@@ -297,10 +297,18 @@ impl Simulator {
                 return Err(LoadError::Exchange(format!("id {} defined twice", x.id)));
             }
         }
+        // A weight binding starts with the image the package carries; the host
+        // streams it in through descriptors like any input.
         let bindings = package
             .bindings
             .iter()
-            .map(|b| vec![0u8; b.bytes as usize])
+            .map(|b| {
+                if b.data.len() == b.bytes as usize {
+                    b.data.clone()
+                } else {
+                    vec![0u8; b.bytes as usize]
+                }
+            })
             .collect();
         Ok(Simulator {
             machine,

@@ -312,6 +312,7 @@ fn binding(
     slices: &[(u32, u32, u32, u32)],
 ) -> HostBinding {
     HostBinding {
+        data: Vec::new(),
         name: name.into(),
         kind,
         bytes,

@@ -89,6 +89,7 @@ proptest! {
         let code = b.bytes().unwrap();
         let tiles = (0..2).map(|t| image_from_bytes(t, code.clone(), data.clone())).collect();
         let bindings = vec![HostBinding {
+            data: Vec::new(),
             name: "io".into(),
             kind: BindingKind::Input,
             bytes: 64,
