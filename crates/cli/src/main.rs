@@ -61,6 +61,13 @@ pub enum Outcome {
 }
 
 fn main() -> ExitCode {
+    // Reports are often piped into `head`: a closed pipe should end the process
+    // quietly, as it does for other command-line tools, not panic in `println!`.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Machine { which } => cmd::machine::run(which),
