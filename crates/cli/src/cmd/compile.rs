@@ -363,16 +363,24 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             faults: &report.faults,
         })?;
     } else {
-        println!(
-            "{}: {} cycles per inference ({:.3} ms; weights streamed once before it in {} cycles), {:.1} FLOP/cycle = {:.1}% of f16 peak; simulated in {:.0} ms",
-            if passed { "ok" } else { "FAILED" },
-            run_cycles,
-            p.machine.cycles_to_seconds(run_cycles) * 1e3,
-            init_cycles,
-            fpc,
-            100.0 * share,
-            simulate_ms
-        );
+        if report.status == Status::Fault {
+            println!(
+                "fault: the run stopped at cycle {} with {} faults",
+                report.cycles,
+                report.faults.len()
+            );
+        } else {
+            println!(
+                "{}: {} cycles per inference ({:.3} ms; weights streamed once before it in {} cycles), {:.1} FLOP/cycle = {:.1}% of f16 peak; simulated in {:.0} ms",
+                if passed { "ok" } else { "MISMATCH" },
+                run_cycles,
+                p.machine.cycles_to_seconds(run_cycles) * 1e3,
+                init_cycles,
+                fpc,
+                100.0 * share,
+                simulate_ms
+            );
+        }
         println!("host transfers of the inference (inputs and outputs): {host_cycles} cycles");
         match max_err {
             Some(e) => {
