@@ -263,16 +263,7 @@ pub fn emit(
             let codes = &code_addr[tile as usize];
             let mut segments = Vec::new();
             let mut symbols = Vec::new();
-            let rx = Perms {
-                read: true,
-                write: false,
-                execute: true,
-            };
-            let rw = Perms {
-                read: true,
-                write: true,
-                execute: false,
-            };
+            let (rx, rw) = (Perms::RX, Perms::RW);
             let entry = |s: &str| codes[s];
             let sup_base = codes[""];
             let tile_host = &host.tiles[tile as usize];

@@ -11,6 +11,21 @@ pub struct Perms {
     pub execute: bool,
 }
 
+impl Perms {
+    /// Code: read and execute.
+    pub const RX: Perms = Perms {
+        read: true,
+        write: false,
+        execute: true,
+    };
+    /// Data: read and write.
+    pub const RW: Perms = Perms {
+        read: true,
+        write: true,
+        execute: false,
+    };
+}
+
 /// A contiguous range of one tile's SRAM with its initial contents.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {

@@ -126,22 +126,7 @@ pub(crate) fn ladder(
             run.verdict = Some(SearchVerdict::InfeasibleLiveBytes);
             return run;
         }
-        match search::search(inst, budget) {
-            search::SearchResult::Found { bases, nodes } => {
-                run.bases = Some(bases);
-                run.mode = Some(Mode::Search);
-                run.verdict = Some(SearchVerdict::Found);
-                run.nodes = nodes;
-            }
-            search::SearchResult::Exhausted { nodes } => {
-                run.verdict = Some(SearchVerdict::Exhausted);
-                run.nodes = nodes;
-            }
-            search::SearchResult::GaveUp { nodes } => {
-                run.verdict = Some(SearchVerdict::GaveUp);
-                run.nodes = nodes;
-            }
-        }
+        crate::run_search(&mut run, inst, budget);
     }
     run
 }

@@ -161,24 +161,29 @@ pub(crate) fn run_ladder(inst: &Instance, modes: ModeSelect, budget: u64) -> Lad
             run.verdict = Some(SearchVerdict::InfeasibleLiveBytes);
             return run;
         }
-        match search::search(inst, budget) {
-            search::SearchResult::Found { bases, nodes } => {
-                run.bases = Some(bases);
-                run.mode = Some(Mode::Search);
-                run.verdict = Some(SearchVerdict::Found);
-                run.nodes = nodes;
-            }
-            search::SearchResult::Exhausted { nodes } => {
-                run.verdict = Some(SearchVerdict::Exhausted);
-                run.nodes = nodes;
-            }
-            search::SearchResult::GaveUp { nodes } => {
-                run.verdict = Some(SearchVerdict::GaveUp);
-                run.nodes = nodes;
-            }
-        }
+        run_search(&mut run, inst, budget);
     }
     run
+}
+
+/// Runs the bounded search and records its outcome in `run`.
+pub(crate) fn run_search(run: &mut LadderRun, inst: &Instance, budget: u64) {
+    match search::search(inst, budget) {
+        search::SearchResult::Found { bases, nodes } => {
+            run.bases = Some(bases);
+            run.mode = Some(Mode::Search);
+            run.verdict = Some(SearchVerdict::Found);
+            run.nodes = nodes;
+        }
+        search::SearchResult::Exhausted { nodes } => {
+            run.verdict = Some(SearchVerdict::Exhausted);
+            run.nodes = nodes;
+        }
+        search::SearchResult::GaveUp { nodes } => {
+            run.verdict = Some(SearchVerdict::GaveUp);
+            run.nodes = nodes;
+        }
+    }
 }
 
 pub(crate) fn peak_of(inst: &Instance, bases: &[u64]) -> u64 {
