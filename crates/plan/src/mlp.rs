@@ -19,7 +19,7 @@
 //! Padding: a column group's blocks are padded up to a multiple of `pk` with zero
 //! weights, so that every inner group reduces an equal slab.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use half::f16;
 use tessera_graph::{Graph, OpKind, TensorId, TensorMap};
@@ -245,10 +245,19 @@ impl Grid {
     }
 }
 
+/// A weight binding under construction: distinct tile images, concatenated.
+#[derive(Default)]
+struct WeightImage {
+    image: Vec<u8>,
+    /// Tile image -> its offset in `image`.
+    offsets: HashMap<Vec<u8>, u32>,
+    slices: Vec<Slice>,
+}
+
 struct Lowering<'a> {
     plan: TilePlan,
-    /// Weight binding name -> (host image, slices).
-    weights: BTreeMap<String, (Vec<u8>, Vec<Slice>)>,
+    /// Weight binding name -> its host image and slices.
+    weights: BTreeMap<String, WeightImage>,
     machine: &'a Machine,
     opts: &'a LowerOptions,
 }
@@ -279,13 +288,20 @@ impl Lowering<'_> {
         let id = self
             .plan
             .add_buffer(tile, name.clone(), bytes.len() as u32, category);
-        let (image, slices) = self.weights.entry(format!("weights/{name}")).or_default();
-        slices.push(Slice {
-            loc: Loc { buf: id, offset: 0 },
-            offset: image.len() as u32,
-            bytes: bytes.len() as u32,
+        let w = self.weights.entry(format!("weights/{name}")).or_default();
+        // Tiles that differ only in their row group hold identical weights: the
+        // host image keeps one copy and several tiles' slices point at it.
+        let len = bytes.len() as u32;
+        let offset = *w.offsets.entry(bytes).or_insert_with_key(|b| {
+            let at = w.image.len() as u32;
+            w.image.extend_from_slice(b);
+            at
         });
-        image.extend(bytes);
+        w.slices.push(Slice {
+            loc: Loc { buf: id, offset: 0 },
+            offset,
+            bytes: len,
+        });
         let last = self.last();
         self.plan.touch(id, 0);
         self.plan.touch(id, last);
@@ -988,13 +1004,13 @@ pub fn lower_mlp(
         })
         .collect();
     let total = r * row_bytes;
-    for (name, (image, slices)) in std::mem::take(&mut lw.weights) {
+    for (name, w) in std::mem::take(&mut lw.weights) {
         lw.plan.bindings.push(Binding {
             name,
             dir: BindingDir::Weight,
-            bytes: image.len() as u32,
-            slices,
-            data: image,
+            bytes: w.image.len() as u32,
+            slices: w.slices,
+            data: w.image,
         });
     }
     lw.plan.bindings.push(Binding {
