@@ -90,6 +90,26 @@ impl KernelKind {
     }
 }
 
+macro_rules! kernel_kind_from {
+    ($($kernel:ident => $variant:ident),* $(,)?) => {
+        $(impl From<$kernel> for KernelKind {
+            fn from(k: $kernel) -> Self {
+                KernelKind::$variant(k)
+            }
+        })*
+    };
+}
+
+kernel_kind_from!(
+    Rearrange => Rearrange,
+    AmpMatmul => Matmul,
+    LayerNorm => LayerNorm,
+    Gelu => Gelu,
+    Add => Add,
+    AddBias => AddBias,
+    ReduceAdd => ReduceAdd,
+);
+
 /// A place inside a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct Loc {

@@ -569,32 +569,6 @@ impl Lowering<'_> {
     }
 }
 
-impl From<Add> for KernelKind {
-    fn from(k: Add) -> Self {
-        KernelKind::Add(k)
-    }
-}
-impl From<ReduceAdd> for KernelKind {
-    fn from(k: ReduceAdd) -> Self {
-        KernelKind::ReduceAdd(k)
-    }
-}
-impl From<Gelu> for KernelKind {
-    fn from(k: Gelu) -> Self {
-        KernelKind::Gelu(k)
-    }
-}
-impl From<LayerNorm> for KernelKind {
-    fn from(k: LayerNorm) -> Self {
-        KernelKind::LayerNorm(k)
-    }
-}
-impl From<Rearrange> for KernelKind {
-    fn from(k: Rearrange) -> Self {
-        KernelKind::Rearrange(k)
-    }
-}
-
 /// The cheapest pair of mappings for fc1 ([r, d] x [d, f]) and fc2 ([r, f] x [f, d])
 /// whose weights fit the interleaved region together and whose busiest tile fits
 /// `usable` bytes in either matmul's phase (both weights stay resident).
