@@ -9,6 +9,7 @@
 //! package validation.
 
 mod emit;
+mod exploit;
 mod requests;
 
 use std::time::Instant;
@@ -180,51 +181,6 @@ pub fn compile_plan(
     compile_plan_with(machine, plan, place, false)
 }
 
-/// Moves buffers declared less than 8-byte aligned off 8-byte alignment where the
-/// checker allows it; returns how many moved.
-fn exploit_alignment(
-    machine: &Machine,
-    problem: &tessera_place::TileProblem,
-    placement: &mut tessera_place::TilePlacement,
-    capacity: Option<u64>,
-) -> usize {
-    let mut moved = 0;
-    for r in problem.requests.iter().filter(|r| r.align < 8) {
-        let Some(idx) = placement.allocations.iter().position(|a| a.id == r.name) else {
-            continue;
-        };
-        let at = placement.allocations[idx].offset;
-        // Candidates: just past another allocation (where free space often starts),
-        // then small steps around the current address.
-        let mut candidates: Vec<u64> = placement
-            .allocations
-            .iter()
-            .map(|a| {
-                let size = problem
-                    .requests
-                    .iter()
-                    .find(|q| q.name == a.id)
-                    .map_or(0, |q| q.size);
-                // One alignment unit past the end: off the 8-byte grid when the end is on it.
-                (a.offset + size).next_multiple_of(r.align) + r.align
-            })
-            .collect();
-        candidates.extend((1..=8).flat_map(|k| [at + k * r.align, at.saturating_sub(k * r.align)]));
-        for new in candidates {
-            if new % 8 == 0 || new % r.align != 0 {
-                continue;
-            }
-            placement.allocations[idx].offset = new;
-            if tessera_place::check_placement(machine, problem, placement, capacity).is_empty() {
-                moved += 1;
-                break;
-            }
-            placement.allocations[idx].offset = at;
-        }
-    }
-    moved
-}
-
 fn compile_plan_with(
     machine: &Machine,
     plan: &TilePlan,
@@ -270,7 +226,7 @@ fn compile_plan_with(
             (Some(mut p), _) => {
                 if exploit {
                     summary.exploited_buffers +=
-                        exploit_alignment(machine, problem, &mut p, place.capacity);
+                        exploit::exploit_alignment(machine, problem, &mut p, place.capacity);
                 }
                 // The allocator already ran the checker; this is the independent
                 // second reading every compile promises.
