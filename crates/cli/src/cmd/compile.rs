@@ -223,6 +223,7 @@ struct RunJson<'a> {
     peak_share: f64,
     simulated_instructions: u64,
     host_transfer_cycles: u64,
+    profile: &'a tessera_profile::Profile,
     placement: &'a tessera_compile::PlacementSummary,
     host: &'a tessera_compile::HostReport,
     decisions: &'a [String],
@@ -309,6 +310,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let weight_phases = c.report.host.weight_phases;
     let init_cycles = phases.get(weight_phases.wrapping_sub(1)).map_or(0, |p| p.1);
     let run_cycles = report.cycles.saturating_sub(init_cycles);
+    let profile = tessera_profile::profile(&report.trace);
     let host_cycles: u64 = phases.iter().skip(weight_phases).map(|(s, e)| e - s).sum();
     let simulate_ms = t.elapsed().as_secs_f64() * 1e3;
     pb.finish_and_clear();
@@ -357,6 +359,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             peak_share: share,
             simulated_instructions: report.instructions,
             host_transfer_cycles: host_cycles,
+            profile: &profile,
             placement: &c.report.placement,
             host: &c.report.host,
             decisions: &c.report.decisions,
@@ -382,6 +385,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             );
         }
         println!("host transfers of the inference (inputs and outputs): {host_cycles} cycles");
+        print!("{}", tessera_profile::render(&profile));
         match max_err {
             Some(e) => {
                 println!("max abs error {e:.6} (tolerance {tol:.6}, output scale {scale:.3})")
