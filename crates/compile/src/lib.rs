@@ -146,6 +146,7 @@ pub struct CompileReport {
     pub decisions: Vec<String>,
     pub exchange_copies: usize,
     pub kernel_calls: usize,
+    /// Size of the written package; 0 until someone writes it (`tessera compile`).
     pub package_bytes: usize,
     pub compile_ms: f64,
 }
@@ -198,7 +199,7 @@ fn compile_plan_with(
     let res_end = machine.loader_limit & !7;
     let res_start = res_end.saturating_sub(reserved) & !7;
     let sized = emit::size_code(plan, &provisional)?;
-    let mut problems = tile_problems(machine, plan, &sized);
+    let mut problems = tile_problems(plan, &sized);
     if reserved > 0 {
         for p in &mut problems.problems {
             p.reservations.push(tessera_place::Reservation {

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use tessera_kernels::MemClass as KClass;
-use tessera_machine::Machine;
 use tessera_place::{MemClass, Request, TileProblem};
 use tessera_plan::{BufId, TilePlan};
 
@@ -41,7 +40,7 @@ pub fn buffer_request_name(plan: &TilePlan, id: BufId) -> String {
 }
 
 /// One placement problem per tile that holds anything.
-pub fn tile_problems(_machine: &Machine, plan: &TilePlan, sized: &SizedCode) -> Problems {
+pub fn tile_problems(plan: &TilePlan, sized: &SizedCode) -> Problems {
     let last = u64::from(plan.last_step());
     let mut problems: Vec<TileProblem> = (0..plan.tiles)
         .map(|tile| TileProblem {

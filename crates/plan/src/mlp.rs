@@ -95,14 +95,10 @@ fn match_mlp(graph: &Graph) -> Result<MlpPattern, PlanError> {
         return Err(unsupported(format!("input must be 2-D, it is {dims:?}")));
     };
     let consumers = graph.consumers();
-    let single = |t: TensorId| -> Result<&OpKind, PlanError> {
-        let users: Vec<_> = consumers[t.index()]
-            .iter()
-            .map(|op| &graph.op(*op).kind)
-            .filter(|k| !matches!(k, OpKind::Add { .. }) || t != *x)
-            .collect();
-        match users[..] {
-            [k] => Ok(k),
+    // The op that consumes `t`, which must be its only consumer.
+    let single = |t: TensorId| -> Result<&tessera_graph::Op, PlanError> {
+        match consumers[t.index()][..] {
+            [op] => Ok(graph.op(op)),
             _ => Err(unsupported(format!("{t} must have exactly one consumer"))),
         }
     };
@@ -117,31 +113,33 @@ fn match_mlp(graph: &Graph) -> Result<MlpPattern, PlanError> {
         unreachable!()
     };
     let ln_out = graph.op(*ln_op).output;
+    let mm1 = single(ln_out)?;
     let OpKind::MatMul {
         b: w1,
         bias: Some(b1),
         transpose_b: false,
         ..
-    } = single(ln_out)?
+    } = mm1.kind
     else {
         return Err(unsupported("LayerNorm must feed a matmul with bias"));
     };
-    let mm1 = consumers[ln_out.index()][0];
-    let h = graph.op(mm1).output;
-    let OpKind::Gelu { .. } = single(h)? else {
+    let h = mm1.output;
+    let gelu = single(h)?;
+    let OpKind::Gelu { .. } = gelu.kind else {
         return Err(unsupported("fc1 must feed GELU"));
     };
-    let g = graph.op(consumers[h.index()][0]).output;
+    let g = gelu.output;
+    let mm2 = single(g)?;
     let OpKind::MatMul {
         b: w2,
         bias: Some(b2),
         transpose_b: false,
         ..
-    } = single(g)?
+    } = mm2.kind
     else {
         return Err(unsupported("GELU must feed a matmul with bias"));
     };
-    let f = graph.op(consumers[g.index()][0]).output;
+    let f = mm2.output;
     let add = consumers[f.index()]
         .first()
         .map(|op| graph.op(*op))
@@ -170,10 +168,10 @@ fn match_mlp(graph: &Graph) -> Result<MlpPattern, PlanError> {
         eps: *eps,
         gamma: param_name(graph, *gamma)?,
         beta: param_name(graph, *beta)?,
-        w1: param_name(graph, *w1)?,
-        b1: param_name(graph, *b1)?,
-        w2: param_name(graph, *w2)?,
-        b2: param_name(graph, *b2)?,
+        w1: param_name(graph, w1)?,
+        b1: param_name(graph, b1)?,
+        w2: param_name(graph, w2)?,
+        b2: param_name(graph, b2)?,
     };
     if !pattern.width.is_multiple_of(AMP_WIDTH) || !pattern.hidden.is_multiple_of(AMP_WIDTH) {
         return Err(unsupported(format!(
@@ -367,21 +365,30 @@ impl Lowering<'_> {
         });
     }
 
-    fn exchange(&mut self, step: Step, name: &str, copies: Vec<Copy>) {
+    /// A new exchange phase at `step`; returns its id.
+    fn exchange(&mut self, step: Step, name: &str, copies: Vec<Copy>) -> u16 {
         let id = self.plan.exchanges.len() as u16;
+        self.plan.steps[step as usize] = StepKind::Exchange(id);
+        self.plan.exchanges.push(Exchange {
+            id,
+            name: name.to_string(),
+            step,
+            copies: Vec::new(),
+        });
+        self.add_copies(id, copies);
+        id
+    }
+
+    /// More copies in exchange `id`; every buffer they touch is live at its step.
+    fn add_copies(&mut self, id: u16, copies: Vec<Copy>) {
+        let step = self.plan.exchanges[id as usize].step;
         for c in &copies {
             self.plan.touch(c.src.buf, step);
             for d in &c.dsts {
                 self.plan.touch(d.buf, step);
             }
         }
-        self.plan.steps[step as usize] = StepKind::Exchange(id);
-        self.plan.exchanges.push(Exchange {
-            id,
-            name: name.to_string(),
-            step,
-            copies,
-        });
+        self.plan.exchanges[id as usize].copies.extend(copies);
     }
 
     /// Weights of one tile of a matmul grid, padded to `pk * slab` blocks.
@@ -783,7 +790,7 @@ pub fn lower_mlp(
             }
         }
     }
-    lw.exchange(X1, "fc1.inputs", copies);
+    let fc1_inputs = lw.exchange(X1, "fc1.inputs", copies);
     for (i, j, l) in g1.cells() {
         let mut re = Rearrange::new(g1.rows[i].1, g1.chunks[j].1 * AMP_WIDTH);
         if let Some(al) = lw.opts.rearrange_declared_align {
@@ -959,14 +966,7 @@ pub fn lower_mlp(
             }
         }
     }
-    let first = lw.plan.exchanges[0].id;
-    for c in &residual_copies {
-        lw.plan.touch(c.src.buf, X1);
-        lw.plan.touch(c.dsts[0].buf, X1);
-    }
-    lw.plan.exchanges[first as usize]
-        .copies
-        .extend(residual_copies);
+    lw.add_copies(fc1_inputs, residual_copies);
     lw.exchange(X3, "outputs", y_copies);
     let y_slices = owners
         .iter()

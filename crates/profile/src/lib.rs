@@ -34,6 +34,8 @@ pub struct Profile {
     /// Cycles between a superstep's end and the next one's start (barriers).
     pub sync: u64,
     pub total: u64,
+    /// Every host-transfer phase, (start, end), in order.
+    pub host_phases: Vec<(u64, u64)>,
 }
 
 /// Reads the chip-wide events of a trace (tile events are ignored).
@@ -66,6 +68,7 @@ pub fn profile(trace: &[TraceEvent]) -> Profile {
                 if let (Some(s), Some(ss)) = (phase_start.take(), open.as_mut()) {
                     ss.host += e.cycle.saturating_sub(s);
                     ss.host_bytes += bytes;
+                    p.host_phases.push((s, e.cycle));
                 }
             }
             TraceKind::SuperstepEnd { .. } => close(&mut p, &mut open, e.cycle),
@@ -151,6 +154,7 @@ mod tests {
         assert_eq!(p.compute + p.exchange + p.host + p.sync, p.total);
         assert_eq!(p.supersteps[1].exchanges, vec![3]);
         assert_eq!(p.supersteps[0].host_bytes, 64);
+        assert_eq!(p.host_phases, vec![(0, 1500)]);
         assert!(render(&p).contains("total 6000 cycles"));
     }
 

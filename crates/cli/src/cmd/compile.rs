@@ -13,7 +13,7 @@ use tessera_graph::{
     Graph, HostTensor, Inputs, MlpConfig, OpKind, Weights, init_weights, mlp, random_inputs,
 };
 use tessera_machine::Machine;
-use tessera_sim::{Fault, SimOptions, Simulator, Status, TraceEvent, TraceKind};
+use tessera_sim::{Fault, SimOptions, Simulator, Status};
 
 use crate::Outcome;
 
@@ -240,24 +240,6 @@ pub fn tolerance(scale: f32) -> f32 {
     32.0 * 2f32.powi(-11) * scale.max(1.0)
 }
 
-/// Host transfer phases from the trace: (start, end) cycles, in order.
-fn host_phases(trace: &[TraceEvent]) -> Vec<(u64, u64)> {
-    let mut open = None;
-    let mut out = Vec::new();
-    for e in trace {
-        match e.kind {
-            TraceKind::HostTransferStart { .. } => open = Some(e.cycle),
-            TraceKind::HostTransferEnd { .. } => {
-                if let Some(s) = open.take() {
-                    out.push((s, e.cycle));
-                }
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
 /// FLOP of the graph's matrix products (two per multiply-accumulate).
 fn matmul_flop(g: &Graph) -> u64 {
     g.ops()
@@ -305,13 +287,20 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
         trace: true,
         ..SimOptions::default()
     });
-    // The first phases stream the weights once; what follows is one inference.
-    let phases = host_phases(&report.trace);
-    let weight_phases = c.report.host.weight_phases;
-    let init_cycles = phases.get(weight_phases.wrapping_sub(1)).map_or(0, |p| p.1);
-    let run_cycles = report.cycles.saturating_sub(init_cycles);
+    // The first host phases stream the weights once; what follows is one inference.
     let profile = tessera_profile::profile(&report.trace);
-    let host_cycles: u64 = phases.iter().skip(weight_phases).map(|(s, e)| e - s).sum();
+    let weight_phases = c.report.host.weight_phases;
+    let init_cycles = weight_phases
+        .checked_sub(1)
+        .and_then(|last| profile.host_phases.get(last))
+        .map_or(0, |p| p.1);
+    let run_cycles = report.cycles.saturating_sub(init_cycles);
+    let host_cycles: u64 = profile
+        .host_phases
+        .iter()
+        .skip(weight_phases)
+        .map(|(s, e)| e - s)
+        .sum();
     let simulate_ms = t.elapsed().as_secs_f64() * 1e3;
     pb.finish_and_clear();
 
