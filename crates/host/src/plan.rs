@@ -302,15 +302,17 @@ impl HostPlan {
     }
 
     /// Cycles the link is busy for `phases` on `machine`, by the simulator's host
-    /// model (fixed overhead plus bytes over the shared link, per phase); syncs
-    /// and supervisor issue are not included.
+    /// model (fixed overhead plus bytes over the link in the phase's direction, per
+    /// phase); syncs and supervisor issue are not included.
     pub fn link_cycles(&self, machine: &Machine, phases: Range<usize>) -> u64 {
-        let per_cycle = machine.host_bytes_per_cycle().max(1e-9);
         phases
-            .filter(|&p| p < self.phases.len())
-            .map(|p| {
-                u64::from(machine.timing.host_transfer_overhead_cycles)
-                    + (self.phase_bytes(p) as f64 / per_cycle).ceil() as u64
+            .filter_map(|p| self.phases.get(p).map(|ph| (p, ph.kind)))
+            .map(|(p, kind)| {
+                let bytes = self.phase_bytes(p);
+                match kind {
+                    BindingKind::Output => machine.host_phase_cycles(0, bytes),
+                    BindingKind::Input | BindingKind::Weight => machine.host_phase_cycles(bytes, 0),
+                }
             })
             .sum()
     }

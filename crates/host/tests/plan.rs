@@ -350,7 +350,7 @@ fn addresses_are_checked_only_when_asked() {
 fn link_cycles_follow_the_simulator_model() {
     let m = Machine::small();
     let plan = one_slice(4270);
-    let rate = m.host_bytes_per_cycle();
+    let rate = m.host_to_chip_bytes_per_cycle();
     let expect = u64::from(m.timing.host_transfer_overhead_cycles) + (4270.0 / rate).ceil() as u64;
     assert_eq!(plan.link_cycles(&m, 0..plan.phases().len()), expect);
     assert_eq!(plan.link_cycles(&m, 0..0), 0);

@@ -25,6 +25,45 @@ pub enum MachineError {
     Parse { path: String, message: String },
     #[error("machine `{name}` is inconsistent: {message}")]
     Invalid { name: String, message: String },
+    #[error("machine `{name}`: `{field}` = {value} is out of range (accepted: {accepted})")]
+    Field {
+        name: String,
+        field: String,
+        value: String,
+        accepted: String,
+    },
+}
+
+/// The most tiles a description may have: a few chips' worth.
+pub const MAX_TILES: u64 = 16_384;
+/// The most worker contexts per tile: `run` encodes worker numbers 0..=5.
+pub const MAX_WORKERS: u64 = 6;
+/// One past the highest byte address a description may use: addresses are 20-bit
+/// immediates in the instruction set.
+pub const ADDRESS_LIMIT: u64 = 1 << 20;
+
+impl MachineError {
+    /// Names the file a description came from, beside the machine's own name.
+    fn with_origin(self, origin: &str) -> MachineError {
+        match self {
+            MachineError::Invalid { name, message } => MachineError::Invalid {
+                name: format!("{name} (from {origin})"),
+                message,
+            },
+            MachineError::Field {
+                name,
+                field,
+                value,
+                accepted,
+            } => MachineError::Field {
+                name: format!("{name} (from {origin})"),
+                field,
+                value,
+                accepted,
+            },
+            other => other,
+        }
+    }
 }
 
 /// Names accepted by [`Machine::preset`].
@@ -32,6 +71,7 @@ pub const PRESETS: &[&str] = &["c600", "bow", "small"];
 
 /// One address region of tile SRAM.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Region {
     /// First byte address of the region.
     pub start: u32,
@@ -68,27 +108,34 @@ impl Region {
 
 /// Cycle costs and rates. All in tile clock cycles unless the name says otherwise.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Timing {
-    /// f16 multiply-accumulates per cycle per tile from the AMP unit.
+    /// f16 multiply-accumulates per cycle per tile from the AMP unit; the simulator
+    /// charges each `amp` step (64 MACs) against it.
     pub amp_f16_macs_per_cycle: u32,
-    /// f32 multiply-accumulates per cycle per tile from the AMP unit.
-    pub amp_f32_macs_per_cycle: u32,
-    /// Bytes per cycle a tile can send (and, separately, receive) on the exchange.
+    /// Bytes per cycle a tile can send, and separately receive, on the exchange.
     pub exchange_bytes_per_cycle: u32,
-    /// Tiles that share one receive bus.
-    pub tiles_per_receive_bus: u32,
+    /// Tiles sharing one exchange bus (aligned groups: 2k and 2k+1 for 2). A transfer
+    /// that every tile of a group receives arrives at this many times
+    /// `exchange_bytes_per_cycle` on each of them. 1 disables the rule.
+    pub tiles_per_shared_exchange_bus: u32,
     /// Cycles for a chip-internal barrier synchronisation.
     pub sync_cycles: u32,
     /// Fixed cycles of overhead per exchange phase.
     pub exchange_overhead_cycles: u32,
-    /// Host link bandwidth, bytes per second, for the whole chip.
-    pub host_link_bytes_per_second: u64,
+    /// Host link bandwidth into the chip, bytes per second (one direction).
+    pub host_to_chip_bytes_per_second: u64,
+    /// Host link bandwidth out of the chip, bytes per second (the other direction).
+    pub chip_to_host_bytes_per_second: u64,
     /// Largest payload of one host link packet, bytes.
     pub host_packet_payload_bytes: u32,
-    /// Local memory read bandwidth per tile, bytes per cycle.
-    pub memory_read_bytes_per_cycle: u32,
-    /// Cycles from a worker issue to the next issue of the same worker (barrel depth).
+    /// Barrel slots: cycles from one issue of a worker to its next. The supervisor
+    /// issues in the slots no worker holds.
     pub worker_issue_interval: u32,
+    /// Cycles from a supervisor instruction's issue until an instruction that reads
+    /// its result may issue (the pipeline depth the barrel hides for workers).
+    #[serde(default = "default_supervisor_latency")]
+    pub supervisor_result_latency: u32,
     /// Issue slots taken by an f32 exp, reciprocal, square root or reciprocal square
     /// root (the other floating-point instructions take one).
     #[serde(default = "default_transcendental_issues")]
@@ -96,6 +143,10 @@ pub struct Timing {
     /// Fixed cycles of one chip-wide host transfer phase, on top of the link time.
     #[serde(default = "default_host_transfer_overhead")]
     pub host_transfer_overhead_cycles: u32,
+}
+
+fn default_supervisor_latency() -> u32 {
+    6
 }
 
 fn default_transcendental_issues() -> u32 {
@@ -106,8 +157,12 @@ fn default_host_transfer_overhead() -> u32 {
     1500
 }
 
+/// PCIe Gen4 x16, one direction: 16 GT/s x 16 lanes x 128/130 / 8 bits.
+const PCIE_GEN4_X16_BYTES_PER_SECOND: u64 = 31_507_692_307;
+
 /// A tile machine, as data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Machine {
     pub name: String,
     /// Number of tiles on the chip.
@@ -161,7 +216,7 @@ impl Machine {
             path: origin.to_string(),
             message: e.to_string(),
         })?;
-        m.validate()?;
+        m.validate().map_err(|e| e.with_origin(origin))?;
         Ok(m)
     }
 
@@ -196,15 +251,15 @@ impl Machine {
             rpt_max_count: 4095,
             timing: Timing {
                 amp_f16_macs_per_cycle: 64,
-                amp_f32_macs_per_cycle: 16,
                 exchange_bytes_per_cycle: 4,
-                tiles_per_receive_bus: 2,
+                tiles_per_shared_exchange_bus: 2,
                 sync_cycles: 90,
                 exchange_overhead_cycles: 100,
-                host_link_bytes_per_second: 64_000_000_000,
+                host_to_chip_bytes_per_second: PCIE_GEN4_X16_BYTES_PER_SECOND,
+                chip_to_host_bytes_per_second: PCIE_GEN4_X16_BYTES_PER_SECOND,
                 host_packet_payload_bytes: 1024,
-                memory_read_bytes_per_cycle: 16,
                 worker_issue_interval: 6,
+                supervisor_result_latency: default_supervisor_latency(),
                 f32_transcendental_issues: default_transcendental_issues(),
                 host_transfer_overhead_cycles: default_host_transfer_overhead(),
             },
@@ -234,49 +289,135 @@ impl Machine {
         self
     }
 
-    /// Checks the description's internal consistency.
+    /// Checks every field against the range the model can stand behind, then the
+    /// description's internal consistency. The first problem found is returned,
+    /// naming the field, its value and what is accepted.
     pub fn validate(&self) -> Result<(), MachineError> {
+        let field = |field: &str, value: u64, range: std::ops::RangeInclusive<u64>| {
+            if range.contains(&value) {
+                Ok(())
+            } else {
+                Err(MachineError::Field {
+                    name: self.name.clone(),
+                    field: field.to_string(),
+                    value: value.to_string(),
+                    accepted: format!("{} to {}", range.start(), range.end()),
+                })
+            }
+        };
+        let t = &self.timing;
+        field("tiles", self.tiles.into(), 1..=MAX_TILES)?;
+        field("clock_hz", self.clock_hz, 1_000_000..=20_000_000_000)?;
+        field("workers", self.workers.into(), 1..=MAX_WORKERS)?;
+        field("rpt_max_count", self.rpt_max_count.into(), 1..=65_535)?;
+        field("regions (count)", self.regions.len() as u64, 1..=16)?;
+        field(
+            "timing.amp_f16_macs_per_cycle",
+            t.amp_f16_macs_per_cycle.into(),
+            1..=4096,
+        )?;
+        field(
+            "timing.exchange_bytes_per_cycle",
+            t.exchange_bytes_per_cycle.into(),
+            1..=1024,
+        )?;
+        field(
+            "timing.tiles_per_shared_exchange_bus",
+            t.tiles_per_shared_exchange_bus.into(),
+            1..=64,
+        )?;
+        field("timing.sync_cycles", t.sync_cycles.into(), 0..=1_000_000)?;
+        field(
+            "timing.exchange_overhead_cycles",
+            t.exchange_overhead_cycles.into(),
+            0..=1_000_000,
+        )?;
+        let link = 1_000_000..=10_000_000_000_000;
+        field(
+            "timing.host_to_chip_bytes_per_second",
+            t.host_to_chip_bytes_per_second,
+            link.clone(),
+        )?;
+        field(
+            "timing.chip_to_host_bytes_per_second",
+            t.chip_to_host_bytes_per_second,
+            link,
+        )?;
+        field(
+            "timing.host_packet_payload_bytes",
+            t.host_packet_payload_bytes.into(),
+            16..=65_536,
+        )?;
+        // The barrel needs a slot for every worker.
+        field(
+            "timing.worker_issue_interval",
+            t.worker_issue_interval.into(),
+            u64::from(self.workers)..=64,
+        )?;
+        field(
+            "timing.supervisor_result_latency",
+            t.supervisor_result_latency.into(),
+            1..=64,
+        )?;
+        field(
+            "timing.f32_transcendental_issues",
+            t.f32_transcendental_issues.into(),
+            1..=64,
+        )?;
+        field(
+            "timing.host_transfer_overhead_cycles",
+            t.host_transfer_overhead_cycles.into(),
+            0..=100_000_000,
+        )?;
         let bad = |message: String| MachineError::Invalid {
             name: self.name.clone(),
             message,
         };
-        if self.tiles == 0 {
-            return Err(bad("tiles must be at least 1".into()));
-        }
-        if self.regions.is_empty() {
-            return Err(bad("at least one region is needed".into()));
+        if self.name.trim().is_empty() {
+            return Err(bad("the name is empty".into()));
         }
         for (i, r) in self.regions.iter().enumerate() {
-            if r.start >= r.end {
-                return Err(bad(format!("region {i} is empty or reversed")));
-            }
-            if r.element_bytes == 0 || !r.element_bytes.is_power_of_two() {
-                return Err(bad(format!(
-                    "region {i}: element size must be a power of two"
-                )));
+            // Addresses are 20-bit immediates in the instruction set.
+            field(
+                &format!("regions[{i}].end"),
+                r.end.into(),
+                1..=ADDRESS_LIMIT,
+            )?;
+            field(
+                &format!("regions[{i}].start"),
+                r.start.into(),
+                0..=u64::from(r.end.saturating_sub(1)),
+            )?;
+            if r.element_bytes < 8 || !r.element_bytes.is_power_of_two() {
+                return Err(MachineError::Field {
+                    name: self.name.clone(),
+                    field: format!("regions[{i}].element_bytes"),
+                    value: r.element_bytes.to_string(),
+                    accepted: "a power of two of at least 8".into(),
+                });
             }
             if (r.start % r.element_span()) != 0 || (r.end - r.start) % r.element_span() != 0 {
                 return Err(bad(format!(
-                    "region {i}: bounds must be whole elements of {} bytes",
+                    "region {i}: bounds {:#x}..{:#x} must be whole elements of {} bytes",
+                    r.start,
+                    r.end,
                     r.element_span()
                 )));
             }
             if i > 0 && self.regions[i - 1].end != r.start {
-                return Err(bad(format!("region {i} does not follow region {}", i - 1)));
+                return Err(bad(format!(
+                    "region {i} starts at {:#x}, not where region {} ends ({:#x})",
+                    r.start,
+                    i - 1,
+                    self.regions[i - 1].end
+                )));
             }
         }
-        if self.loader_limit <= self.sram_start() || self.loader_limit > self.sram_end() {
-            return Err(bad("loader limit lies outside SRAM".into()));
-        }
-        if self.workers == 0 || self.timing.worker_issue_interval == 0 {
-            return Err(bad("workers and issue interval must be positive".into()));
-        }
-        if self.timing.f32_transcendental_issues == 0 {
-            return Err(bad("transcendental issues must be at least 1".into()));
-        }
-        if self.clock_hz == 0 || self.timing.exchange_bytes_per_cycle == 0 {
-            return Err(bad("clock and exchange rate must be positive".into()));
-        }
+        field(
+            "loader_limit",
+            self.loader_limit.into(),
+            u64::from(self.sram_start()) + 1..=u64::from(self.sram_end()),
+        )?;
         Ok(())
     }
 
@@ -339,9 +480,24 @@ impl Machine {
         2 * u64::from(self.timing.amp_f16_macs_per_cycle) * u64::from(self.tiles)
     }
 
-    /// Host link bytes per tile clock cycle, chip-wide.
-    pub fn host_bytes_per_cycle(&self) -> f64 {
-        self.timing.host_link_bytes_per_second as f64 / self.clock_hz as f64
+    /// Host link bytes per tile clock cycle into the chip.
+    pub fn host_to_chip_bytes_per_cycle(&self) -> f64 {
+        self.timing.host_to_chip_bytes_per_second as f64 / self.clock_hz as f64
+    }
+
+    /// Host link bytes per tile clock cycle out of the chip.
+    pub fn chip_to_host_bytes_per_cycle(&self) -> f64 {
+        self.timing.chip_to_host_bytes_per_second as f64 / self.clock_hz as f64
+    }
+
+    /// Cycles of one host transfer phase moving `inward` bytes into the chip and
+    /// `outward` bytes out of it: the two directions run at once, each at its own
+    /// rate, after the phase's fixed overhead.
+    pub fn host_phase_cycles(&self, inward: u64, outward: u64) -> u64 {
+        let t = |bytes: u64, per_cycle: f64| (bytes as f64 / per_cycle).ceil() as u64;
+        u64::from(self.timing.host_transfer_overhead_cycles)
+            + t(inward, self.host_to_chip_bytes_per_cycle())
+                .max(t(outward, self.chip_to_host_bytes_per_cycle()))
     }
 
     pub fn cycles_to_seconds(&self, cycles: u64) -> f64 {
@@ -407,6 +563,7 @@ mod tests {
             .filter(|l| {
                 !l.starts_with("f32_transcendental_issues")
                     && !l.starts_with("host_transfer_overhead_cycles")
+                    && !l.starts_with("supervisor_result_latency")
             })
             .collect::<Vec<_>>()
             .join("\n");
@@ -415,5 +572,125 @@ mod tests {
             Machine::preset("nope"),
             Err(MachineError::UnknownPreset(_))
         ));
+    }
+
+    /// Every field with a bad value, each as a TOML edit, is refused with the field's
+    /// name, the value and the accepted range.
+    #[test]
+    fn invalid_fields_are_rejected() {
+        type Edit = fn(&mut Machine);
+        let cases: &[(&str, &str, Edit)] = &[
+            ("tiles", "0", |m| m.tiles = 0),
+            ("tiles", "4294967295", |m| m.tiles = u32::MAX),
+            ("clock_hz", "0", |m| m.clock_hz = 0),
+            ("workers", "0", |m| m.workers = 0),
+            ("workers", "1000", |m| m.workers = 1000),
+            ("rpt_max_count", "0", |m| m.rpt_max_count = 0),
+            ("regions (count)", "0", |m| m.regions.clear()),
+            ("timing.amp_f16_macs_per_cycle", "0", |m| {
+                m.timing.amp_f16_macs_per_cycle = 0
+            }),
+            ("timing.exchange_bytes_per_cycle", "0", |m| {
+                m.timing.exchange_bytes_per_cycle = 0
+            }),
+            ("timing.tiles_per_shared_exchange_bus", "0", |m| {
+                m.timing.tiles_per_shared_exchange_bus = 0
+            }),
+            ("timing.sync_cycles", "4000000000", |m| {
+                m.timing.sync_cycles = 4_000_000_000
+            }),
+            ("timing.exchange_overhead_cycles", "4000000000", |m| {
+                m.timing.exchange_overhead_cycles = 4_000_000_000
+            }),
+            ("timing.host_to_chip_bytes_per_second", "0", |m| {
+                m.timing.host_to_chip_bytes_per_second = 0
+            }),
+            ("timing.chip_to_host_bytes_per_second", "0", |m| {
+                m.timing.chip_to_host_bytes_per_second = 0
+            }),
+            ("timing.host_packet_payload_bytes", "0", |m| {
+                m.timing.host_packet_payload_bytes = 0
+            }),
+            ("timing.worker_issue_interval", "0", |m| {
+                m.timing.worker_issue_interval = 0
+            }),
+            // Fewer barrel slots than workers.
+            ("timing.worker_issue_interval", "3", |m| {
+                m.timing.worker_issue_interval = 3
+            }),
+            ("timing.supervisor_result_latency", "0", |m| {
+                m.timing.supervisor_result_latency = 0
+            }),
+            ("timing.f32_transcendental_issues", "0", |m| {
+                m.timing.f32_transcendental_issues = 0
+            }),
+            ("timing.host_transfer_overhead_cycles", "4000000000", |m| {
+                m.timing.host_transfer_overhead_cycles = 4_000_000_000
+            }),
+            ("regions[1].end", "2097152", |m| {
+                m.regions[1].end = 0x20_0000
+            }),
+            ("regions[0].start", "557056", |m| {
+                m.regions[0].start = 0x8_8000
+            }),
+            ("regions[0].element_bytes", "0", |m| {
+                m.regions[0].element_bytes = 0
+            }),
+            ("loader_limit", "0", |m| m.loader_limit = 0),
+            ("loader_limit", "1048576", |m| m.loader_limit = 0x10_0000),
+        ];
+        for (field, value, edit) in cases {
+            let mut m = Machine::c600();
+            edit(&mut m);
+            let err = m.validate().unwrap_err();
+            match &err {
+                MachineError::Field {
+                    field: f, value: v, ..
+                } => {
+                    assert_eq!((f.as_str(), v.as_str()), (*field, *value), "{err}");
+                }
+                other => panic!("{field}: expected a field error, got {other}"),
+            }
+            // The same problem in a file is refused when loaded, naming the file.
+            if !m.regions.is_empty() {
+                let err = Machine::from_toml(&m.to_toml(), "bad.toml").unwrap_err();
+                let text = err.to_string();
+                assert!(
+                    text.contains(field) && text.contains("bad.toml") && text.contains("accepted"),
+                    "{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn inconsistent_regions_and_unknown_fields_are_rejected() {
+        let mut gap = Machine::c600();
+        gap.regions[1].start = 0x8_8000;
+        assert!(matches!(gap.validate(), Err(MachineError::Invalid { .. })));
+        let mut odd = Machine::c600();
+        odd.regions[0].end = 0x7_F000;
+        assert!(matches!(odd.validate(), Err(MachineError::Invalid { .. })));
+        // A misspelt field is an error, not a silently ignored line.
+        let text = Machine::c600()
+            .to_toml()
+            .replace("sync_cycles", "sync_cycle");
+        let err = Machine::from_toml(&text, "typo.toml").unwrap_err();
+        assert!(err.to_string().contains("sync_cycle"), "{err}");
+    }
+
+    #[test]
+    fn host_phases_run_both_directions_at_once() {
+        let m = Machine::c600();
+        let per = m.host_to_chip_bytes_per_cycle();
+        // 31.5 GB/s at 1.5 GHz: exactly 21.005... bytes per cycle each way.
+        assert!((per - 21.005_128).abs() < 1e-5, "{per}");
+        let o = u64::from(m.timing.host_transfer_overhead_cycles);
+        assert_eq!(m.host_phase_cycles(0, 0), o);
+        let one_way = m.host_phase_cycles(2_100_513, 0);
+        assert_eq!(one_way, o + (2_100_513.0 / per).ceil() as u64);
+        assert_eq!(m.host_phase_cycles(0, 2_100_513), one_way);
+        // Both directions at once cost no more than the longer one.
+        assert_eq!(m.host_phase_cycles(2_100_513, 1_000), one_way);
     }
 }

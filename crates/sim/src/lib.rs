@@ -682,7 +682,7 @@ impl Simulator {
             }
             // Time: the slowest sender or receive bus, at the per-tile rate.
             let rate = u64::from(self.machine.timing.exchange_bytes_per_cycle);
-            let per_bus = u64::from(self.machine.timing.tiles_per_receive_bus.max(1));
+            let per_bus = u64::from(self.machine.timing.tiles_per_shared_exchange_bus.max(1));
             let mut sent: HashMap<u32, u64> = HashMap::new();
             let mut received: HashMap<u64, u64> = HashMap::new();
             for x in &program.transfers {
@@ -720,7 +720,8 @@ impl Simulator {
     }
 
     /// Carries out the host transfers of every tile stopped at `hostxfer`, as one
-    /// chip-wide phase sharing the host link.
+    /// chip-wide phase sharing the host link: inward and outward bytes of the phase
+    /// move at once, each direction at its own rate.
     fn host_transfers(&mut self, tracing: bool, chip_trace: &mut Vec<TraceEvent>) {
         let slots: Vec<usize> = (0..self.tiles.len())
             .filter(|&i| matches!(self.tiles[i].state, TileState::AtHost { .. }))
@@ -728,7 +729,8 @@ impl Simulator {
         if slots.is_empty() {
             return;
         }
-        let mut total = 0u64;
+        // Bytes into the chip and out of it: each direction has its own lanes.
+        let (mut inward, mut outward) = (0u64, 0u64);
         let mut done = Vec::new();
         for s in slots {
             let TileState::AtHost { desc, pc, word } = self.tiles[s].state else {
@@ -757,7 +759,11 @@ impl Simulator {
                                 .copy_from_slice(&self.bindings[r.binding][host..host + len]);
                             write_code_check(sh, start, r.tile_addr, r.len);
                         }
-                        total += u64::from(r.len);
+                        if r.to_host {
+                            outward += u64::from(r.len);
+                        } else {
+                            inward += u64::from(r.len);
+                        }
                     }
                     done.push(s);
                 }
@@ -766,9 +772,8 @@ impl Simulator {
         if done.is_empty() {
             return;
         }
-        let per_cycle = self.machine.host_bytes_per_cycle().max(1e-9);
-        let cost = u64::from(self.machine.timing.host_transfer_overhead_cycles)
-            + (total as f64 / per_cycle).ceil() as u64;
+        let cost = self.machine.host_phase_cycles(inward, outward);
+        let total = inward + outward;
         let begin = done
             .iter()
             .map(|&s| self.tiles[s].clock())
