@@ -406,3 +406,123 @@ impl Inst {
         )
     }
 }
+
+/// The registers one instruction reads and writes, as bit sets: bit `r` for `$mr`,
+/// bit `16 + r` for `$ar`. `$m15` and `$a15` (always zero) never appear.
+/// Post-increments of address registers are kept apart from data results, because
+/// the pipeline forwards them to the next issue while results take its full depth.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegUse {
+    pub reads: u32,
+    pub writes: u32,
+    pub increments: u32,
+}
+
+const ZERO_REGS: u32 = (1 << 15) | (1 << 31);
+
+fn m_bit(r: MReg) -> u32 {
+    1u32.checked_shl(u32::from(r.0)).unwrap_or(0) & 0xFFFF
+}
+
+fn a_bits(r: AReg, count: u32) -> u32 {
+    let mask = (1u32 << count) - 1;
+    (mask.checked_shl(u32::from(r.0)).unwrap_or(0) & 0xFFFF) << 16
+}
+
+impl Inst {
+    /// Register reads and writes of a main-pipe instruction: what the supervisor's
+    /// issue timing depends on. Aux-pipe instructions report nothing: only workers
+    /// execute them, and a worker's barrel slot hides every dependency.
+    pub fn reg_use(&self) -> RegUse {
+        let (mut r, mut w, mut inc) = (0u32, 0u32, 0u32);
+        match *self {
+            Inst::Nop | Inst::Bri { .. } | Inst::Rpti { .. } | Inst::Exit => {}
+            Inst::SyncLocal | Inst::SyncGlobal | Inst::Exchange { .. } | Inst::Mark { .. } => {}
+            Inst::Setzi { d, .. } => w |= m_bit(d),
+            Inst::Int { d, a, b, .. } => {
+                r |= m_bit(a) | m_bit(b);
+                w |= m_bit(d);
+            }
+            Inst::IntImm { d, a, .. } => {
+                r |= m_bit(a);
+                w |= m_bit(d);
+            }
+            Inst::MovAm { d, a } => {
+                r |= m_bit(a);
+                w |= a_bits(d, 1);
+            }
+            Inst::MovMa { d, a } => {
+                r |= a_bits(a, 1);
+                w |= m_bit(d);
+            }
+            Inst::Ld32M { d, base, .. } => {
+                r |= m_bit(base);
+                w |= m_bit(d);
+            }
+            Inst::Ld32 { d, base, .. } => {
+                r |= m_bit(base);
+                w |= a_bits(d, 1);
+            }
+            Inst::St32M { s, base, .. } => r |= m_bit(s) | m_bit(base),
+            Inst::St32 { s, base, .. } => r |= a_bits(s, 1) | m_bit(base),
+            Inst::Ld64 { d, base, .. } => {
+                r |= m_bit(base);
+                w |= a_bits(d, 2);
+            }
+            Inst::St64 { s, base, .. } => r |= a_bits(s, 2) | m_bit(base),
+            Inst::Ld64Step { d, base, .. } => {
+                r |= m_bit(base);
+                w |= a_bits(d, 2);
+                inc |= m_bit(base);
+            }
+            Inst::St64Step { s, base, .. } => {
+                r |= a_bits(s, 2) | m_bit(base);
+                inc |= m_bit(base);
+            }
+            Inst::Ld128 { d, base, .. } => {
+                r |= m_bit(base);
+                w |= a_bits(d, 4);
+            }
+            Inst::Ld2x64Pace { d0, d1, p0, p1 } => {
+                r |= m_bit(p0) | m_bit(p1);
+                w |= a_bits(d0, 2) | a_bits(d1, 2);
+                inc |= m_bit(p0) | m_bit(p1);
+            }
+            Inst::Ldst64Pace { d, s, pl, ps } => {
+                r |= m_bit(pl) | m_bit(ps) | a_bits(s, 2);
+                w |= a_bits(d, 2);
+                inc |= m_bit(pl) | m_bit(ps);
+            }
+            Inst::Ld2xSt64Pace {
+                d0,
+                d1,
+                s,
+                p0,
+                p1,
+                ps,
+            } => {
+                r |= m_bit(p0) | m_bit(p1) | m_bit(ps) | a_bits(s, 2);
+                w |= a_bits(d0, 2) | a_bits(d1, 2);
+                inc |= m_bit(p0) | m_bit(p1) | m_bit(ps);
+            }
+            Inst::AmpLoadW { base, .. } => {
+                r |= m_bit(base);
+                inc |= m_bit(base);
+            }
+            Inst::Br { a } => r |= m_bit(a),
+            Inst::Brz { c, .. } | Inst::Brnz { c, .. } => r |= m_bit(c),
+            Inst::Call { link, .. } => w |= m_bit(link),
+            Inst::Rpt { count, .. } => r |= m_bit(count),
+            Inst::Run { entry, state, .. } | Inst::RunAll { entry, state, .. } => {
+                r |= m_bit(entry) | m_bit(state)
+            }
+            Inst::HostXfer { desc } => r |= m_bit(desc),
+            _ => {}
+        }
+        RegUse {
+            reads: r & !ZERO_REGS,
+            writes: w & !ZERO_REGS,
+            increments: inc & !ZERO_REGS,
+        }
+    }
+}

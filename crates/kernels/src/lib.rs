@@ -26,6 +26,7 @@ mod gelu;
 mod layernorm;
 mod matmul;
 mod rearrange;
+mod timing;
 
 use std::collections::BTreeMap;
 
@@ -276,8 +277,9 @@ pub(crate) fn issue_slots(t: &Timing, issues: u64, transcendentals: u64) -> u64 
 }
 
 /// Cycles from a `runall` issue until the supervisor resumes after `sync local`:
-/// worker `w` starts `w + 1` cycles after the `runall` and issues once per
-/// interval; the supervisor waits for the last to exit.
+/// `runall` hands every barrel slot to the workers, worker `w` issuing first `w + 1`
+/// cycles after it and then once per round; the supervisor gets a slot back only as
+/// workers exit, and `sync local` waits for the last.
 pub(crate) fn run_cycles(t: &Timing, worker_slots: impl IntoIterator<Item = u64>) -> u64 {
     let interval = u64::from(t.worker_issue_interval);
     worker_slots
@@ -288,10 +290,32 @@ pub(crate) fn run_cycles(t: &Timing, worker_slots: impl IntoIterator<Item = u64>
         .unwrap_or(0)
 }
 
-/// A [`runall_snippet`] call: two `setzi`, then the round trip.
+/// A [`runall_snippet`] call: two `setzi` (one cycle each, the supervisor holding
+/// every slot), `runall` waiting for the second's result, then the round trip.
 pub(crate) fn single_shot_cycles(t: &Timing, worker_slots: impl IntoIterator<Item = u64>) -> u64 {
-    2 * u64::from(t.worker_issue_interval) + run_cycles(t, worker_slots)
+    1 + u64::from(t.supervisor_result_latency) + run_cycles(t, worker_slots)
 }
+
+/// Where the cost model lays out a supervisor snippet it walks.
+pub(crate) const ESTIMATE_CODE_BASE: u32 = 0x4_C000;
+
+/// `k`'s supervisor snippet at placeholder addresses (each operand 4 KiB apart,
+/// aligned for any contract): what the cost model walks. Loop counts never depend
+/// on addresses.
+pub(crate) fn estimate_snippet(k: &dyn Kernel) -> Result<Vec<Word>, KernelError> {
+    let mut addrs = OperandAddrs::new();
+    for (i, op) in k.contract().operands.iter().enumerate() {
+        addrs = addrs.with(&op.name, 0x8_0000 + 0x1000 * i as u32);
+    }
+    let call = Call {
+        entry: ESTIMATE_CODE_BASE,
+        state: 0x6_0000,
+        addrs: &addrs,
+    };
+    k.supervisor(&call, ESTIMATE_CODE_BASE)
+}
+
+pub(crate) use timing::supervisor_cycles;
 
 #[cfg(test)]
 mod tests;

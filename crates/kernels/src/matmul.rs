@@ -102,16 +102,6 @@ impl AmpMatmul {
         }
     }
 
-    /// Supervisor cycles from a `runall` until the supervisor resumes.
-    fn run_cycles(&self, t: &Timing, partials: bool) -> u64 {
-        crate::run_cycles(
-            t,
-            split(self.rows)
-                .into_iter()
-                .map(|(_, r)| Self::worker_issues(r, partials)),
-        )
-    }
-
     fn supervisor_words(&self, call: &Call<'_>, code_base: u32) -> Result<Vec<Word>, KernelError> {
         let name = self.symbol();
         let addr = |n: &str| operand(call.addrs, &name, n);
@@ -442,20 +432,19 @@ impl Kernel for AmpMatmul {
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        // Supervisor issue counts of the snippet, per section (see the emitters).
-        let i = u64::from(t.worker_issue_interval);
-        let (nb, kc) = (u64::from(self.nb), u64::from(self.kc));
-        let looped = u64::from(self.nb > 1);
-        if self.kc == 1 {
-            let per_block = 32 * i + self.run_cycles(t, false) + 4 * looped * i;
-            return (8 + 2 * looped) * i + nb * per_block;
-        }
-        let call = (32 + 6 + 5) * i;
-        let per_block = (4 + 1 + 3 * looped) * i
-            + kc * call
-            + self.run_cycles(t, false)
-            + (kc - 1) * self.run_cycles(t, true);
-        (6 + looped) * i + nb * per_block
+        // The snippet loops over blocks and chunks; walking it charges every
+        // supervisor issue, dependency wait and branch. Run k is chunk k % kc of its
+        // block: every chunk but the first reads partials.
+        let Ok(words) = crate::estimate_snippet(self) else {
+            return u64::MAX;
+        };
+        let kc = self.kc.max(1) as usize;
+        crate::supervisor_cycles(t, &words, |k| {
+            split(self.rows)
+                .into_iter()
+                .map(|(_, r)| Self::worker_issues(r, self.kc > 1 && k % kc != 0))
+                .collect()
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 //! on other tiles) and returns it as a [`Stop`]; everything else (registers, tile
 //! memory, AMP state, repeat loops, the context's clock) it handles itself.
 
+use crate::barrel::Barrel;
 use crate::fault::FaultKind;
 use crate::fp;
 use crate::mem::{AddrError, Layout};
@@ -21,8 +22,13 @@ pub(crate) struct Ctx {
     pub rpt_left: u32,
     pub rpt_start: u32,
     pub rpt_end: u32,
-    /// Cycle of this context's next issue.
+    /// Earliest cycle of this context's next issue.
     pub clock: u64,
+    /// Cycle of this context's latest issue.
+    pub last_issue: u64,
+    /// Supervisor only: the cycle from which each register's latest result may be
+    /// read (bit layout of [`tessera_isa::RegUse`]).
+    pub ready: [u64; 32],
     pub issues: u64,
     pub instructions: u64,
     /// The aux-pipe result of the current issue, written after the main pipe has
@@ -49,12 +55,19 @@ pub(crate) struct Shared {
     pub weights: [[f32; 16]; 16],
     /// Set when a store replaced `prog` (the interpreter refreshes its handle).
     pub code_dirty: bool,
+    /// Which contexts hold the issue slots.
+    pub barrel: Barrel,
 }
 
 /// Per-run constants.
 pub(crate) struct Env {
     pub layout: Layout,
     pub interval: u64,
+    /// Cycles from a supervisor issue until its result may be read.
+    pub latency: u64,
+    /// Cycles an `amp` step holds its worker beyond its issue: none while six
+    /// workers' steps fit the machine's AMP rate.
+    pub amp_extra: u64,
     pub transcendental_issues: u64,
     pub rpt_max: u32,
     pub budget: u64,
@@ -311,7 +324,25 @@ pub(crate) fn run<const SUP: bool>(
         };
         ctx.issues += 1;
         ctx.instructions += n_inst;
-        ctx.clock += env.interval;
+        let before = ctx.clock;
+        if SUP {
+            // The supervisor issues in a slot no worker holds, once the results it
+            // reads have left the pipeline.
+            let uses = word_uses(word);
+            let mut ready = ctx.clock;
+            let mut reads = uses.reads;
+            while reads != 0 {
+                let r = reads.trailing_zeros() as usize;
+                ready = ready.max(ctx.ready[r]);
+                reads &= reads - 1;
+            }
+            let at = sh.barrel.first_free(ready, None);
+            ctx.last_issue = at;
+            ctx.clock = at + 1;
+        } else {
+            ctx.last_issue = ctx.clock;
+            ctx.clock += env.interval;
+        }
         if let Word::Bundle(m, a) = word
             && !SUP
             && pc.is_multiple_of(8)
@@ -368,6 +399,22 @@ pub(crate) fn run<const SUP: bool>(
         };
         ctx.m[15] = 0;
         ctx.a[15] = 0;
+        if SUP && result.is_ok() {
+            let uses = word_uses(word);
+            let (at, lat) = (ctx.last_issue, env.latency);
+            for (set, delay) in [(uses.increments, 1), (uses.writes, lat)] {
+                let mut bits = set;
+                while bits != 0 {
+                    let r = bits.trailing_zeros() as usize;
+                    ctx.ready[r] = at + delay;
+                    bits &= bits - 1;
+                }
+            }
+            if let Ok(Flow::Jump(_)) = result {
+                // A taken branch refills the pipeline.
+                ctx.clock = ctx.clock.max(at + lat);
+            }
+        }
         match result {
             Ok(Flow::Next) => advance(ctx, pc, len),
             Ok(Flow::Jump(t)) => ctx.pc = t,
@@ -385,7 +432,7 @@ pub(crate) fn run<const SUP: bool>(
                 if let Inst::Mark { tag } = inst {
                     return Stop::Mark {
                         tag,
-                        cycle: ctx.clock - env.interval,
+                        cycle: ctx.last_issue,
                     };
                 }
                 return Stop::Super {
@@ -396,7 +443,7 @@ pub(crate) fn run<const SUP: bool>(
             }
             Err(trap) => {
                 // The faulting issue does not complete.
-                ctx.clock -= env.interval;
+                ctx.clock = before;
                 return Stop::Fault {
                     trap,
                     pc,
@@ -407,6 +454,21 @@ pub(crate) fn run<const SUP: bool>(
         if sh.code_dirty {
             sh.code_dirty = false;
             prog = Arc::clone(&sh.prog);
+        }
+    }
+}
+
+/// Register use of an issue (both halves of a bundle).
+fn word_uses(word: &Word) -> tessera_isa::RegUse {
+    match word {
+        Word::Single(i) => i.reg_use(),
+        Word::Bundle(m, a) => {
+            let (x, y) = (m.reg_use(), a.reg_use());
+            tessera_isa::RegUse {
+                reads: x.reads | y.reads,
+                writes: x.writes | y.writes,
+                increments: x.increments | y.increments,
+            }
         }
     }
 }
@@ -933,6 +995,7 @@ fn feeder_bundle(
     }
     let sv = ar2(ctx, s);
     let result = amp_step(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
+    ctx.clock += env.amp_extra;
     let v0 = rd64(&sh.mem, (a0 - lo) as usize);
     let v1 = rd64(&sh.mem, (a1 - lo) as usize);
     sh.wr(env, a2, (a2 - lo) as usize, &sv.to_le_bytes());
@@ -956,6 +1019,7 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             phase,
         } => {
             let result = amp_step(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
+            ctx.clock += env.amp_extra;
             two(out, result)
         }
         Inst::FBin { op, vec, d, a, b } => lanes(ctx, vec, d, a, b, |x, y| fbin(op, x, y)),

@@ -13,6 +13,7 @@
 //! deterministic `Timeout` fault. Semantics are in `docs/isa.md`, the timing model
 //! in `docs/sim.md`.
 
+mod barrel;
 pub mod bench;
 mod fault;
 mod fp;
@@ -250,6 +251,7 @@ impl Simulator {
                     prog: cache.get(image),
                     weights: [[0.0; 16]; 16],
                     code_dirty: false,
+                    barrel: barrel::Barrel::default(),
                 },
                 sup: Default::default(),
                 workers: Vec::new(),
@@ -258,7 +260,11 @@ impl Simulator {
                 trace: Vec::new(),
                 computed_since_sync: false,
             };
-            t.reset(image, machine.workers as usize);
+            t.reset(
+                image,
+                machine.workers as usize,
+                u64::from(machine.timing.worker_issue_interval),
+            );
             tiles.push(t);
         }
         let mut binding_index = HashMap::new();
@@ -387,6 +393,8 @@ impl Simulator {
         Env {
             layout: self.layout.clone(),
             interval: u64::from(self.machine.timing.worker_issue_interval),
+            latency: u64::from(self.machine.timing.supervisor_result_latency),
+            amp_extra: amp_extra_cycles(&self.machine),
             transcendental_issues: u64::from(self.machine.timing.f32_transcendental_issues),
             rpt_max: self.machine.rpt_max_count,
             budget: opts.cycle_budget,
@@ -474,6 +482,7 @@ impl Simulator {
 
     fn reload(&mut self) {
         let workers = self.machine.workers as usize;
+        let slots = u64::from(self.machine.timing.worker_issue_interval);
         let start = self.layout.start;
         let package = &self.package;
         let mut cache = ProgramCache::default();
@@ -484,7 +493,7 @@ impl Simulator {
             let image = &package.tiles[t.image];
             t.sh.mem.fill(0);
             tile::load_segments(&mut t.sh.mem, start, &image.segments);
-            t.reset(image, workers);
+            t.reset(image, workers, slots);
         });
     }
 
@@ -943,6 +952,16 @@ fn exchange_cycles(machine: &Machine, transfers: &[tessera_package::Transfer]) -
         .max()
         .unwrap_or(0);
     u64::from(machine.timing.exchange_overhead_cycles) + busiest.div_ceil(rate * group)
+}
+
+/// Cycles an `amp` step (64 f16 MACs, one issue) holds its worker beyond the issue.
+/// Six workers each issuing a step per round demand 64 MACs per cycle; a tile whose
+/// AMP retires fewer makes each step wait for it, in whole rounds of the barrel.
+fn amp_extra_cycles(machine: &Machine) -> u64 {
+    let round = u64::from(machine.timing.worker_issue_interval.max(1));
+    let rate = u64::from(machine.timing.amp_f16_macs_per_cycle.max(1));
+    let busy = (64 * round).div_ceil(rate);
+    busy.div_ceil(round).saturating_sub(1) * round
 }
 
 fn chip_event(cycle: u64, kind: TraceKind) -> TraceEvent {

@@ -104,6 +104,7 @@ fn exec_with<const SUP: bool>(
         prog: Arc::new(Program::build(&image)),
         weights: [[0.0; 16]; 16],
         code_dirty: false,
+        barrel: crate::barrel::Barrel::new(6, 6),
     };
     let mut ctx = Ctx {
         pc: CODE,
@@ -113,6 +114,8 @@ fn exec_with<const SUP: bool>(
     let env = Env {
         layout: layout.clone(),
         interval: 6,
+        latency: 6,
+        amp_extra: 0,
         transcendental_issues: 2,
         rpt_max: machine.rpt_max_count,
         budget: 1_000_000,

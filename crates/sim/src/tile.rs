@@ -74,12 +74,13 @@ pub(crate) fn load_segments(mem: &mut [u8], sram_start: u32, segments: &[Segment
 }
 
 impl Tile {
-    pub fn reset(&mut self, image: &TileImage, workers: usize) {
+    pub fn reset(&mut self, image: &TileImage, workers: usize, slots: u64) {
         self.sup = Ctx {
             pc: image.entry,
             ..Ctx::default()
         };
         self.workers = vec![Worker::default(); workers];
+        self.sh.barrel = crate::barrel::Barrel::new(slots, workers);
         self.sh.weights = [[0.0; 16]; 16];
         self.state = TileState::Running;
         self.faults.clear();
@@ -141,7 +142,7 @@ impl Tile {
                 }
                 Stop::Super { inst, pc, word } => (inst, pc, word),
             };
-            let issue = self.sup.clock - env.interval;
+            let issue = self.sup.last_issue;
             match inst {
                 Inst::Exit => {
                     self.sup.clock = self.sup.clock.max(self.workers_done());
@@ -177,13 +178,15 @@ impl Tile {
                         return;
                     }
                     self.computed_since_sync = true;
+                    // `run` hands over the slot it issued in: the worker's first
+                    // issue is that slot's next turn.
                     let end = self.start_worker(
                         env,
                         image,
                         worker as usize,
                         entry,
                         state,
-                        issue + 1,
+                        issue + env.interval,
                         tracing,
                     );
                     self.kernel_trace(image, tracing, entry, 1 << worker, issue, end);
@@ -205,11 +208,19 @@ impl Tile {
                     }
                     self.computed_since_sync = true;
                     let mut end = issue;
+                    // `runall` hands over every slot the supervisor holds: the
+                    // workers take the free slots that follow, in worker order.
                     for w in 0..self.workers.len() {
                         let state = base.wrapping_add(w as u32 * u32::from(stride));
-                        let start = issue + 1 + w as u64;
-                        end =
-                            end.max(self.start_worker(env, image, w, entry, state, start, tracing));
+                        end = end.max(self.start_worker(
+                            env,
+                            image,
+                            w,
+                            entry,
+                            state,
+                            issue + 1,
+                            tracing,
+                        ));
                     }
                     let mask = ((1u32 << self.workers.len()) - 1) as u8;
                     self.kernel_trace(image, tracing, entry, mask, issue, end);
@@ -260,7 +271,12 @@ impl Tile {
         start: u64,
         tracing: bool,
     ) -> u64 {
-        let start = start.max(self.workers[w].busy_until);
+        // A busy context starts when it exits; then the first slot no other
+        // worker holds (its own slot is free again from its exit).
+        let start = self
+            .sh
+            .barrel
+            .first_free(start.max(self.workers[w].busy_until), Some(w));
         let wk = &mut self.workers[w];
         let mut ctx = Ctx {
             pc: entry,
@@ -311,7 +327,9 @@ impl Tile {
         let wk = &mut self.workers[w];
         wk.busy_until = wk.ctx.clock;
         wk.busy_cycles += wk.ctx.clock - start;
-        wk.busy_until
+        let end = wk.busy_until;
+        self.sh.barrel.hold(w, start, end);
+        end
     }
 
     fn kernel_trace(

@@ -195,3 +195,115 @@ fn host_link_directions() {
     assert_eq!(host(21_006, 21_006), 1500 + 1001);
     assert_eq!(host(42_011, 21_006), 1500 + 2001);
 }
+
+/// The issue cycle of every supervisor `mark`, by tag.
+fn marks(r: &SimReport) -> Vec<(u16, u64)> {
+    r.trace
+        .iter()
+        .filter_map(|e| match e.kind {
+            TraceKind::Mark { tag } => Some((tag, e.cycle)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A tile: `sup` words for the supervisor (state pointer in `$m1`, worker entry in
+/// `$m0` when `worker_nops` is given), then `exit`; workers run `worker_nops` nops
+/// in a repeat and exit (12 issues for 10 nops).
+fn supervisor_tile(sup: &[tessera_isa::Word], worker_nops: Option<u16>) -> Package {
+    let mut t = TileBuilder::new(0);
+    let fix = t.code.words.len();
+    t.words(&[li(0, 0), li(1, R0)]);
+    t.words(sup);
+    t.push(s(Inst::Exit));
+    if let Some(n) = worker_nops {
+        let entry = t.label("worker");
+        t.words(&[
+            s(Inst::Rpti { count: n, body: 1 }),
+            s(Inst::Nop),
+            s(Inst::Exit),
+        ]);
+        t.code.words[fix] = li(0, entry);
+    }
+    t.data("state", R0, vec![0; 64]);
+    package(&Machine::small(), vec![t.image()], vec![], vec![])
+}
+
+fn mark(tag: u16) -> tessera_isa::Word {
+    s(Inst::Mark { tag })
+}
+
+#[test]
+fn supervisor_alone_issues_every_cycle_but_waits_for_results() {
+    // `setzi $m0` at 0 and `setzi $m1` at 1; independent `setzi`s then issue one a
+    // cycle: 2..=9, the mark at 10, exit at 11.
+    let sup: Vec<_> = (2..10).map(|r| li(r, 7)).chain([mark(1)]).collect();
+    let (_, r) = run(&supervisor_tile(&sup, None));
+    assert_eq!(marks(&r), vec![(1, 10)]);
+    assert_eq!(r.cycles, 12);
+    // A chain of dependent adds waits the pipeline's depth (6) for each result:
+    // `setzi $m2` at 2, adds at 8, 14, 20; the mark (reading nothing) at 9.
+    let sup = vec![
+        li(2, 1),
+        addi(2, 2, 1),
+        mark(1),
+        addi(2, 2, 1),
+        addi(2, 2, 1),
+        mark(2),
+    ];
+    let (_, r) = run(&supervisor_tile(&sup, None));
+    assert_eq!(marks(&r), vec![(1, 9), (2, 21)]);
+    // A taken branch refills the pipeline: `bri` at 2, its target at 8.
+    let mut t = TileBuilder::new(0);
+    let target = tessera_isa::Word::Single(Inst::Bri { target: 0 });
+    t.words(&[li(0, 0), li(1, 0), target]);
+    let at = t.label("target");
+    t.words(&[mark(1), s(Inst::Exit)]);
+    t.code.words[2] = s(Inst::Bri { target: at });
+    let (_, r) = run(&package(&Machine::small(), vec![t.image()], vec![], vec![]));
+    assert_eq!(marks(&r), vec![(1, 8)]);
+}
+
+#[test]
+fn supervisor_gets_no_slot_while_six_workers_run() {
+    // `runall` reads $m1 (written at 1): it issues at 7 and hands every slot to the
+    // workers, which start at 8..=13 and hold them for 12 issues (72 cycles): worker
+    // 0 exits at 80, worker 5 at 85. The supervisor's next words take the slots as
+    // they come back: 80, 81, 82; `sync local` at 83 waits for the last worker (85);
+    // exit issues at 85.
+    let sup = vec![
+        s(Inst::RunAll {
+            entry: MReg(0),
+            state: MReg(1),
+            stride: 4,
+        }),
+        mark(1),
+        mark(2),
+        mark(3),
+        s(Inst::SyncLocal),
+        mark(4),
+    ];
+    let (_, r) = run(&supervisor_tile(&sup, Some(10)));
+    assert_eq!(marks(&r), vec![(1, 80), (2, 81), (3, 82), (4, 85)]);
+    assert_eq!(r.cycles, 87);
+    assert_eq!(r.per_tile[0].workers[5].cycles, 72);
+}
+
+#[test]
+fn run_hands_over_the_slot_it_issued_in() {
+    // `run` at 7 (slot 1) starts worker 0 at 13 in that slot; the supervisor keeps
+    // the other five: its eleven `setzi`s issue at 8..=12, 14..=18 and 20 (13 and
+    // 19 are the worker's), and the mark at 21.
+    let mut sup = vec![s(Inst::Run {
+        entry: MReg(0),
+        state: MReg(1),
+        worker: 0,
+    })];
+    sup.extend((2..13).map(|r| li(r, 1)));
+    sup.push(mark(1));
+    sup.push(s(Inst::SyncLocal));
+    sup.push(mark(2));
+    let (_, r) = run(&supervisor_tile(&sup, Some(10)));
+    // The worker holds its slot 13..85; `sync local` at 22 waits for it.
+    assert_eq!(marks(&r), vec![(1, 21), (2, 85)]);
+}

@@ -1,0 +1,89 @@
+//! The tile's barrel: `slots` issue slots taken in turn, one per cycle, so cycle `c`
+//! belongs to slot `c % slots`. A running worker holds one slot from its start to
+//! the cycle after its last issue; the supervisor issues in every slot no worker
+//! holds. Workers therefore issue once per round whatever the supervisor does,
+//! while the supervisor's pace depends on how many workers run (none: a slot every
+//! cycle; six: no slot at all until one exits).
+
+/// Where one worker's slot is held: cycles `start..end`, in slot `start % slots`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub start: u64,
+    pub end: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Barrel {
+    pub slots: u64,
+    /// One entry per worker context; an empty range when it never ran.
+    pub holds: Vec<Hold>,
+}
+
+impl Barrel {
+    pub fn new(slots: u64, workers: usize) -> Barrel {
+        Barrel {
+            slots: slots.max(1),
+            holds: vec![Hold::default(); workers],
+        }
+    }
+
+    /// The worker holding cycle `c`'s slot, other than `except`.
+    fn holder(&self, c: u64, except: Option<usize>) -> Option<usize> {
+        self.holds.iter().enumerate().position(|(w, h)| {
+            Some(w) != except && h.start <= c && c < h.end && h.start % self.slots == c % self.slots
+        })
+    }
+
+    /// The first cycle at or after `from` whose slot no worker (other than
+    /// `except`) holds.
+    pub fn first_free(&self, from: u64, except: Option<usize>) -> u64 {
+        let mut c = from;
+        loop {
+            for k in 0..self.slots {
+                if self.holder(c + k, except).is_none() {
+                    return c + k;
+                }
+            }
+            // Every slot is held for a whole round: skip to the first release.
+            c = self
+                .holds
+                .iter()
+                .enumerate()
+                .filter(|&(w, h)| Some(w) != except && h.start <= c && c < h.end)
+                .map(|(_, h)| h.end)
+                .min()
+                .unwrap_or(c + self.slots)
+                .max(c + 1);
+        }
+    }
+
+    /// Worker `w` takes its slot from `start` (a cycle `first_free` returned) until
+    /// it is known to end.
+    pub fn hold(&mut self, w: usize, start: u64, end: u64) {
+        if let Some(h) = self.holds.get_mut(w) {
+            *h = Hold { start, end };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supervisor_takes_free_slots() {
+        let mut b = Barrel::new(6, 6);
+        assert_eq!(b.first_free(10, None), 10);
+        // Six workers started at 11..=16 hold every slot until the first exits.
+        for w in 0..6 {
+            b.hold(w, 11 + w as u64, 11 + w as u64 + 600);
+        }
+        assert_eq!(b.first_free(11, None), 611);
+        // Before they start, cycle 10's slot is still the supervisor's.
+        assert_eq!(b.first_free(10, None), 10);
+        // With worker 2 gone early, its slot comes round every six cycles.
+        b.hold(2, 13, 13 + 60);
+        assert_eq!(b.first_free(20, None), 73);
+        assert_eq!(b.first_free(74, None), 79);
+    }
+}
