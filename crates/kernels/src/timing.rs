@@ -39,19 +39,19 @@ pub(crate) fn supervisor_cycles(
         };
         let uses = inst.reg_use();
         let mut at = clock;
-        for r in 0..32 {
+        for (r, &when) in ready.iter().enumerate() {
             if uses.reads & (1 << r) != 0 {
-                at = at.max(ready[r]);
+                at = at.max(when);
             }
         }
         at = first_free(&holds, slots, at);
         clock = at + 1;
-        for r in 0..32 {
+        for (r, when) in ready.iter_mut().enumerate() {
             if uses.increments & (1 << r) != 0 {
-                ready[r] = at + 1;
+                *when = at + 1;
             }
             if uses.writes & (1 << r) != 0 {
-                ready[r] = at + latency;
+                *when = at + latency;
             }
         }
         let get = |m: &[u32; 16], r: tessera_isa::MReg| if r.0 >= 15 { 0 } else { m[r.0 as usize] };
