@@ -95,6 +95,7 @@ pub mod opcode {
     pub const F_MOV: u8 = 0x46;
     pub const F_BCAST: u8 = 0x47;
     pub const AMP: u8 = 0x48;
+    pub const F16V2_TANH: u8 = 0x49;
 }
 
 /// First aux-pipe opcode.
@@ -164,13 +165,14 @@ impl FVec {
 
 impl FUnOp {
     /// All operations in encoding order (the 3-bit op field indexes this).
-    pub const ALL: [FUnOp; 6] = [
+    pub const ALL: [FUnOp; 7] = [
         FUnOp::Exp,
         FUnOp::Recip,
         FUnOp::Rsqrt,
         FUnOp::Sqrt,
         FUnOp::Neg,
         FUnOp::Abs,
+        FUnOp::Tanh,
     ];
     fn code(self) -> u32 {
         Self::ALL.iter().position(|&o| o == self).unwrap_or(0) as u32
@@ -217,6 +219,7 @@ pub fn inst_name(inst: &Inst) -> &'static str {
         Inst::FBin { .. } => "fbin",
         Inst::FMac { .. } => "fmac",
         Inst::FUn { .. } => "fun",
+        Inst::F16v2Tanh { .. } => "f16v2tanh",
         Inst::F16v2ToF32 { .. } => "f16v2tof32",
         Inst::F32v2ToF16 { .. } => "f32v2tof16",
         Inst::FSum { .. } => "fsum",
@@ -453,6 +456,7 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
             )
         }
         Inst::FUn { op, d, a } => word(F_UN, r0(c.a("d", d)?) | r1(c.a("a", a)?) | op.code()),
+        Inst::F16v2Tanh { d, a } => word(F16V2_TANH, r0(c.a("d", d)?) | r1(c.a("a", a)?)),
         Inst::F16v2ToF32 { d, a } => word(F16V2_TO_F32, r0(c.pair("d", d)?) | r1(c.a("a", a)?)),
         Inst::F32v2ToF16 { d, a } => word(F32V2_TO_F16, r0(c.a("d", d)?) | r1(c.pair("a", a)?)),
         Inst::FSum { vec, d, a } => word(
@@ -825,6 +829,13 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
                 0xff0007,
             )
         }
+        F16V2_TANH => (
+            Inst::F16v2Tanh {
+                d: AReg(f0),
+                a: AReg(f1),
+            },
+            0xff0000,
+        ),
         F16V2_TO_F32 => (
             Inst::F16v2ToF32 {
                 d: AReg(f0),
@@ -987,6 +998,18 @@ mod tests {
         assert_eq!(&bytes[..4], &0x9202_4567u32.to_le_bytes());
         assert_eq!(&bytes[4..], &0x4840_2003u32.to_le_bytes());
         round_trip(b);
+        let w = Word::Single(Inst::FUn {
+            op: FUnOp::Tanh,
+            d: AReg(0),
+            a: AReg(1),
+        });
+        assert_eq!(encode(&[w]).unwrap(), 0x4201_0006u32.to_le_bytes());
+        let w = Word::Single(Inst::F16v2Tanh {
+            d: AReg(2),
+            a: AReg(3),
+        });
+        assert_eq!(encode(&[w]).unwrap(), 0x4923_0000u32.to_le_bytes());
+        round_trip(w);
     }
 
     #[test]
@@ -1084,6 +1107,15 @@ mod tests {
         assert!(matches!(
             decode_word(&(0x0b10_0000u32).to_le_bytes()),
             Err(DecodeError::Field { .. })
+        ));
+        // The last free `FUnOp` code, and f16v2tanh with an operand bit set.
+        assert!(matches!(
+            decode_word(&(0x4201_0007u32).to_le_bytes()),
+            Err(DecodeError::ReservedBits { .. })
+        ));
+        assert!(matches!(
+            decode_word(&(0x4923_0001u32).to_le_bytes()),
+            Err(DecodeError::ReservedBits { .. })
         ));
     }
 

@@ -66,7 +66,7 @@ pub enum FVec {
     F16V4,
 }
 
-/// Scalar f32 transcendental operations.
+/// Scalar f32 unary operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FUnOp {
     Exp,
@@ -75,6 +75,7 @@ pub enum FUnOp {
     Sqrt,
     Neg,
     Abs,
+    Tanh,
 }
 
 /// One instruction. Main-pipe instructions (memory, integer, control, supervisor)
@@ -303,6 +304,12 @@ pub enum Inst {
         d: AReg,
         a: AReg,
     },
+    /// `tanh` of both f16 lanes of `$aA` (computed in f32, rounded to f16) into
+    /// `$aD`.
+    F16v2Tanh {
+        d: AReg,
+        a: AReg,
+    },
     /// Pair of f32 from two f16 in `$aA`: `$aD:pair = (f32(lo), f32(hi))`.
     F16v2ToF32 {
         d: AReg,
@@ -368,6 +375,7 @@ impl Inst {
             Inst::FBin { .. }
             | Inst::FMac { .. }
             | Inst::FUn { .. }
+            | Inst::F16v2Tanh { .. }
             | Inst::F16v2ToF32 { .. }
             | Inst::F32v2ToF16 { .. }
             | Inst::FSum { .. }

@@ -733,13 +733,14 @@ const FBIN_OPS: [(&str, FBinOp); 5] = [
     ("max", FBinOp::Max),
     ("min", FBinOp::Min),
 ];
-const FUN_OPS: [(&str, FUnOp); 6] = [
+const FUN_OPS: [(&str, FUnOp); 7] = [
     ("exp", FUnOp::Exp),
     ("recip", FUnOp::Recip),
     ("rsqrt", FUnOp::Rsqrt),
     ("sqrt", FUnOp::Sqrt),
     ("neg", FUnOp::Neg),
     ("abs", FUnOp::Abs),
+    ("tanh", FUnOp::Tanh),
 ];
 
 fn int_op_name(op: IntOp) -> &'static str {
@@ -802,6 +803,7 @@ fn known_mnemonic(mn: &str) -> bool {
     if PLAIN_MNEMONICS.contains(&mn)
         || mn == "f16v2tof32"
         || mn == "f32v2tof16"
+        || mn == "f16v2tanh"
         || INT_OPS.iter().any(|(n, _)| *n == mn)
     {
         return true;
@@ -1142,6 +1144,13 @@ pub(crate) fn lower_inst(
                 tag: o.uimm(0, 0xffff, "tag")? as u16,
             })
         }
+        "f16v2tanh" => {
+            o.count(2, "$aD, $aA")?;
+            one(Inst::F16v2Tanh {
+                d: o.a(0)?,
+                a: o.a(1)?,
+            })
+        }
         "f16v2tof32" => {
             o.count(2, "$aD:pair, $aA")?;
             one(Inst::F16v2ToF32 {
@@ -1390,6 +1399,7 @@ impl fmt::Display for Inst {
                 )
             }
             Inst::FUn { op, d, a } => write!(f, "f32{} {}, {}", fun_name(op), A(d), A(a)),
+            Inst::F16v2Tanh { d, a } => write!(f, "f16v2tanh {}, {}", A(d), A(a)),
             Inst::F16v2ToF32 { d, a } => write!(f, "f16v2tof32 {}, {}", P(d), A(a)),
             Inst::F32v2ToF16 { d, a } => write!(f, "f32v2tof16 {}, {}", A(d), P(a)),
             Inst::FSum { vec, d, a } => {

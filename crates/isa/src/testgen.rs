@@ -128,6 +128,7 @@ pub fn aux_inst() -> BoxedStrategy<Inst> {
             (avec(p), avec(p), avec(p)).prop_map(move |(d, a, b)| Inst::FMac { vec, d, a, b })
         }),
         (fun_op(), areg(), areg()).prop_map(|(op, d, a)| Inst::FUn { op, d, a }),
+        (areg(), areg()).prop_map(|(d, a)| Inst::F16v2Tanh { d, a }),
         (apair(), areg()).prop_map(|(d, a)| Inst::F16v2ToF32 { d, a }),
         (areg(), apair()).prop_map(|(d, a)| Inst::F32v2ToF16 { d, a }),
         fvec().prop_flat_map(|vec| {

@@ -300,6 +300,19 @@ fn errors_are_located_and_clear() {
             "4:5: a pseudo-instruction cannot be part of a bundle",
         ),
         ("  nop ; nop\n", "4:7: `;` separates"),
+        // tanh exists for f32 scalars and f16 pairs only, each on single registers.
+        (
+            "  f16v4tanh $a0:1, $a2:3\n",
+            "4:3: unknown mnemonic `f16v4tanh`",
+        ),
+        (
+            "  f32v2tanh $a0:1, $a2:3\n",
+            "4:3: unknown mnemonic `f32v2tanh`",
+        ),
+        (
+            "  f16v2tanh $a0:1, $a2\n",
+            "4:13: expected a single $a register, found a range",
+        ),
         ("  sync everyone\n", "4:8: expected `local` or `global`"),
         ("  add $m1, $m2\n", "4:3: `add` takes 3 operands"),
         (
@@ -447,6 +460,9 @@ fn single_words_parse_and_print() {
         "f16v4mac $a0:1, $a2:3, $a4:5",
         "{ ld2xst64pace $a2:3, $a4:5, $a0:1, $m1+=, $m2+=, $m3+= ; amp $a0:1, $a2:3, $a4:5, 0 }",
         "st32 $azero, $mzero, 0",
+        "f32tanh $a0, $a1",
+        "f16v2tanh $a2, $azero",
+        "{ ld64step $a0:1, $m2+=, 1 ; f16v2tanh $a2, $a3 }",
     ] {
         assert_eq!(parse_word(text).unwrap().to_string(), text);
     }

@@ -1,19 +1,29 @@
-//! `gelu` (tanh form) over `n` f16 elements, computed in f32.
+//! `gelu` (tanh form) over `n` f16 elements, in f16 arithmetic around the hardware
+//! `f16v2tanh`.
 //!
-//! `0.5 x (1 + tanh(u))` with `tanh(u) = 1 - 2/(exp(2u) + 1)` simplifies to
-//! `x / (1 + exp(-2u))`, `-2u = x (c1 + c2 x^2)` with `c1 = -2 sqrt(2/pi)` and
-//! `c2 = 0.044715 c1`. The exponent is clamped to at most 80 so `exp` stays finite
-//! in f32 (the quotient is then below f16's smallest subnormal anyway); very
-//! negative exponents underflow to `exp = 0`, giving `y = x` as they should.
+//! `y = h + h tanh(u)` with `h = x/2` and `u = x (c1 + c2 x^2)`, `c1 = sqrt(2/pi)`,
+//! `c2 = 0.044715 c1` (f16 constants). Per group of four: `x^2`, `c1 + c2 x^2` (one
+//! fused `f16v4mac`), `u`, two `f16v2tanh`, `h`, and `h + h t` (one `f16v4mac`):
+//! eight issues, where `f32tanh` (five issues each) would need twenty for the tanh
+//! alone. Every step rounds to f16 once and the tanh's rounding dominates: for
+//! negative x, `1 + t` keeps few bits, so the error there is absolute, at most about
+//! `|x| 2^-12`, not relative to the small `y` (an f32 path would be accurate
+//! relative to `y`; the absolute error is what a following matmul sees).
+//! Large `|x|` make `x^2` overflow to infinity, so `u = ±inf`, `t = ±1` and `y` is
+//! exactly `x` or `0`.
 //!
 //! The flat element range is split into six contiguous runs of 4-element groups.
+//! The repeat is rotated: one iteration finishes group j-1 (tanh, `y`, store) and
+//! starts group j (load, `u`, `h`), loading group j only after group j-1's last use
+//! of its input, so nothing is read past the run and the first group's head and the
+//! last group's tail are peeled.
 
-use tessera_isa::{FBinOp, FUnOp, FVec, Inst};
+use tessera_isa::{FBinOp, FVec, Inst, IntOp};
 use tessera_machine::Timing;
 
-use crate::asm::{Asm, a, ld32, ld32m, m};
+use crate::asm::{Asm, a, inti, ld32, ld32m, m};
 use crate::contract::{Contract, Operand, Role};
-use crate::layernorm::{bcast2, fbin, fun, ld64s, simple_contract, st64s, to_f16, to_f32};
+use crate::layernorm::{fbin, fmac, ld64s, simple_contract, st64s};
 use crate::{
     Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand, split,
@@ -26,12 +36,15 @@ pub struct Gelu {
     pub n: u32,
 }
 
+/// A worker record: `in`, `out`, groups, then `c1`, `c2` and 0.5 as f16 in the low
+/// half of a word each (broadcast to four lanes by the worker).
 const STRIDE: u16 = 32;
-/// Upper clamp of the exponent `-2u`.
-pub const GELU_EXP_CLAMP: f32 = 80.0;
-/// Issues per four elements (the repeat body), and the exp/recip among them.
-const ISSUES_PER_GROUP: u64 = 28;
-const TRANSCENDENTALS_PER_GROUP: u64 = 8;
+/// Issues of a worker with at least one group, beyond the repeat body: 13 before it
+/// (the loads with group 0's head beside them, and the `rpt`), 4 after it (the last
+/// group's tail and store) and the `exit`.
+const FIXED_ISSUES: u64 = 18;
+/// Issues per group of four elements (the repeat body).
+const ISSUES_PER_GROUP: u64 = 8;
 
 impl Gelu {
     pub const NAME: &'static str = "gelu";
@@ -40,10 +53,45 @@ impl Gelu {
         Gelu { n }
     }
 
-    /// The f32 constants `(c1, c2)` of `-2u = x (c1 + c2 x^2)`.
-    pub fn constants() -> (f32, f32) {
-        let c1 = -2.0 * (2.0 / std::f64::consts::PI).sqrt();
-        (c1 as f32, (c1 * 0.044715) as f32)
+    /// The f16 constants `(c1, c2)` of `u = x (c1 + c2 x^2)`.
+    pub fn constants() -> (half::f16, half::f16) {
+        let c1 = (2.0 / std::f64::consts::PI).sqrt();
+        (half::f16::from_f64(c1), half::f16::from_f64(c1 * 0.044715))
+    }
+
+    /// First half of the group in `$a0:1`: `a = x^2`, `d = c1`, `d += a c2`,
+    /// `u = d x` (in `$a4:5`), `h = x/2` (in `$a6:7`).
+    fn head() -> [Inst; 5] {
+        const V: FVec = FVec::F16V4;
+        [
+            fbin(FBinOp::Mul, V, 2, 0, 0),
+            Inst::FMov {
+                d: a(4),
+                a: a(8),
+                pair: true,
+            },
+            fmac(V, 4, 2, 10),
+            fbin(FBinOp::Mul, V, 4, 4, 0),
+            fbin(FBinOp::Mul, V, 6, 0, 12),
+        ]
+    }
+
+    /// Second half: `t = tanh(u)` one lane pair at a time, then `y = h + h t` (in
+    /// `$a6:7`).
+    fn tail() -> [Inst; 3] {
+        let tanh = |r: u8| Inst::F16v2Tanh { d: a(r), a: a(r) };
+        [tanh(4), tanh(5), fmac(FVec::F16V4, 6, 6, 4)]
+    }
+}
+
+/// The aux instructions in order, the first ones sharing their issues with `mains`.
+fn paired(s: &mut Asm, mains: &[Inst], aux: &[Inst]) {
+    assert!(mains.len() <= aux.len());
+    for (i, &x) in aux.iter().enumerate() {
+        match mains.get(i) {
+            Some(&main) => s.b(main, x),
+            None => s.i(x),
+        }
     }
 }
 
@@ -64,43 +112,38 @@ impl Kernel for Gelu {
     }
 
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        use FBinOp::*;
-        const V: FVec = FVec::F32V2;
         self.validate()?;
         crate::check_code_base(&self.symbol(), code_base, 8)?;
+        let bcast = |pair: u8| Inst::FBcast {
+            vec: FVec::F16V4,
+            d: a(pair),
+            a: a(14),
+        };
         let mut s = Asm::new(code_base);
         let done = s.label();
-        s.i(ld32m(m(2), m(0), 0)); // x
-        s.i(ld32m(m(3), m(0), 1)); // y
+        // Hand-scheduled so that each loaded value is read no earlier than the next
+        // issue, group 0's head fills the aux slots beside the loads, and the `rpt`
+        // lands where its body is 8-byte aligned without a padding `nop`. Constants:
+        // c1 in $a8:9, c2 in $a10:11, 0.5 in $a12:13, each through $a14.
         s.i(ld32m(m(4), m(0), 2)); // groups
+        s.i(ld32m(m(2), m(0), 0)); // x
+        s.i(ld32(a(14), m(0), 3));
         s.brz(m(4), done);
-        // Constant pairs: c1 in $a6:7, c2 in $a8:9, clamp in $a10:11, 1.0 in $a12:13.
-        for (word, pair) in [(3u16, 6u8), (4, 8), (5, 10), (6, 12)] {
-            s.i(ld32(a(14), m(0), word));
-            s.i(bcast2(pair, 14));
-        }
+        let head = Self::head();
+        s.b(ld64s(0, 2), bcast(8));
+        s.b(ld32(a(14), m(0), 4), head[0]);
+        s.b(ld32(a(14), m(0), 5), bcast(10));
+        s.b(ld32m(m(3), m(0), 1), bcast(12)); // y
+        s.b(inti(IntOp::Sub, m(4), m(4), 1), head[1]);
+        paired(&mut s, &[], &head[2..]);
         s.rpt(m(4), |b| {
-            b.i(ld64s(0, 2));
-            b.i(to_f32(2, 0));
-            b.i(to_f32(4, 1));
-            // $a0:1 is free once both halves are converted: it is the temporary.
-            for p in [2u8, 4] {
-                b.i(fbin(Mul, V, 0, p, p));
-                b.i(fbin(Mul, V, 0, 0, 8));
-                b.i(fbin(Add, V, 0, 0, 6));
-                b.i(fbin(Mul, V, 0, 0, p));
-                b.i(fbin(Min, V, 0, 0, 10));
-                b.i(fun(FUnOp::Exp, 0, 0));
-                b.i(fun(FUnOp::Exp, 1, 1));
-                b.i(fbin(Add, V, 0, 0, 12));
-                b.i(fun(FUnOp::Recip, 0, 0));
-                b.i(fun(FUnOp::Recip, 1, 1));
-                b.i(fbin(Mul, V, p, p, 0));
-            }
-            b.i(to_f16(0, 2));
-            b.i(to_f16(1, 4));
-            b.i(st64s(0, 3));
+            // Group j's load lands after group j-1's last read of `$a0:1`, and the
+            // store of y(j-1) precedes the `h` of group j that overwrites `$a6:7`.
+            paired(b, &[ld64s(0, 2)], &Self::tail());
+            paired(b, &[st64s(6, 3)], &head);
         });
+        paired(&mut s, &[], &Self::tail());
+        s.i(st64s(6, 3));
         s.bind(done);
         s.i(Inst::Exit);
         Ok(KernelCode {
@@ -129,16 +172,14 @@ impl Kernel for Gelu {
         let inp = operand(addrs, &name, "in")?;
         let out = operand(addrs, &name, "out")?;
         let (c1, c2) = Self::constants();
+        let half = half::f16::from_f32(0.5);
         let mut buf = StateBuf::default();
         for (i, (g0, g)) in split(self.n / 4).into_iter().enumerate() {
-            buf.u32(inp + g0 * 8)
-                .u32(out + g0 * 8)
-                .u32(g)
-                .f32(c1)
-                .f32(c2)
-                .f32(GELU_EXP_CLAMP)
-                .f32(1.0)
-                .pad_to((i + 1) * usize::from(STRIDE));
+            buf.u32(inp + g0 * 8).u32(out + g0 * 8).u32(g);
+            for c in [c1, c2, half] {
+                buf.u32(c.to_bits().into());
+            }
+            buf.pad_to((i + 1) * usize::from(STRIDE));
         }
         Ok(buf.finish(STRIDE))
     }
@@ -150,11 +191,7 @@ impl Kernel for Gelu {
                 .into_iter()
                 .map(|(_, g)| match u64::from(g) {
                     0 => 5,
-                    g => crate::issue_slots(
-                        t,
-                        14 + ISSUES_PER_GROUP * g,
-                        TRANSCENDENTALS_PER_GROUP * g,
-                    ),
+                    g => FIXED_ISSUES + ISSUES_PER_GROUP * (g - 1),
                 }),
         )
     }

@@ -69,6 +69,8 @@ pub(crate) struct Env {
     /// workers' steps fit the machine's AMP rate.
     pub amp_extra: u64,
     pub transcendental_issues: u64,
+    /// Issue slots of an `f32tanh`.
+    pub tanh_issues: u64,
     pub rpt_max: u32,
     pub budget: u64,
 }
@@ -1033,12 +1035,22 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
                 FUnOp::Sqrt => x.sqrt(),
                 FUnOp::Neg => -x,
                 FUnOp::Abs => x.abs(),
+                FUnOp::Tanh => x.tanh(),
             };
-            if matches!(op, FUnOp::Exp | FUnOp::Recip | FUnOp::Rsqrt | FUnOp::Sqrt) {
-                // Iterative units hold the issue slot for extra issues.
-                ctx.clock += env.interval * env.transcendental_issues.saturating_sub(1);
-            }
+            // Iterative units hold the issue slot for extra issues.
+            let issues = match op {
+                FUnOp::Exp | FUnOp::Recip | FUnOp::Rsqrt | FUnOp::Sqrt => env.transcendental_issues,
+                FUnOp::Tanh => env.tanh_issues,
+                FUnOp::Neg | FUnOp::Abs => 1,
+            };
+            ctx.clock += env.interval * issues.saturating_sub(1);
             one(d, r.to_bits())
+        }
+        Inst::F16v2Tanh { d, a } => {
+            let x = ar(ctx, a);
+            let lo = fp::f32_to_f16(fp::h(x).tanh());
+            let hi = fp::f32_to_f16(fp::h(x >> 16).tanh());
+            one(d, u32::from(lo) | (u32::from(hi) << 16))
         }
         Inst::F16v2ToF32 { d, a } => {
             let x = ar(ctx, a);

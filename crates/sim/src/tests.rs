@@ -117,6 +117,7 @@ fn exec_with<const SUP: bool>(
         latency: 6,
         amp_extra: 0,
         transcendental_issues: 2,
+        tanh_issues: crate::F32_TANH_ISSUES.into(),
         rpt_max: machine.rpt_max_count,
         budget: 1_000_000,
     };
@@ -469,6 +470,57 @@ fn f32_arithmetic() {
         let slow = matches!(op, FUnOp::Exp | FUnOp::Recip | FUnOp::Rsqrt | FUnOp::Sqrt);
         assert_eq!(r.ctx.clock, if slow { 18 } else { 12 }, "{op:?}");
     }
+}
+
+#[test]
+fn tanh_f32_and_f16v2() {
+    // Expected bits are the correctly rounded tanh: tanh(0.5) = 0.4621171572...,
+    // tanh(-3) = -0.9950547536..., tanh(10) = 1 - 4.1e-9 (1.0 in f32).
+    let f32_cases = [
+        (0.5f32, 0x3eec_9a9fu32),
+        (-3.0, 0xbf7e_bbe9),
+        (10.0, 0x3f80_0000),
+        (-0.0, 0x8000_0000),
+    ];
+    for (x, want) in f32_cases {
+        let r = exec_with::<false>(
+            &[s(Inst::FUn {
+                op: FUnOp::Tanh,
+                d: AReg(1),
+                a: AReg(0),
+            })],
+            |c, _, _| set_f(c, 0, x),
+        );
+        r.ok();
+        assert_eq!(r.a(1), want, "f32tanh {x}");
+        // Five issues for the tanh and one for the exit, six cycles apart.
+        assert_eq!(r.ctx.clock, 36, "f32tanh {x}");
+    }
+    // f16 lanes from the f32 tanh, rounded to nearest: 0.46211716 * 2^12 =
+    // 1892.83 -> 1893 * 2^-12 (0x3765); -0.99505478 * 2^11 = -2037.87 -> -2038 *
+    // 2^-11 (0xbbf6); tanh(1) = 0.76159418 * 2^11 = 1559.75 -> 1560 (0x3a18);
+    // tanh(10) rounds to 1.0 (0x3c00).
+    let r = exec_with::<false>(
+        &[
+            s(Inst::F16v2Tanh {
+                d: AReg(2),
+                a: AReg(0),
+            }),
+            s(Inst::F16v2Tanh {
+                d: AReg(3),
+                a: AReg(1),
+            }),
+        ],
+        |c, _, _| {
+            c.a[0] = hbits(0.5) | (hbits(-3.0) << 16);
+            c.a[1] = hbits(1.0) | (hbits(10.0) << 16);
+        },
+    );
+    r.ok();
+    assert_eq!(r.a(2), 0xbbf6_3765);
+    assert_eq!(r.a(3), 0x3c00_3a18);
+    // One issue each, like every other f16 vector instruction: three issues.
+    assert_eq!(r.ctx.clock, 18);
 }
 
 #[test]
