@@ -432,19 +432,43 @@ impl Kernel for AmpMatmul {
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        // The snippet loops over blocks and chunks; walking it charges every
-        // supervisor issue, dependency wait and branch. Run k is chunk k % kc of its
-        // block: every chunk but the first reads partials.
-        let Ok(words) = crate::estimate_snippet(self) else {
-            return u64::MAX;
+        // The snippet loops over blocks and chunks, and every pass of a loop costs
+        // the same once the pipeline is in its steady state; so walk small
+        // instances (one or two blocks, up to three chunks) and extend them
+        // linearly. The planner asks for thousands of estimates: walking every
+        // iteration of a large call would dominate compile time.
+        let walk = |kc: u32, nb: u32| -> u64 {
+            let k = AmpMatmul::new(self.rows, kc, nb);
+            let Ok(words) = crate::estimate_snippet(&k) else {
+                return u64::MAX / 4;
+            };
+            let kcu = kc.max(1) as usize;
+            crate::supervisor_cycles(t, &words, |run| {
+                split(self.rows)
+                    .into_iter()
+                    .map(|(_, r)| Self::worker_issues(r, kc > 1 && run % kcu != 0))
+                    .collect()
+            })
         };
-        let kc = self.kc.max(1) as usize;
-        crate::supervisor_cycles(t, &words, |k| {
-            split(self.rows)
-                .into_iter()
-                .map(|(_, r)| Self::worker_issues(r, self.kc > 1 && k % kc != 0))
-                .collect()
-        })
+        let per_chunk = |nb: u32| -> u64 {
+            match self.kc {
+                0 | 1 => walk(1, nb),
+                2 => walk(2, nb),
+                kc => {
+                    let (two, three) = (walk(2, nb), walk(3, nb));
+                    two + u64::from(kc - 2) * three.saturating_sub(two)
+                }
+            }
+        };
+        // One block emits no block loop at all; from two blocks on it is a loop.
+        match self.nb {
+            0 | 1 => per_chunk(1),
+            2 => per_chunk(2),
+            nb => {
+                let (two, three) = (per_chunk(2), per_chunk(3));
+                two + u64::from(nb - 2) * three.saturating_sub(two)
+            }
+        }
     }
 }
 

@@ -140,9 +140,16 @@ pub struct Timing {
     /// root (the other floating-point instructions take one).
     #[serde(default = "default_transcendental_issues")]
     pub f32_transcendental_issues: u32,
+    /// Issue slots taken by an f32 tanh (`f16v2tanh` takes one).
+    #[serde(default = "default_tanh_issues")]
+    pub f32_tanh_issues: u32,
     /// Fixed cycles of one chip-wide host transfer phase, on top of the link time.
     #[serde(default = "default_host_transfer_overhead")]
     pub host_transfer_overhead_cycles: u32,
+}
+
+fn default_tanh_issues() -> u32 {
+    5
 }
 
 fn default_supervisor_latency() -> u32 {
@@ -261,6 +268,7 @@ impl Machine {
                 worker_issue_interval: 6,
                 supervisor_result_latency: default_supervisor_latency(),
                 f32_transcendental_issues: default_transcendental_issues(),
+                f32_tanh_issues: default_tanh_issues(),
                 host_transfer_overhead_cycles: default_host_transfer_overhead(),
             },
         }
@@ -364,6 +372,7 @@ impl Machine {
             t.f32_transcendental_issues.into(),
             1..=64,
         )?;
+        field("timing.f32_tanh_issues", t.f32_tanh_issues.into(), 1..=64)?;
         field(
             "timing.host_transfer_overhead_cycles",
             t.host_transfer_overhead_cycles.into(),
@@ -564,6 +573,7 @@ mod tests {
                 !l.starts_with("f32_transcendental_issues")
                     && !l.starts_with("host_transfer_overhead_cycles")
                     && !l.starts_with("supervisor_result_latency")
+                    && !l.starts_with("f32_tanh_issues")
             })
             .collect::<Vec<_>>()
             .join("\n");
@@ -623,6 +633,9 @@ mod tests {
             }),
             ("timing.f32_transcendental_issues", "0", |m| {
                 m.timing.f32_transcendental_issues = 0
+            }),
+            ("timing.f32_tanh_issues", "0", |m| {
+                m.timing.f32_tanh_issues = 0
             }),
             ("timing.host_transfer_overhead_cycles", "4000000000", |m| {
                 m.timing.host_transfer_overhead_cycles = 4_000_000_000

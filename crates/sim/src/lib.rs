@@ -26,13 +26,6 @@ mod tile;
 
 pub use fault::{Context, Fault, FaultKind};
 
-/// Issue slots an `f32tanh` holds. A machine fact kept here until `Timing` has a
-/// field for it: the figure is public (poplibs gives 5 worker cycles for a float
-/// tanh, from the architecture manual's worst case; `docs/sim.md` cites it) and
-/// differs from the 2 of `f32_transcendental_issues`, so it cannot share that
-/// field. `f16v2tanh` takes one issue like the other f16 vector instructions.
-pub const F32_TANH_ISSUES: u32 = 5;
-
 use interp::{Env, Shared, Trap, trap};
 use mem::Layout;
 use program::ProgramCache;
@@ -189,6 +182,7 @@ pub struct SimReport {
     pub status: Status,
     /// Chip cycles: the latest tile clock (supersteps are summed through syncs).
     pub cycles: u64,
+    /// Supersteps run: global syncs plus one (the last ends with the run).
     pub supersteps: u32,
     /// Issue slots and instructions over all tiles and contexts.
     pub issues: u64,
@@ -403,7 +397,7 @@ impl Simulator {
             latency: u64::from(self.machine.timing.supervisor_result_latency),
             amp_extra: amp_extra_cycles(&self.machine),
             transcendental_issues: u64::from(self.machine.timing.f32_transcendental_issues),
-            tanh_issues: u64::from(F32_TANH_ISSUES),
+            tanh_issues: u64::from(self.machine.timing.f32_tanh_issues),
             rpt_max: self.machine.rpt_max_count,
             budget: opts.cycle_budget,
         }
@@ -481,7 +475,16 @@ impl Simulator {
         if opts.preload_bindings {
             self.collect_outputs();
         }
-        self.report(superstep, chip_trace)
+        // The last superstep ends with the run (every tile exited, or a fault), so
+        // that the trace's phases add up to the run's cycles.
+        if opts.trace {
+            let end = self.tiles.iter().map(|t| t.clock()).max().unwrap_or(0);
+            chip_trace.push(chip_event(
+                end,
+                TraceKind::SuperstepEnd { index: superstep },
+            ));
+        }
+        self.report(superstep + 1, chip_trace)
     }
 
     fn any_fault(&self) -> bool {

@@ -117,7 +117,7 @@ fn exec_with<const SUP: bool>(
         latency: 6,
         amp_extra: 0,
         transcendental_issues: 2,
-        tanh_issues: crate::F32_TANH_ISSUES.into(),
+        tanh_issues: 5,
         rpt_max: machine.rpt_max_count,
         budget: 1_000_000,
     };

@@ -190,7 +190,8 @@ fn exchange_copies_with_bsp_semantics() {
     assert_eq!(word(1, R1), 100);
     assert_eq!(word(2, R1 + 8), 100);
     assert_eq!(word(3, R1 + 8), 100);
-    assert_eq!(r.supersteps, 2);
+    // Two syncs: three supersteps, the last ending with the run.
+    assert_eq!(r.supersteps, 3);
     let kinds: Vec<&TraceKind> = r.trace.iter().map(|e| &e.kind).collect();
     assert!(kinds.contains(&&TraceKind::ExchangeStart { id: 7 }));
     assert!(kinds.contains(&&TraceKind::SuperstepEnd { index: 1 }));

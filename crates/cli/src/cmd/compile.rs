@@ -211,7 +211,10 @@ struct RunJson<'a> {
     milliseconds: f64,
     /// Streaming the weights once, at initialisation.
     init_cycles: u64,
+    /// The whole run, weight streaming included: the simulator's cycle count, which
+    /// is also the profile's total.
     total_cycles: u64,
+    supersteps: u32,
     max_abs_error: Option<f32>,
     tolerance: f32,
     compile_ms: f64,
@@ -255,18 +258,23 @@ fn matmul_flop(g: &Graph) -> u64 {
         .sum()
 }
 
-pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
-    let a = a.model;
-    let p = prepare(&a)?;
-    let c = do_compile(&a, &p)?;
-    if !a.json {
-        eprintln!(
-            "compiled in {:.0} ms on {} tiles",
-            c.report.compile_ms, c.report.tiles_used
-        );
-        print_report(&c.report);
-    }
-    let pb = progress(a.json, "simulating");
+/// A simulated run of a compiled model, split into weight streaming and one
+/// inference.
+pub(crate) struct Simulated {
+    pub report: tessera_sim::SimReport,
+    pub profile: tessera_profile::Profile,
+    /// Cycles streaming the weights, once, before the inference.
+    pub init_cycles: u64,
+    /// One inference: from the end of weight streaming to the end of the run.
+    pub run_cycles: u64,
+    /// Host transfers of the inference (inputs and outputs).
+    pub host_cycles: u64,
+    pub simulate_ms: f64,
+    pub sim: Simulator,
+}
+
+fn simulate(json: bool, p: &Prepared, c: &Compiled) -> anyhow::Result<Simulated> {
+    let pb = progress(json, "simulating");
     let t = Instant::now();
     let mut sim = Simulator::new(&c.package).context("loading the package")?;
     let x = p
@@ -304,6 +312,38 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let simulate_ms = t.elapsed().as_secs_f64() * 1e3;
     pb.finish_and_clear();
 
+    Ok(Simulated {
+        report,
+        profile,
+        init_cycles,
+        run_cycles,
+        host_cycles,
+        simulate_ms,
+        sim,
+    })
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
+    let a = a.model;
+    let p = prepare(&a)?;
+    let c = do_compile(&a, &p)?;
+    if !a.json {
+        eprintln!(
+            "compiled in {:.0} ms on {} tiles",
+            c.report.compile_ms, c.report.tiles_used
+        );
+        print_report(&c.report);
+    }
+    let Simulated {
+        report,
+        profile,
+        init_cycles,
+        run_cycles,
+        host_cycles,
+        simulate_ms,
+        sim,
+    } = simulate(a.json, &p, &c)?;
+
     let pb = progress(a.json, "reference");
     let t = Instant::now();
     let want = tessera_reference::evaluate(&p.graph, &p.weights, &p.inputs)?;
@@ -337,6 +377,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             milliseconds: p.machine.cycles_to_seconds(run_cycles) * 1e3,
             init_cycles,
             total_cycles: report.cycles,
+            supersteps: report.supersteps,
             max_abs_error: max_err,
             tolerance: tol,
             compile_ms: c.report.compile_ms,
@@ -374,6 +415,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             );
         }
         println!("host transfers of the inference (inputs and outputs): {host_cycles} cycles");
+        println!(
+            "whole run: {} cycles in {} supersteps (weights streamed, then one inference)",
+            report.cycles, report.supersteps
+        );
         print!("{}", tessera_profile::render(&profile));
         match max_err {
             Some(e) => {

@@ -33,6 +33,7 @@ fn estimates_track_simulation() {
         (7, 2, 1),
         (12, 3, 2),
         (50, 4, 2),
+        (30, 5, 4),
     ] {
         check(&AmpMatmul::new(r, kc, nb));
     }
