@@ -50,6 +50,8 @@ enum BenchCmd {
     Sim(cmd::sim::BenchSimArgs),
     /// Placement against public benchmark suites.
     Place(cmd::place::BenchPlaceArgs),
+    /// The MLP block's cycles with each timing assumption halved and doubled.
+    Sensitivity(cmd::compile::BenchSensitivityArgs),
 }
 
 /// What a command reports back to `main`: success, or a result that is not an error
@@ -80,6 +82,7 @@ fn main() -> ExitCode {
         Command::Bench { which } => match which {
             BenchCmd::Sim(a) => cmd::sim::bench(a),
             BenchCmd::Place(a) => cmd::place::bench(a),
+            BenchCmd::Sensitivity(a) => cmd::compile::sensitivity(a),
         },
     };
     match result {

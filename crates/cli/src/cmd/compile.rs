@@ -98,6 +98,11 @@ fn prepare(a: &ModelArgs) -> anyhow::Result<Prepared> {
         machine = machine.with_tiles(t);
         machine.validate()?;
     }
+    prepare_on(a, machine)
+}
+
+/// The model, weights and inputs of `a`, for `machine`.
+fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
@@ -434,4 +439,184 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
         }
     }
     Ok(if passed { Outcome::Ok } else { Outcome::Failed })
+}
+
+#[derive(Args)]
+pub struct BenchSensitivityArgs {
+    /// Batch of the So400m MLP block.
+    #[arg(long, default_value_t = 2)]
+    pub batch: usize,
+    /// Machine preset or TOML file whose assumptions are varied.
+    #[arg(long, default_value = "c600")]
+    pub machine: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A timing figure of the machine model that is ours rather than a public figure
+/// (or a public figure we hold with little confidence): docs/machine.md says why.
+struct Assumption {
+    field: &'static str,
+    get: fn(&mut tessera_machine::Timing) -> &mut u32,
+}
+
+const ASSUMPTIONS: &[Assumption] = &[
+    Assumption {
+        field: "supervisor_result_latency",
+        get: |t| &mut t.supervisor_result_latency,
+    },
+    Assumption {
+        field: "f32_transcendental_issues",
+        get: |t| &mut t.f32_transcendental_issues,
+    },
+    Assumption {
+        field: "f32_tanh_issues",
+        get: |t| &mut t.f32_tanh_issues,
+    },
+    Assumption {
+        field: "host_transfer_overhead_cycles",
+        get: |t| &mut t.host_transfer_overhead_cycles,
+    },
+    Assumption {
+        field: "sync_cycles",
+        get: |t| &mut t.sync_cycles,
+    },
+    Assumption {
+        field: "exchange_overhead_cycles",
+        get: |t| &mut t.exchange_overhead_cycles,
+    },
+    Assumption {
+        field: "exchange_bytes_per_cycle",
+        get: |t| &mut t.exchange_bytes_per_cycle,
+    },
+    Assumption {
+        field: "tiles_per_shared_exchange_bus",
+        get: |t| &mut t.tiles_per_shared_exchange_bus,
+    },
+];
+
+#[derive(Serialize)]
+struct Variant {
+    value: u32,
+    /// Cycles of one inference; `None` when the machine refuses the value.
+    cycles: Option<u64>,
+    change: Option<f64>,
+    note: Option<String>,
+}
+
+#[derive(Serialize)]
+struct SensitivityRow {
+    field: &'static str,
+    value: u32,
+    halved: Variant,
+    doubled: Variant,
+}
+
+#[derive(Serialize)]
+struct SensitivityJson {
+    model: &'static str,
+    batch: usize,
+    machine: String,
+    baseline_cycles: u64,
+    rows: Vec<SensitivityRow>,
+}
+
+/// Cycles of one inference of the So400m MLP block on `machine`, compiled for it.
+fn inference_cycles(a: &ModelArgs, machine: Machine) -> anyhow::Result<u64> {
+    let p = prepare_on(a, machine)?;
+    let c = do_compile(a, &p)?;
+    let s = simulate(true, &p, &c)?;
+    if s.report.status != Status::Ok {
+        bail!("the run faulted: {}", s.report.faults.len());
+    }
+    Ok(s.run_cycles)
+}
+
+/// `tessera bench sensitivity`: for each assumption of the timing model, the MLP
+/// block's cycles with that value halved and doubled, everything else as is.
+pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
+    let base = Machine::load(&a.machine)?;
+    let args = ModelArgs {
+        model: ModelKind::Mlp,
+        size: Size::So400m,
+        machine: a.machine.clone(),
+        tiles: None,
+        batch: a.batch,
+        seed: 1,
+        weaken_rearrange_contract: false,
+        json: true,
+    };
+    let total = 1 + 2 * ASSUMPTIONS.len();
+    let step = |k: usize, what: &str| eprintln!("[{k}/{total}] {what}");
+    step(1, "baseline");
+    let baseline = inference_cycles(&args, base.clone())?;
+    let mut rows = Vec::new();
+    let mut k = 1;
+    for asm in ASSUMPTIONS {
+        let mut m = base.clone();
+        let value = *(asm.get)(&mut m.timing);
+        let mut variant = |v: u32| -> anyhow::Result<Variant> {
+            k += 1;
+            step(k, &format!("{} = {v}", asm.field));
+            let mut m = base.clone();
+            *(asm.get)(&mut m.timing) = v;
+            if let Err(e) = m.validate() {
+                return Ok(Variant {
+                    value: v,
+                    cycles: None,
+                    change: None,
+                    note: Some(e.to_string()),
+                });
+            }
+            let c = inference_cycles(&args, m)?;
+            Ok(Variant {
+                value: v,
+                cycles: Some(c),
+                change: Some(c as f64 / baseline as f64 - 1.0),
+                note: None,
+            })
+        };
+        let halved = variant(value / 2)?;
+        let doubled = variant(value.saturating_mul(2))?;
+        rows.push(SensitivityRow {
+            field: asm.field,
+            value,
+            halved,
+            doubled,
+        });
+    }
+    if a.json {
+        super::print_json(&SensitivityJson {
+            model: "mlp",
+            batch: a.batch,
+            machine: base.name.clone(),
+            baseline_cycles: baseline,
+            rows,
+        })?;
+    } else {
+        println!(
+            "So400m MLP block, batch {}, on {}: {baseline} cycles per inference",
+            a.batch, base.name
+        );
+        println!(
+            "{:32} {:>6} {:>8} {:>10} {:>8} {:>8} {:>10} {:>8}",
+            "assumption", "value", "halved", "cycles", "change", "doubled", "cycles", "change"
+        );
+        let cell = |v: &Variant| match (v.cycles, v.change) {
+            (Some(c), Some(d)) => format!("{c:>10} {:>+7.1}%", 100.0 * d),
+            _ => format!("{:>10} {:>8}", "refused", ""),
+        };
+        for r in &rows {
+            println!(
+                "{:32} {:>6} {:>8} {} {:>8} {}",
+                r.field,
+                r.value,
+                r.halved.value,
+                cell(&r.halved),
+                r.doubled.value,
+                cell(&r.doubled)
+            );
+        }
+    }
+    Ok(Outcome::Ok)
 }
