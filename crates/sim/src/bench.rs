@@ -415,3 +415,34 @@ pub fn calibration(machine: &Machine, tiles: u32, ns: &[u32]) -> Vec<Calibration
         })
         .collect()
 }
+
+/// A straight line through the calibration's two largest N: cycles per row and the
+/// fixed cost of a call, against the measurement's 4 and 340.
+#[derive(Debug, Clone, Serialize)]
+pub struct CalibrationFit {
+    pub slope: f64,
+    pub intercept: f64,
+    pub reference_slope: f64,
+    pub reference_intercept: f64,
+    /// (slope - 4) / 4, in percent: the part of the calibration that compares like
+    /// with like (docs/sim.md).
+    pub slope_deviation_percent: f64,
+}
+
+/// The fit of `points` (at least two, by increasing N); `None` with fewer.
+pub fn calibration_fit(points: &[CalibrationPoint]) -> Option<CalibrationFit> {
+    let [.., p, q] = points else {
+        return None;
+    };
+    if q.n <= p.n {
+        return None;
+    }
+    let slope = (q.cycles as f64 - p.cycles as f64) / f64::from(q.n - p.n);
+    Some(CalibrationFit {
+        slope,
+        intercept: q.cycles as f64 - slope * f64::from(q.n),
+        reference_slope: 4.0,
+        reference_intercept: 340.0,
+        slope_deviation_percent: (slope - 4.0) / 4.0 * 100.0,
+    })
+}

@@ -307,3 +307,21 @@ fn run_hands_over_the_slot_it_issued_in() {
     // The worker holds its slot 13..85; `sync local` at 22 waits for it.
     assert_eq!(marks(&r), vec![(1, 21), (2, 85)]);
 }
+
+#[test]
+fn amp_rate_comes_from_the_machine() {
+    let slope = |rate: u32| {
+        let mut m = Machine::small();
+        m.timing.amp_f16_macs_per_cycle = rate;
+        let points = tessera_sim::bench::calibration(&m, 1, &[256, 2048]);
+        let fit = tessera_sim::bench::calibration_fit(&points).unwrap();
+        fit.slope
+    };
+    // 64 MACs per cycle: six workers each stream a row (four 64-MAC steps) per four
+    // rounds of 6 cycles: 4 cycles per row per tile.
+    assert!((slope(64) - 4.0).abs() < 0.01, "{}", slope(64));
+    // Half the rate: every step holds its worker a second round.
+    assert!((slope(32) - 8.0).abs() < 0.02, "{}", slope(32));
+    // A faster unit waits on issue: our `amp` is one issue of 64 MACs.
+    assert!((slope(128) - 4.0).abs() < 0.01, "{}", slope(128));
+}

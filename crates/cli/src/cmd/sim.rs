@@ -6,7 +6,9 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
 use tessera_machine::Machine;
-use tessera_sim::bench::{CalibrationPoint, amp_package, calibration};
+use tessera_sim::bench::{
+    CalibrationFit, CalibrationPoint, amp_package, calibration, calibration_fit,
+};
 use tessera_sim::{DEFAULT_CYCLE_BUDGET, Fault, SimOptions, Simulator, Status};
 
 #[derive(Args)]
@@ -106,6 +108,7 @@ struct BenchJson {
     threads: usize,
     debug_build: bool,
     calibration: Vec<CalibrationPoint>,
+    calibration_fit: Option<CalibrationFit>,
 }
 
 pub fn bench(a: BenchSimArgs) -> anyhow::Result<Outcome> {
@@ -136,6 +139,7 @@ pub fn bench(a: BenchSimArgs) -> anyhow::Result<Outcome> {
         simulated_tile_cycles_per_second: tile_cycles as f64 / secs,
         threads: rayon::current_num_threads(),
         debug_build: cfg!(debug_assertions),
+        calibration_fit: calibration_fit(&cal),
         calibration: cal,
     };
     if a.json {
@@ -167,6 +171,12 @@ pub fn bench(a: BenchSimArgs) -> anyhow::Result<Outcome> {
             println!(
                 "  {:>6} {:>10} {:>10} {:>+8.1}",
                 c.n, c.cycles, c.reference_cycles, c.deviation_percent
+            );
+        }
+        if let Some(f) = &out.calibration_fit {
+            println!(
+                "  fit: {:.3} cycles per row ({:+.2}% against 4), {:.0} cycles per call (measured vertex: 340; see docs/sim.md)",
+                f.slope, f.slope_deviation_percent, f.intercept
             );
         }
     }
