@@ -7,10 +7,12 @@
 pub mod ir;
 pub mod matmul;
 pub mod mlp;
+pub mod verify;
 
 pub use ir::*;
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul};
 pub use mlp::{LowerOptions, lower_mlp};
+pub use verify::{Site, VerifyError, verify};
 
 /// Why no plan could be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

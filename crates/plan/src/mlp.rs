@@ -309,17 +309,23 @@ impl Lowering<'_> {
     fn call(&mut self, tile: u32, step: Step, kernel: impl Into<KernelKind>, ops: &[(&str, Loc)]) {
         let kernel: KernelKind = kernel.into();
         let contract = kernel.contract();
-        let state_bytes = contract
-            .operands
-            .iter()
-            .find(|o| o.name == "state")
-            .map_or(64, |o| o.bytes);
+        let state_op = contract.operands.iter().find(|o| o.name == "state");
+        let state_bytes = state_op.map_or(64, |o| o.bytes);
         let state = self.plan.add_buffer(
             tile,
             format!("{}.state", contract.kernel),
             state_bytes,
             Category::VertexState,
         );
+        // The state is an operand like any other: its contract's alignment and
+        // class bind the buffer (the verifier found states placed at 4 bytes while
+        // kernels declared 8).
+        if let Some(op) = state_op {
+            let buf = &mut self.plan.buffers[state.0 as usize];
+            buf.align = buf.align.max(op.align);
+            buf.tail = buf.tail.max(op.tail_bytes);
+            buf.class = op.mem_class;
+        }
         let last = self.last();
         self.plan.touch(state, 0);
         self.plan.touch(state, last);
@@ -1001,5 +1007,19 @@ pub fn lower_mlp(
         slices: y_slices,
         data: Vec::new(),
     });
+    // The verifier is the lowering's independent check; release builds skip it
+    // for speed, tests and debug builds never do.
+    if cfg!(debug_assertions) {
+        let errors = crate::verify(&lw.plan);
+        assert!(
+            errors.is_empty(),
+            "the MLP lowering broke the plan's rules:\n{}",
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
     Ok(lw.plan)
 }

@@ -1,0 +1,188 @@
+//! The plan verifier on a real lowering (the tiny MLP on four tiles): clean as
+//! built, and each rule broken once by editing the plan.
+
+use tessera_graph::{MlpConfig, init_weights, mlp};
+use tessera_kernels::MemClass;
+use tessera_machine::Machine;
+use tessera_plan::{BindingDir, LowerOptions, StepKind, TilePlan, VerifyError, lower_mlp, verify};
+
+fn plan() -> TilePlan {
+    let graph = mlp(&MlpConfig::tiny(2)).unwrap();
+    let weights = init_weights(&graph, 1);
+    lower_mlp(
+        &Machine::small(),
+        &graph,
+        &weights,
+        &LowerOptions::default(),
+    )
+    .unwrap()
+}
+
+fn only<T>(errors: Vec<VerifyError>, pick: impl Fn(&VerifyError) -> Option<T>) -> Vec<T> {
+    assert!(!errors.is_empty(), "the broken plan passed");
+    errors.iter().filter_map(pick).collect()
+}
+
+#[test]
+fn the_lowering_keeps_every_rule() {
+    let p = plan();
+    assert!(!p.calls.is_empty() && !p.exchanges.is_empty());
+    assert_eq!(verify(&p), vec![]);
+}
+
+#[test]
+fn a_slice_outside_its_buffer() {
+    let mut p = plan();
+    let buf = p.calls[0].operands.values().next().unwrap().buf;
+    p.buffers[buf.0 as usize].bytes -= 2;
+    let errors = verify(&p);
+    let hits = only(errors, |e| match e {
+        VerifyError::OutOfBounds { buf: b, .. } if *b == buf => Some(()),
+        _ => None,
+    });
+    assert!(!hits.is_empty());
+    let text = verify(&p)[0].to_string();
+    assert!(
+        text.contains("lie outside") && text.contains("bytes"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_read_with_no_earlier_write() {
+    let mut p = plan();
+    // Run the last compute step's calls at the first compute step instead: their
+    // inputs are not produced yet.
+    let last = p.calls.iter().map(|c| c.step).max().unwrap();
+    let first = p
+        .steps
+        .iter()
+        .position(|&k| k == StepKind::Compute)
+        .unwrap() as u32;
+    for c in p.calls.iter_mut().filter(|c| c.step == last) {
+        c.step = first;
+    }
+    let errors = verify(&p);
+    let hits = only(errors, |e| match e {
+        VerifyError::ReadBeforeWrite { step, .. } if *step == first => Some(()),
+        _ => None,
+    });
+    assert!(!hits.is_empty());
+}
+
+#[test]
+fn conflicting_contracts_on_one_buffer() {
+    let mut p = plan();
+    // Declare a buffer less aligned than a kernel's contract requires.
+    let buf = p.calls[0].operands.values().next().unwrap().buf;
+    p.buffers[buf.0 as usize].align = 2;
+    let errors = verify(&p);
+    let hits = only(errors, |e| match e {
+        VerifyError::WeakerBuffer {
+            what: "alignment",
+            need,
+            has: 2,
+            ..
+        } => Some(*need),
+        _ => None,
+    });
+    assert!(hits.iter().all(|&n| n >= 8));
+}
+
+#[test]
+fn a_buffer_class_that_breaks_a_contract() {
+    let mut p = plan();
+    // The matmul's weights must be interleaved (`ampw` loads 128 bits).
+    let call = p
+        .calls
+        .iter()
+        .position(|c| c.operands.contains_key("w"))
+        .unwrap();
+    let w = p.calls[call].operands["w"].buf;
+    p.buffers[w.0 as usize].class = MemClass::NonInterleaved;
+    let hits = only(verify(&p), |e| match e {
+        VerifyError::ClassNotKept {
+            need: MemClass::Interleaved,
+            has: MemClass::NonInterleaved,
+            ..
+        } => Some(()),
+        _ => None,
+    });
+    assert!(!hits.is_empty());
+}
+
+#[test]
+fn two_copies_writing_the_same_bytes() {
+    let mut p = plan();
+    let x = p
+        .exchanges
+        .iter_mut()
+        .find(|x| !x.copies.is_empty())
+        .unwrap();
+    let dup = x.copies[0].clone();
+    x.copies.push(dup);
+    let id = x.id;
+    let errors = verify(&p);
+    let hits = only(errors, |e| match e {
+        VerifyError::OverlappingCopies { exchange, .. } if *exchange == id => Some(()),
+        _ => None,
+    });
+    assert!(!hits.is_empty());
+}
+
+#[test]
+fn an_output_not_covered_exactly_once() {
+    let mut p = plan();
+    let y = p
+        .bindings
+        .iter_mut()
+        .find(|b| b.dir == BindingDir::Output)
+        .unwrap();
+    let dropped = y.slices.pop().unwrap();
+    let name = y.name.clone();
+    let errors = verify(&p);
+    let gaps = only(errors, |e| match e {
+        VerifyError::OutputCoverage {
+            binding, times: 0, ..
+        } if *binding == name => Some(()),
+        _ => None,
+    });
+    assert_eq!(gaps.len(), 1);
+    let y = p
+        .bindings
+        .iter_mut()
+        .find(|b| b.dir == BindingDir::Output)
+        .unwrap();
+    y.slices.push(dropped);
+    y.slices.push(dropped);
+    let twice = only(verify(&p), |e| match e {
+        VerifyError::OutputCoverage { times: 2, .. } => Some(()),
+        _ => None,
+    });
+    assert_eq!(twice.len(), 1);
+}
+
+#[test]
+fn every_error_is_reported_in_one_run() {
+    let mut p = plan();
+    let buf = p.calls[0].operands.values().next().unwrap().buf;
+    p.buffers[buf.0 as usize].align = 2;
+    let x = p
+        .exchanges
+        .iter_mut()
+        .find(|x| !x.copies.is_empty())
+        .unwrap();
+    let dup = x.copies[0].clone();
+    x.copies.push(dup);
+    let errors = verify(&p);
+    assert!(
+        errors
+            .iter()
+            .any(|e| matches!(e, VerifyError::WeakerBuffer { .. }))
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| matches!(e, VerifyError::OverlappingCopies { .. }))
+    );
+}
