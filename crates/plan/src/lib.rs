@@ -7,6 +7,7 @@
 pub mod ir;
 pub mod matmul;
 pub mod mlp;
+mod text;
 pub mod verify;
 
 pub use ir::*;
