@@ -145,12 +145,14 @@ fn first_free(holds: &[(u64, u64)], slots: u64, from: u64) -> u64 {
         if let Some(k) = (0..slots).find(|&k| !held(c + k)) {
             return c + k;
         }
+        // Every slot of the round is held: the first release of any hold in it.
+        let round_end = c + slots;
         c = holds
             .iter()
-            .filter(|&&(s, e)| s <= c && c < e)
+            .filter(|&&(s, e)| s < round_end && c < e)
             .map(|h| h.1)
             .min()
-            .unwrap_or(c + slots)
+            .unwrap_or(round_end)
             .max(c + 1);
     }
 }

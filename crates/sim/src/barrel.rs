@@ -44,15 +44,18 @@ impl Barrel {
                     return c + k;
                 }
             }
-            // Every slot is held for a whole round: skip to the first release.
+            // Every slot is held for a whole round: skip to the first release of
+            // any hold in that round (a worker that started late in it may exit
+            // before the ones that started early).
+            let round_end = c + self.slots;
             c = self
                 .holds
                 .iter()
                 .enumerate()
-                .filter(|&(w, h)| Some(w) != except && h.start <= c && c < h.end)
+                .filter(|&(w, h)| Some(w) != except && h.start < round_end && c < h.end)
                 .map(|(_, h)| h.end)
                 .min()
-                .unwrap_or(c + self.slots)
+                .unwrap_or(round_end)
                 .max(c + 1);
         }
     }
@@ -85,5 +88,12 @@ mod tests {
         b.hold(2, 13, 13 + 60);
         assert_eq!(b.first_free(20, None), 73);
         assert_eq!(b.first_free(74, None), 79);
+        // The last worker to start is the first to exit: its slot comes back then.
+        let mut b = Barrel::new(6, 6);
+        for w in 0..6 {
+            let start = 8 + w as u64;
+            b.hold(w, start, start + 6 * (25 - 3 * w as u64));
+        }
+        assert_eq!(b.first_free(8, None), 13 + 60);
     }
 }

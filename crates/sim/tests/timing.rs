@@ -325,3 +325,51 @@ fn amp_rate_comes_from_the_machine() {
     // A faster unit waits on issue: our `amp` is one issue of 64 MACs.
     assert!((slope(128) - 4.0).abs() < 0.01, "{}", slope(128));
 }
+
+#[test]
+fn supervisor_takes_the_first_slot_any_worker_returns() {
+    // Worker w spins 20 - 3w nops: 25 - 3w issues. `runall` at 7 starts them at
+    // 8..=13; worker 5, started last, exits first at 13 + 6 * 10 = 73, and the
+    // supervisor's mark issues in that slot, long before worker 0 exits at 158.
+    let mut t = TileBuilder::new(0);
+    let fix = t.code.words.len();
+    t.words(&[
+        li(0, 0),
+        li(1, R0),
+        s(Inst::RunAll {
+            entry: MReg(0),
+            state: MReg(1),
+            stride: 4,
+        }),
+        mark(1),
+        s(Inst::SyncLocal),
+        mark(2),
+        s(Inst::Exit),
+    ]);
+    let entry = t.label("worker");
+    t.words(&[
+        li(4, 20),
+        s(Inst::IntImm {
+            op: tessera_isa::IntOp::Mul,
+            d: MReg(3),
+            a: MReg(1),
+            imm: 3,
+        }),
+        s(Inst::Int {
+            op: tessera_isa::IntOp::Sub,
+            d: MReg(2),
+            a: MReg(4),
+            b: MReg(3),
+        }),
+        s(Inst::Rpt {
+            count: MReg(2),
+            body: 1,
+        }),
+        s(Inst::Nop),
+        s(Inst::Exit),
+    ]);
+    t.code.words[fix] = li(0, entry);
+    t.data("state", R0, vec![0; 64]);
+    let (_, r) = run(&package(&Machine::small(), vec![t.image()], vec![], vec![]));
+    assert_eq!(marks(&r), vec![(1, 73), (2, 158)]);
+}
