@@ -81,6 +81,16 @@ impl Asm {
         }
     }
 
+    /// Absolute address of the next word.
+    pub(crate) fn at(&self) -> u32 {
+        self.base + self.offset
+    }
+
+    /// Words emitted so far (each one issue when executed).
+    pub(crate) fn len(&self) -> usize {
+        self.words.len()
+    }
+
     pub(crate) fn label(&mut self) -> Label {
         self.labels.push(None);
         Label(self.labels.len() - 1)

@@ -26,6 +26,7 @@ mod gelu;
 mod layernorm;
 mod matmul;
 mod rearrange;
+mod softmax;
 mod timing;
 
 use std::collections::BTreeMap;
@@ -40,6 +41,7 @@ pub use gelu::Gelu;
 pub use layernorm::LayerNorm;
 pub use matmul::{AmpMatmul, pack_chunk_major, pack_weights};
 pub use rearrange::Rearrange;
+pub use softmax::Softmax;
 
 /// Worker contexts per tile; every kernel splits its work six ways.
 pub const WORKERS: u32 = 6;

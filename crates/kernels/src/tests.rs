@@ -16,6 +16,8 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(Add::new(1152)),
         Box::new(AddBias::new(3, 1152)),
         Box::new(ReduceAdd::new(4, 1152)),
+        Box::new(Softmax::new(5, 729, 0.125)),
+        Box::new(Softmax::with_ld(13, 6, 16, 1.0)),
     ]
 }
 
@@ -204,6 +206,7 @@ fn parameters_outside_the_isa_limits_are_rejected() {
     assert!(Gelu::new(6).validate().is_err());
     assert!(ReduceAdd::new(1, 8).validate().is_err());
     assert!(AddBias::new(0, 8).validate().is_err());
+    assert!(Softmax::with_ld(2, 5, 6, 1.0).validate().is_err());
 }
 
 #[test]

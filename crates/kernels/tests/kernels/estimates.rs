@@ -1,6 +1,8 @@
 //! The cost model's per-kernel estimates against simulated cycles.
 
-use tessera_kernels::{Add, AddBias, AmpMatmul, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd};
+use tessera_kernels::{
+    Add, AddBias, AmpMatmul, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd, Softmax,
+};
 
 use crate::harness::{layout, run};
 
@@ -54,5 +56,16 @@ fn estimates_track_simulation() {
     }
     for (k, n) in [(2, 8), (3, 100), (6, 96)] {
         check(&ReduceAdd::new(k, n));
+    }
+    for (r, n, ld) in [
+        (1, 1, 4),
+        (5, 3, 4),
+        (6, 8, 8),
+        (13, 100, 112),
+        (2, 196, 196),
+        (7, 729, 736),
+        (12, 729, 732),
+    ] {
+        check(&Softmax::with_ld(r, n, ld, 0.125));
     }
 }

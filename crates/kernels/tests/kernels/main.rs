@@ -8,3 +8,4 @@ mod harness;
 mod layernorm;
 mod matmul;
 mod rearrange;
+mod softmax;
