@@ -43,6 +43,29 @@ pub enum IntOp {
     Max,
 }
 
+impl IntOp {
+    /// The operation's result (docs/isa.md): shifts by 32 or more give 0 (`sar`:
+    /// the sign), `min`/`max` and `cmpslt` compare as signed.
+    pub fn apply(self, a: u32, b: u32) -> u32 {
+        match self {
+            IntOp::Add => a.wrapping_add(b),
+            IntOp::Sub => a.wrapping_sub(b),
+            IntOp::Mul => a.wrapping_mul(b),
+            IntOp::And => a & b,
+            IntOp::Or => a | b,
+            IntOp::Xor => a ^ b,
+            IntOp::Shl => a.checked_shl(b).unwrap_or(0),
+            IntOp::Shr => a.checked_shr(b).unwrap_or(0),
+            IntOp::Sar => ((a as i32) >> b.min(31)) as u32,
+            IntOp::CmpEq => u32::from(a == b),
+            IntOp::CmpUlt => u32::from(a < b),
+            IntOp::CmpSlt => u32::from((a as i32) < (b as i32)),
+            IntOp::Min => (a as i32).min(b as i32) as u32,
+            IntOp::Max => (a as i32).max(b as i32) as u32,
+        }
+    }
+}
+
 /// Binary floating-point operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FBinOp {
@@ -441,6 +464,7 @@ impl Inst {
     /// Register reads and writes of a main-pipe instruction: what the supervisor's
     /// issue timing depends on. Aux-pipe instructions report nothing: only workers
     /// execute them, and a worker's barrel slot hides every dependency.
+    #[inline]
     pub fn reg_use(&self) -> RegUse {
         let (mut r, mut w, mut inc) = (0u32, 0u32, 0u32);
         match *self {

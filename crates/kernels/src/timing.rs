@@ -9,7 +9,7 @@
 //! It is a second, independent statement of the simulator's issue rules for the
 //! straight-line snippets kernels emit; tests compare the two on every kernel.
 
-use tessera_isa::{Inst, IntOp, Word};
+use tessera_isa::{Inst, Word};
 use tessera_machine::Timing;
 
 /// Cycles from the snippet's first issue until the supervisor could issue the word
@@ -59,11 +59,11 @@ pub(crate) fn supervisor_cycles(
         match inst {
             Inst::Setzi { d, imm } => set(&mut m, d.0, imm),
             Inst::Int { op, d, a, b } => {
-                let v = alu(op, get(&m, a), get(&m, b));
+                let v = op.apply(get(&m, a), get(&m, b));
                 set(&mut m, d.0, v)
             }
             Inst::IntImm { op, d, a, imm } => {
-                let v = alu(op, get(&m, a), u32::from(imm));
+                let v = op.apply(get(&m, a), u32::from(imm));
                 set(&mut m, d.0, v)
             }
             Inst::Ld32M { d, .. } => set(&mut m, d.0, 0),
@@ -111,25 +111,6 @@ fn index_of(words: &[Word], target: u32) -> usize {
 fn set(m: &mut [u32; 16], r: u8, v: u32) {
     if r < 15 {
         m[r as usize] = v;
-    }
-}
-
-fn alu(op: IntOp, a: u32, b: u32) -> u32 {
-    match op {
-        IntOp::Add => a.wrapping_add(b),
-        IntOp::Sub => a.wrapping_sub(b),
-        IntOp::Mul => a.wrapping_mul(b),
-        IntOp::And => a & b,
-        IntOp::Or => a | b,
-        IntOp::Xor => a ^ b,
-        IntOp::Shl => a.wrapping_shl(b),
-        IntOp::Shr => a.wrapping_shr(b),
-        IntOp::Sar => (a as i32).wrapping_shr(b) as u32,
-        IntOp::CmpEq => u32::from(a == b),
-        IntOp::CmpUlt => u32::from(a < b),
-        IntOp::CmpSlt => u32::from((a as i32) < (b as i32)),
-        IntOp::Min => a.min(b),
-        IntOp::Max => a.max(b),
     }
 }
 

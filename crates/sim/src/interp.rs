@@ -9,7 +9,7 @@ use crate::fp;
 use crate::mem::{AddrError, Layout};
 use crate::program::{FetchError, Program};
 use std::sync::Arc;
-use tessera_isa::{AReg, FBinOp, FUnOp, FVec, Inst, IntOp, MReg, Word};
+use tessera_isa::{AReg, FBinOp, FUnOp, FVec, Inst, MReg, Word};
 
 /// Register state, pc, repeat state and clock of one context.
 #[derive(Debug, Clone, Default)]
@@ -251,25 +251,6 @@ fn conflict(addrs: &[u32], e: u32) -> Box<Trap> {
         ),
         addrs.first().copied(),
     )
-}
-
-fn int_op(op: IntOp, a: u32, b: u32) -> u32 {
-    match op {
-        IntOp::Add => a.wrapping_add(b),
-        IntOp::Sub => a.wrapping_sub(b),
-        IntOp::Mul => a.wrapping_mul(b),
-        IntOp::And => a & b,
-        IntOp::Or => a | b,
-        IntOp::Xor => a ^ b,
-        IntOp::Shl => a.checked_shl(b).unwrap_or(0),
-        IntOp::Shr => a.checked_shr(b).unwrap_or(0),
-        IntOp::Sar => ((a as i32) >> b.min(31)) as u32,
-        IntOp::CmpEq => u32::from(a == b),
-        IntOp::CmpUlt => u32::from(a < b),
-        IntOp::CmpSlt => u32::from((a as i32) < (b as i32)),
-        IntOp::Min => (a as i32).min(b as i32) as u32,
-        IntOp::Max => (a as i32).max(b as i32) as u32,
-    }
 }
 
 /// Whether a main-pipe instruction reads or writes `$a` registers (which the
@@ -628,11 +609,11 @@ fn exec_main<const SUP: bool>(
         Inst::Nop => {}
         Inst::Setzi { d, imm } => set_m(ctx, d, imm),
         Inst::Int { op, d, a, b } => {
-            let v = int_op(op, mr(ctx, a), mr(ctx, b));
+            let v = op.apply(mr(ctx, a), mr(ctx, b));
             set_m(ctx, d, v)
         }
         Inst::IntImm { op, d, a, imm } => {
-            let v = int_op(op, mr(ctx, a), u32::from(imm));
+            let v = op.apply(mr(ctx, a), u32::from(imm));
             set_m(ctx, d, v)
         }
         Inst::MovAm { d, a } => set_a(ctx, d, mr(ctx, a)),
