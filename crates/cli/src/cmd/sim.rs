@@ -70,11 +70,12 @@ pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
             Status::Fault => "fault",
         };
         println!(
-            "{status}: {} cycles ({:.3} ms at {} MHz), {} supersteps, {} instructions",
+            "{status}: {} cycles ({:.3} ms at {} MHz), {} superstep{}, {} instructions",
             report.cycles,
             sim.machine().cycles_to_seconds(report.cycles) * 1e3,
             sim.machine().clock_hz / 1_000_000,
             report.supersteps,
+            if report.supersteps == 1 { "" } else { "s" },
             report.instructions
         );
         for f in &report.faults {
