@@ -432,42 +432,69 @@ impl Kernel for AmpMatmul {
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        // The snippet loops over blocks and chunks, and every pass of a loop costs
-        // the same once the pipeline is in its steady state; so walk small
-        // instances (one or two blocks, up to three chunks) and extend them
-        // linearly. The planner asks for thousands of estimates: walking every
-        // iteration of a large call would dominate compile time.
-        let walk = |kc: u32, nb: u32| -> u64 {
-            let k = AmpMatmul::new(self.rows, kc, nb);
-            let Ok(words) = crate::estimate_snippet(&k) else {
-                return u64::MAX / 4;
-            };
-            let kcu = kc.max(1) as usize;
-            crate::supervisor_cycles(t, &words, |run| {
+        // Every `runall` is followed at once by `sync local`, after which the
+        // supervisor resumes when the last worker exits, with every register long
+        // ready. So a call costs its supervisor snippet walked with workers that
+        // exit at once, plus, per run, what the real workers take beyond that.
+        let zero = crate::run_cycles(t, [0; WORKERS as usize]);
+        let run = |partials: bool| {
+            crate::run_cycles(
+                t,
                 split(self.rows)
                     .into_iter()
-                    .map(|(_, r)| Self::worker_issues(r, kc > 1 && run % kcu != 0))
-                    .collect()
-            })
+                    .map(|(_, r)| Self::worker_issues(r, partials)),
+            )
+            .saturating_sub(zero)
         };
-        let per_chunk = |nb: u32| -> u64 {
-            match self.kc {
-                0 | 1 => walk(1, nb),
-                2 => walk(2, nb),
-                kc => {
-                    let (two, three) = (walk(2, nb), walk(3, nb));
-                    two + u64::from(kc - 2) * three.saturating_sub(two)
-                }
-            }
+        let (kc, nb) = (u64::from(self.kc.max(1)), u64::from(self.nb.max(1)));
+        let runs = if kc == 1 {
+            nb * run(false)
+        } else {
+            nb * (run(false) + (kc - 1) * run(true))
         };
-        // One block emits no block loop at all; from two blocks on it is a loop.
-        match self.nb {
-            0 | 1 => per_chunk(1),
-            2 => per_chunk(2),
-            nb => {
-                let (two, three) = (per_chunk(2), per_chunk(3));
-                two + u64::from(nb - 2) * three.saturating_sub(two)
+        supervisor_only_cycles(t, self.kc, self.nb) + runs
+    }
+}
+
+/// Cycles of the matmul's supervisor snippet for `kc` chunks and `nb` blocks with
+/// workers that exit at once. Every pass of a loop costs the same once the
+/// pipeline is in its steady state, so small instances (one to three blocks and
+/// chunks) are walked once per timing and extended linearly: the planner asks for
+/// thousands of estimates.
+fn supervisor_only_cycles(t: &Timing, kc: u32, nb: u32) -> u64 {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    static WALKS: Mutex<BTreeMap<(u32, u32, u32, u32), u64>> = Mutex::new(BTreeMap::new());
+    let walk = |kc: u32, nb: u32| -> u64 {
+        let key = (t.worker_issue_interval, t.supervisor_result_latency, kc, nb);
+        if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
+            return c;
+        }
+        let c = crate::estimate_snippet(&AmpMatmul::new(1, kc, nb)).map_or(u64::MAX / 4, |words| {
+            crate::supervisor_cycles(t, &words, |_| vec![0; WORKERS as usize])
+        });
+        if let Ok(mut w) = WALKS.lock() {
+            w.insert(key, c);
+        }
+        c
+    };
+    let per_chunk = |nb: u32| -> u64 {
+        match kc {
+            0 | 1 => walk(1, nb),
+            2 => walk(2, nb),
+            kc => {
+                let (two, three) = (walk(2, nb), walk(3, nb));
+                two + u64::from(kc - 2) * three.saturating_sub(two)
             }
+        }
+    };
+    // One block emits no block loop at all; from two blocks on it is a loop.
+    match nb {
+        0 | 1 => per_chunk(1),
+        2 => per_chunk(2),
+        nb => {
+            let (two, three) = (per_chunk(2), per_chunk(3));
+            two + u64::from(nb - 2) * three.saturating_sub(two)
         }
     }
 }
