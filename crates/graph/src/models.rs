@@ -121,6 +121,62 @@ impl EncoderLayerConfig {
         }
     }
 
+    /// SigLIP B/16 at 224 px: 196 tokens, width 768, 12 heads, MLP 3,072, one layer
+    /// and the MAP head, f16.
+    pub fn base(batch: usize) -> Self {
+        EncoderLayerConfig {
+            batch,
+            image_size: 224,
+            channels: 3,
+            patch: 16,
+            width: 768,
+            heads: 12,
+            mlp_hidden: 3072,
+            layers: 1,
+            eps: so400m::LAYER_NORM_EPS,
+            dtype: DType::F16,
+            map_head: true,
+        }
+    }
+
+    /// A configuration file: TOML with any of the fields `image_size`, `channels`,
+    /// `patch`, `width`, `heads`, `mlp_hidden`, `layers`, `eps` (the rest as in
+    /// So400m); the batch comes from the caller. Unknown fields are refused, and
+    /// the result is validated; `origin` names the file in errors.
+    pub fn from_toml(text: &str, origin: &str, batch: usize) -> Result<Self, GraphError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct File {
+            image_size: Option<usize>,
+            channels: Option<usize>,
+            patch: Option<usize>,
+            width: Option<usize>,
+            heads: Option<usize>,
+            mlp_hidden: Option<usize>,
+            layers: Option<usize>,
+            eps: Option<f32>,
+        }
+        let f: File = toml::from_str(text)
+            .map_err(|e| GraphError::Config(format!("{origin}: {}", e.to_string().trim_end())))?;
+        let d = Self::so400m(batch);
+        let cfg = EncoderLayerConfig {
+            batch,
+            image_size: f.image_size.unwrap_or(d.image_size),
+            channels: f.channels.unwrap_or(d.channels),
+            patch: f.patch.unwrap_or(d.patch),
+            width: f.width.unwrap_or(d.width),
+            heads: f.heads.unwrap_or(d.heads),
+            mlp_hidden: f.mlp_hidden.unwrap_or(d.mlp_hidden),
+            layers: f.layers.unwrap_or(d.layers),
+            eps: f.eps.unwrap_or(d.eps),
+            dtype: d.dtype,
+            map_head: d.map_head,
+        };
+        cfg.validate()
+            .map_err(|e| GraphError::Config(format!("{origin}: {e}")))?;
+        Ok(cfg)
+    }
+
     /// 16 tokens (a 16 px image of 4 px patches), width 32, 4 heads, hidden 64.
     pub fn tiny(batch: usize) -> Self {
         EncoderLayerConfig {
@@ -153,9 +209,12 @@ impl EncoderLayerConfig {
         self.width / self.heads.max(1)
     }
 
-    fn validate(&self) -> Result<(), GraphError> {
+    /// Checks the dimensions: all positive, the image a whole number of patches,
+    /// the width a whole number of heads, `eps` finite and positive.
+    pub fn validate(&self) -> Result<(), GraphError> {
         check_positive(&[
             ("batch", self.batch),
+            ("layers", self.layers),
             ("image_size", self.image_size),
             ("channels", self.channels),
             ("patch", self.patch),

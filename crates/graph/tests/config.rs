@@ -1,0 +1,68 @@
+//! Model configuration files: the fields of `EncoderLayerConfig`, validated with
+//! errors that name the file and the problem.
+
+use tessera_graph::{EncoderLayerConfig, encoder_layer};
+
+#[test]
+fn presets_and_files() {
+    let base = EncoderLayerConfig::base(2);
+    assert_eq!(
+        (base.tokens(), base.head_dim(), base.patch_dim()),
+        (196, 64, 768)
+    );
+    base.validate().unwrap();
+    let so = EncoderLayerConfig::so400m(4);
+    assert_eq!((so.tokens(), so.head_dim()), (729, 72));
+    // A file that restates So400m gives So400m; missing fields default to it.
+    let text = "image_size = 378\nchannels = 3\npatch = 14\nwidth = 1152\nheads = 16\n\
+                mlp_hidden = 4304\nlayers = 1\neps = 1e-6\n";
+    assert_eq!(
+        EncoderLayerConfig::from_toml(text, "so.toml", 4).unwrap(),
+        so
+    );
+    assert_eq!(
+        EncoderLayerConfig::from_toml("layers = 1", "x.toml", 4).unwrap(),
+        so
+    );
+    let small = EncoderLayerConfig::from_toml(
+        "image_size = 32\npatch = 8\nwidth = 48\nheads = 3\nmlp_hidden = 96\n",
+        "small.toml",
+        2,
+    )
+    .unwrap();
+    assert_eq!((small.tokens(), small.head_dim(), small.batch), (16, 16, 2));
+    encoder_layer(&small).unwrap();
+}
+
+#[test]
+fn bad_files_say_what_and_where() {
+    let cases = [
+        (
+            "width = 1000\nheads = 16",
+            "width 1000 is not divisible into 16 heads",
+        ),
+        (
+            "image_size = 380",
+            "image_size 380 is not a multiple of patch 14",
+        ),
+        ("heads = 0", "heads must be > 0"),
+        ("layers = 0", "layers must be > 0"),
+        ("eps = -1.0", "eps -1 must be finite and > 0"),
+        ("widht = 768", "widht"),
+        ("width = \"wide\"", "width"),
+        ("width = -3", "width"),
+    ];
+    for (text, want) in cases {
+        let err = EncoderLayerConfig::from_toml(text, "bad.toml", 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bad.toml") && err.contains(want),
+            "{text}: {err}"
+        );
+    }
+    let err = EncoderLayerConfig::from_toml("width = 768", "b.toml", 0)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("batch must be > 0"), "{err}");
+}
