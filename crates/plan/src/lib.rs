@@ -4,12 +4,14 @@
 //! must never choose SRAM addresses (placement does) nor emit code (the kernels and
 //! emission do); its figures are estimates, the simulator's cycles are the truth.
 
+pub mod dist;
 pub mod ir;
 pub mod matmul;
 pub mod mlp;
 mod text;
 pub mod verify;
 
+pub use dist::{DistError, DistTensor, Part, redistribute};
 pub use ir::*;
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul};
 pub use mlp::{LowerOptions, lower_mlp};

@@ -1,0 +1,166 @@
+//! Distributed tensors and the one redistribution between them.
+//!
+//! A [`DistTensor`] is a row-major 2-D tensor spread over tiles as rectangular
+//! blocks ([`Part`]s), each stored row-major in a buffer. Parts of a source may
+//! overlap (replicas): every element is read from the first part that holds it.
+//! Parts of a destination may overlap too (a replicated consumer): each gets its
+//! own copy of the bytes.
+//!
+//! [`redistribute`] turns any layout into any other as exchange copies: it
+//! intersects each destination block with the source blocks, emits one copy per
+//! contiguous run (whole blocks when both sides are row-contiguous), and merges
+//! copies of the same source bytes into one copy with several destinations, which
+//! the exchange then sends once. It never chooses addresses or steps: the caller
+//! places the copies in an exchange phase.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use crate::ir::{BufId, Copy, Loc};
+
+/// One block of a distributed tensor: rows and columns of the whole tensor, stored
+/// row-major (row stride `cols.len()` elements) at `at` on `tile`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub tile: u32,
+    pub at: Loc,
+    pub rows: Range<u32>,
+    pub cols: Range<u32>,
+}
+
+impl Part {
+    fn width(&self) -> u32 {
+        self.cols.end - self.cols.start
+    }
+}
+
+/// A `[rows, cols]` tensor of `elem_bytes`-byte elements spread over tiles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistTensor {
+    pub rows: u32,
+    pub cols: u32,
+    pub elem_bytes: u32,
+    pub parts: Vec<Part>,
+}
+
+/// Why a redistribution is impossible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DistError {
+    #[error("the tensors differ: source [{0}x{1}], destination [{2}x{3}]")]
+    Shape(u32, u32, u32, u32),
+    #[error("part {part} covers rows {rows:?} and columns {cols:?}, outside the tensor [{r}x{c}]")]
+    OutOfRange {
+        part: usize,
+        rows: Range<u32>,
+        cols: Range<u32>,
+        r: u32,
+        c: u32,
+    },
+    #[error("element ({row}, {col}) is in no source part")]
+    Uncovered { row: u32, col: u32 },
+}
+
+impl DistTensor {
+    fn check(&self) -> Result<(), DistError> {
+        for (i, p) in self.parts.iter().enumerate() {
+            if p.rows.start > p.rows.end
+                || p.cols.start > p.cols.end
+                || p.rows.end > self.rows
+                || p.cols.end > self.cols
+            {
+                return Err(DistError::OutOfRange {
+                    part: i,
+                    rows: p.rows.clone(),
+                    cols: p.cols.clone(),
+                    r: self.rows,
+                    c: self.cols,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Exchange copies that fill every destination part from the source parts. A
+/// destination element whose source part is on the same tile and at the same
+/// place needs no copy; otherwise it is copied, even within a tile.
+pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, DistError> {
+    if (src.rows, src.cols) != (dst.rows, dst.cols) {
+        return Err(DistError::Shape(src.rows, src.cols, dst.rows, dst.cols));
+    }
+    src.check()?;
+    dst.check()?;
+    let eb = src.elem_bytes;
+    // (source loc, bytes) -> destinations, in first-seen order for determinism.
+    let mut merged: BTreeMap<(BufId, u32, u32), Vec<Loc>> = BTreeMap::new();
+    let mut order: Vec<(BufId, u32, u32)> = Vec::new();
+    for d in &dst.parts {
+        for row in d.rows.clone() {
+            // Columns of this destination row still to fill, as one range that the
+            // source parts cut from the left: sources are searched per column run.
+            let mut col = d.cols.start;
+            while col < d.cols.end {
+                let Some(s) = src
+                    .parts
+                    .iter()
+                    .find(|s| s.rows.contains(&row) && s.cols.contains(&col))
+                else {
+                    return Err(DistError::Uncovered { row, col });
+                };
+                let end = s.cols.end.min(d.cols.end);
+                let src_off = ((row - s.rows.start) * s.width() + (col - s.cols.start)) * eb;
+                let dst_off = ((row - d.rows.start) * d.width() + (col - d.cols.start)) * eb;
+                let bytes = (end - col) * eb;
+                let from = Loc {
+                    buf: s.at.buf,
+                    offset: s.at.offset + src_off,
+                };
+                let to = Loc {
+                    buf: d.at.buf,
+                    offset: d.at.offset + dst_off,
+                };
+                if from != to {
+                    let key = (from.buf, from.offset, bytes);
+                    let dsts = merged.entry(key).or_default();
+                    if dsts.is_empty() {
+                        order.push(key);
+                    }
+                    dsts.push(to);
+                }
+                col = end;
+            }
+        }
+    }
+    let copies: Vec<Copy> = order
+        .into_iter()
+        .map(|key| Copy {
+            src: Loc {
+                buf: key.0,
+                offset: key.1,
+            },
+            bytes: key.2,
+            dsts: merged.remove(&key).unwrap_or_default(),
+        })
+        .collect();
+    Ok(coalesce(copies))
+}
+
+/// Joins copies whose sources and every destination continue each other (rows of
+/// row-contiguous blocks), so that a whole block moves as one copy.
+fn coalesce(copies: Vec<Copy>) -> Vec<Copy> {
+    let mut out: Vec<Copy> = Vec::with_capacity(copies.len());
+    for c in copies {
+        if let Some(last) = out.last_mut() {
+            let follows = |a: Loc, b: Loc| a.buf == b.buf && a.offset + last.bytes == b.offset;
+            if follows(last.src, c.src)
+                && last.dsts.len() == c.dsts.len()
+                && last.dsts.iter().zip(&c.dsts).all(|(a, b)| follows(*a, *b))
+            {
+                last.bytes += c.bytes;
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    out
+}
