@@ -460,40 +460,26 @@ struct Assumption {
     get: fn(&mut tessera_machine::Timing) -> &mut u32,
 }
 
-const ASSUMPTIONS: &[Assumption] = &[
-    Assumption {
-        field: "supervisor_result_latency",
-        get: |t| &mut t.supervisor_result_latency,
-    },
-    Assumption {
-        field: "f32_transcendental_issues",
-        get: |t| &mut t.f32_transcendental_issues,
-    },
-    Assumption {
-        field: "f32_tanh_issues",
-        get: |t| &mut t.f32_tanh_issues,
-    },
-    Assumption {
-        field: "host_transfer_overhead_cycles",
-        get: |t| &mut t.host_transfer_overhead_cycles,
-    },
-    Assumption {
-        field: "sync_cycles",
-        get: |t| &mut t.sync_cycles,
-    },
-    Assumption {
-        field: "exchange_overhead_cycles",
-        get: |t| &mut t.exchange_overhead_cycles,
-    },
-    Assumption {
-        field: "exchange_bytes_per_cycle",
-        get: |t| &mut t.exchange_bytes_per_cycle,
-    },
-    Assumption {
-        field: "tiles_per_shared_exchange_bus",
-        get: |t| &mut t.tiles_per_shared_exchange_bus,
-    },
-];
+/// One [`Assumption`] per named `Timing` field.
+macro_rules! assumptions {
+    ($($field:ident),* $(,)?) => {
+        &[$(Assumption {
+            field: stringify!($field),
+            get: |t| &mut t.$field,
+        }),*]
+    };
+}
+
+const ASSUMPTIONS: &[Assumption] = assumptions!(
+    supervisor_result_latency,
+    f32_transcendental_issues,
+    f32_tanh_issues,
+    host_transfer_overhead_cycles,
+    sync_cycles,
+    exchange_overhead_cycles,
+    exchange_bytes_per_cycle,
+    tiles_per_shared_exchange_bus,
+);
 
 #[derive(Serialize)]
 struct Variant {
