@@ -29,6 +29,7 @@ use tessera_kernels::{
 use tessera_machine::Machine;
 
 use crate::PlanError;
+use crate::dist::{DistTensor, Part, redistribute};
 use crate::ir::*;
 use crate::matmul::{AMP_WIDTH, MatmulMapping, MatmulShape, map_matmul};
 
@@ -773,29 +774,50 @@ pub fn lower_mlp(
                 .add_buffer(tile, "fc1.in.amp".into(), bytes, Category::Activation),
         );
     }
-    let mut copies = Vec::new();
-    for (o, &(r0, n)) in owners.iter().enumerate() {
-        for row in r0..r0 + n {
-            let i = (row / g1.map.rows_per_tile) as usize;
-            let row_in_group = row - g1.rows[i].0;
-            for (j, &(c0, kc)) in g1.chunks.iter().enumerate() {
-                let seg = kc * AMP_WIDTH * 2;
-                copies.push(Copy {
-                    src: Loc {
-                        buf: h_bufs[o],
-                        offset: (row - r0) * row_bytes + c0 * AMP_WIDTH * 2,
+    // LayerNorm's row owners hold whole rows; each fc1 tile wants its row group's
+    // chunk columns, row-major, and the column groups of one row and chunk want the
+    // same bytes (sent once to all of them).
+    let ln_out = DistTensor {
+        rows: r,
+        cols: d,
+        elem_bytes: 2,
+        parts: owners
+            .iter()
+            .enumerate()
+            .map(|(o, &(r0, n))| Part {
+                tile: o as u32,
+                at: Loc {
+                    buf: h_bufs[o],
+                    offset: 0,
+                },
+                rows: r0..r0 + n,
+                cols: 0..d,
+            })
+            .collect(),
+    };
+    let fc1_in = DistTensor {
+        rows: r,
+        cols: d,
+        elem_bytes: 2,
+        parts: g1
+            .cells()
+            .map(|(i, j, l)| {
+                let (r0, rows) = g1.rows[i];
+                let (c0, kc) = g1.chunks[j];
+                Part {
+                    tile: g1.tile(i, j, l),
+                    at: Loc {
+                        buf: a_rm[&(i, j, l)],
+                        offset: 0,
                     },
-                    bytes: seg,
-                    dsts: (0..g1.blocks.len())
-                        .map(|l| Loc {
-                            buf: a_rm[&(i, j, l)],
-                            offset: row_in_group * seg,
-                        })
-                        .collect(),
-                });
-            }
-        }
-    }
+                    rows: r0..r0 + rows,
+                    cols: c0 * AMP_WIDTH..(c0 + kc) * AMP_WIDTH,
+                }
+            })
+            .collect(),
+    };
+    let copies = redistribute(&ln_out, &fc1_in)
+        .unwrap_or_else(|e| panic!("fc1 inputs cover the LayerNorm output: {e}"));
     let fc1_inputs = lw.exchange(X1, "fc1.inputs", copies);
     for (i, j, l) in g1.cells() {
         let mut re = Rearrange::new(g1.rows[i].1, g1.chunks[j].1 * AMP_WIDTH);
