@@ -91,23 +91,25 @@ pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, Dis
     src.check()?;
     dst.check()?;
     let eb = src.elem_bytes;
+    let cover = row_covers(src);
     // (source loc, bytes) -> destinations, in first-seen order for determinism.
     let mut merged: BTreeMap<(BufId, u32, u32), Vec<Loc>> = BTreeMap::new();
     let mut order: Vec<(BufId, u32, u32)> = Vec::new();
     for d in &dst.parts {
         for row in d.rows.clone() {
-            // Columns of this destination row still to fill, as one range that the
-            // source parts cut from the left: sources are searched per column run.
+            let segs = &cover[row as usize];
             let mut col = d.cols.start;
             while col < d.cols.end {
-                let Some(s) = src
-                    .parts
-                    .iter()
-                    .find(|s| s.rows.contains(&row) && s.cols.contains(&col))
-                else {
+                // The segment holding `col`: the last one starting at or before it.
+                let k = segs.partition_point(|s| s.0 <= col);
+                let Some(&(_, seg_end, part)) = k.checked_sub(1).map(|k| &segs[k]) else {
                     return Err(DistError::Uncovered { row, col });
                 };
-                let end = s.cols.end.min(d.cols.end);
+                if seg_end <= col {
+                    return Err(DistError::Uncovered { row, col });
+                }
+                let s = &src.parts[part];
+                let end = seg_end.min(d.cols.end);
                 let src_off = ((row - s.rows.start) * s.width() + (col - s.cols.start)) * eb;
                 let dst_off = ((row - d.rows.start) * d.width() + (col - d.cols.start)) * eb;
                 let bytes = (end - col) * eb;
@@ -143,6 +145,53 @@ pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, Dis
         })
         .collect();
     Ok(coalesce(copies))
+}
+
+/// For every row, the source parts that serve it as disjoint column segments
+/// `(start, end, part)` sorted by start: each column from the first part (in
+/// order) holding it. Looking a column up is then a binary search, which keeps
+/// whole-chip layouts (thousands of parts) fast.
+fn row_covers(src: &DistTensor) -> Vec<Vec<(u32, u32, usize)>> {
+    let mut by_row: Vec<Vec<usize>> = vec![Vec::new(); src.rows as usize];
+    for (k, p) in src.parts.iter().enumerate() {
+        if p.cols.start < p.cols.end {
+            for r in p.rows.clone() {
+                by_row[r as usize].push(k);
+            }
+        }
+    }
+    by_row
+        .into_iter()
+        .map(|parts| {
+            let mut segs: Vec<(u32, u32, usize)> = parts
+                .iter()
+                .map(|&k| (src.parts[k].cols.start, src.parts[k].cols.end, k))
+                .collect();
+            segs.sort_unstable();
+            if segs.windows(2).all(|w| w[0].1 <= w[1].0) {
+                return segs;
+            }
+            // Overlapping replicas: cut at every boundary and give each piece to
+            // the first part holding it.
+            let mut cuts: Vec<u32> = segs.iter().flat_map(|s| [s.0, s.1]).collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut out: Vec<(u32, u32, usize)> = Vec::new();
+            for w in cuts.windows(2) {
+                let owner = parts
+                    .iter()
+                    .copied()
+                    .find(|&k| src.parts[k].cols.start <= w[0] && w[1] <= src.parts[k].cols.end);
+                if let Some(k) = owner {
+                    match out.last_mut() {
+                        Some(last) if last.1 == w[0] && last.2 == k => last.1 = w[1],
+                        _ => out.push((w[0], w[1], k)),
+                    }
+                }
+            }
+            out
+        })
+        .collect()
 }
 
 /// Joins copies whose sources and every destination continue each other (rows of

@@ -878,41 +878,53 @@ pub fn lower_mlp(
             ),
         );
     }
-    let mut copies = Vec::new();
+    // fc1's finished slabs are 16-column blocks, each row-major; fc2 wants its row
+    // group's chunks in the same block form, on every column group.
+    let block_part = |tile: u32, buf: BufId, k: u32, rows: (u32, u32), col_block: u32| Part {
+        tile,
+        at: Loc {
+            buf,
+            offset: k * rows.1 * AMP_WIDTH * 2,
+        },
+        rows: rows.0..rows.0 + rows.1,
+        cols: col_block * AMP_WIDTH..(col_block + 1) * AMP_WIDTH,
+    };
+    let mut fc1_out = Vec::new();
     for (i, j, l) in g1.cells() {
-        let (r0, rows) = g1.rows[i];
         let slab = g1.slab_blocks(l);
         let (b0, nb) = g1.blocks[l];
-        for q in 0..slab {
-            let local = j as u32 * slab + q;
-            if local >= nb {
-                continue;
-            }
-            let chunk = b0 + local;
-            let j2 = (chunk / g2.map.chunks_per_tile) as usize;
-            let c_local = chunk - g2.chunks[j2].0;
-            for (i2, &(s0, rows2)) in g2.rows.iter().enumerate() {
-                let lo = r0.max(s0);
-                let hi = (r0 + rows).min(s0 + rows2);
-                if lo >= hi {
-                    continue;
-                }
-                copies.push(Copy {
-                    src: Loc {
-                        buf: g_bufs[&(i, j, l)],
-                        offset: (q * rows + (lo - r0)) * AMP_WIDTH * 2,
-                    },
-                    bytes: (hi - lo) * AMP_WIDTH * 2,
-                    dsts: (0..g2.blocks.len())
-                        .map(|l2| Loc {
-                            buf: a2[&(i2, j2, l2)],
-                            offset: (c_local * rows2 + (lo - s0)) * AMP_WIDTH * 2,
-                        })
-                        .collect(),
-                });
-            }
+        for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
+            let tile = g1.tile(i, j, l);
+            fc1_out.push(block_part(
+                tile,
+                g_bufs[&(i, j, l)],
+                q,
+                g1.rows[i],
+                b0 + j as u32 * slab + q,
+            ));
         }
     }
+    let mut fc2_in = Vec::new();
+    for (i, j, l) in g2.cells() {
+        let (c0, kc) = g2.chunks[j];
+        for c in 0..kc {
+            fc2_in.push(block_part(
+                g2.tile(i, j, l),
+                a2[&(i, j, l)],
+                c,
+                g2.rows[i],
+                c0 + c,
+            ));
+        }
+    }
+    let hidden = |parts| DistTensor {
+        rows: r,
+        cols: f,
+        elem_bytes: 2,
+        parts,
+    };
+    let copies = redistribute(&hidden(fc1_out), &hidden(fc2_in))
+        .unwrap_or_else(|e| panic!("fc2 inputs cover fc1's output: {e}"));
     lw.exchange(X2, "fc2.inputs", copies);
     let p2 = lw.matmul_stage("fc2", &g2, &a2, w2);
 
