@@ -932,9 +932,10 @@ pub fn lower_mlp(
     // The residual comes from the row owners' copy of `x` in the first exchange, and
     // `y` goes back to the row owners, so that the host moves whole rows.
     lw.reduce_scatter(R2, "fc2.reduce", &g2, &p2);
-    let owner_of = |row: u32| (row / rows_per_owner) as usize;
-    let mut residual_copies = Vec::new();
-    let mut y_copies = Vec::new();
+    // fc2's finished blocks, and the residual blocks beside them, as parts of the
+    // `[rows, width]` output: `x` comes in from the row owners, `y` goes back to them.
+    let mut out_blocks = Vec::new();
+    let mut residual_blocks = Vec::new();
     let mut y_bufs = Vec::new();
     for (o, &(_, n)) in owners.iter().enumerate() {
         let y = lw
@@ -945,7 +946,7 @@ pub fn lower_mlp(
     }
     for (i, j, l) in g2.cells() {
         let tile = g2.tile(i, j, l);
-        let (s0, rows) = g2.rows[i];
+        let rows = g2.rows[i].1;
         let slab = g2.slab_blocks(l);
         let n = slab * rows * AMP_WIDTH;
         let p = p2[&(i, j, l)];
@@ -971,41 +972,39 @@ pub fn lower_mlp(
             ],
         );
         let (b0, nb) = g2.blocks[l];
-        for q in 0..slab {
-            let local = j as u32 * slab + q;
-            if local >= nb {
-                continue;
-            }
-            let col = (b0 + local) * AMP_WIDTH * 2;
-            for row in s0..s0 + rows {
-                let within = (q * rows + row - s0) * AMP_WIDTH * 2;
-                let o = owner_of(row);
-                let in_owner = (row - owners[o].0) * row_bytes + col;
-                residual_copies.push(Copy {
-                    src: Loc {
-                        buf: x_bufs[o],
-                        offset: in_owner,
-                    },
-                    bytes: AMP_WIDTH * 2,
-                    dsts: vec![Loc {
-                        buf: residual,
-                        offset: within,
-                    }],
-                });
-                y_copies.push(Copy {
-                    src: Loc {
-                        buf: p,
-                        offset: within,
-                    },
-                    bytes: AMP_WIDTH * 2,
-                    dsts: vec![Loc {
-                        buf: y_bufs[o],
-                        offset: in_owner,
-                    }],
-                });
-            }
+        for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
+            let block = b0 + j as u32 * slab + q;
+            out_blocks.push(block_part(tile, p, q, g2.rows[i], block));
+            residual_blocks.push(block_part(tile, residual, q, g2.rows[i], block));
         }
     }
+    let width = |parts| DistTensor {
+        rows: r,
+        cols: d,
+        elem_bytes: 2,
+        parts,
+    };
+    let row_owners = |bufs: &[BufId]| {
+        width(
+            owners
+                .iter()
+                .enumerate()
+                .map(|(o, &(r0, n))| Part {
+                    tile: o as u32,
+                    at: Loc {
+                        buf: bufs[o],
+                        offset: 0,
+                    },
+                    rows: r0..r0 + n,
+                    cols: 0..d,
+                })
+                .collect(),
+        )
+    };
+    let residual_copies = redistribute(&row_owners(&x_bufs), &width(residual_blocks))
+        .unwrap_or_else(|e| panic!("the residual covers fc2's blocks: {e}"));
+    let y_copies = redistribute(&width(out_blocks), &row_owners(&y_bufs))
+        .unwrap_or_else(|e| panic!("fc2's blocks cover the output: {e}"));
     lw.add_copies(fc1_inputs, residual_copies);
     lw.exchange(X3, "outputs", y_copies);
     let y_slices = owners
