@@ -49,6 +49,18 @@ impl MlpConfig {
         }
     }
 
+    /// SigLIP B/16 at 224 px: 196 tokens, 768 -> 3072 -> 768.
+    pub fn base(batch: usize) -> Self {
+        MlpConfig {
+            batch,
+            tokens: 196,
+            width: 768,
+            hidden: 3072,
+            eps: so400m::LAYER_NORM_EPS,
+            dtype: DType::F16,
+        }
+    }
+
     /// A small shape with the same structure, for tests and quick runs.
     pub fn tiny(batch: usize) -> Self {
         MlpConfig {

@@ -1,10 +1,13 @@
 //! Model configuration files: the fields of `EncoderLayerConfig`, validated with
 //! errors that name the file and the problem.
 
-use tessera_graph::{EncoderLayerConfig, encoder_layer};
+use tessera_graph::{EncoderLayerConfig, MlpConfig, encoder_layer, mlp};
 
 #[test]
 fn presets_and_files() {
+    let m = MlpConfig::base(2);
+    assert_eq!((m.rows(), m.width, m.hidden), (392, 768, 3072));
+    mlp(&m).unwrap();
     let base = EncoderLayerConfig::base(2);
     assert_eq!(
         (base.tokens(), base.head_dim(), base.patch_dim()),

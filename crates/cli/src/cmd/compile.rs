@@ -27,6 +27,8 @@ pub enum ModelKind {
 pub enum Size {
     /// So400m dimensions (729 tokens, width 1152, hidden 4304).
     So400m,
+    /// SigLIP B/16 at 224 px (196 tokens, width 768, hidden 3072).
+    Base,
     /// 16 tokens, width 32, hidden 96: for quick checks.
     Tiny,
 }
@@ -108,6 +110,7 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
     }
     let cfg = match a.size {
         Size::So400m => MlpConfig::so400m(a.batch),
+        Size::Base => MlpConfig::base(a.batch),
         Size::Tiny => MlpConfig::tiny(a.batch),
     };
     let graph = match a.model {
