@@ -19,10 +19,10 @@ use std::ops::Range;
 use crate::ir::{BufId, Copy, Loc};
 
 /// One block of a distributed tensor: rows and columns of the whole tensor, stored
-/// row-major (row stride `cols.len()` elements) at `at` on `tile`.
+/// row-major (row stride `cols.len()` elements) at `at`. The tile is the buffer's:
+/// it is not repeated here, so the two cannot disagree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
-    pub tile: u32,
     pub at: Loc,
     pub rows: Range<u32>,
     pub cols: Range<u32>,
@@ -82,8 +82,8 @@ impl DistTensor {
 }
 
 /// Exchange copies that fill every destination part from the source parts. A
-/// destination element whose source part is on the same tile and at the same
-/// place needs no copy; otherwise it is copied, even within a tile.
+/// destination element already at its source's place (same buffer and offset)
+/// needs no copy; otherwise it is copied, even within a tile.
 pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, DistError> {
     if (src.rows, src.cols) != (dst.rows, dst.cols) {
         return Err(DistError::Shape(src.rows, src.cols, dst.rows, dst.cols));

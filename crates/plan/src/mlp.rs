@@ -785,7 +785,6 @@ pub fn lower_mlp(
             .iter()
             .enumerate()
             .map(|(o, &(r0, n))| Part {
-                tile: o as u32,
                 at: Loc {
                     buf: h_bufs[o],
                     offset: 0,
@@ -805,7 +804,6 @@ pub fn lower_mlp(
                 let (r0, rows) = g1.rows[i];
                 let (c0, kc) = g1.chunks[j];
                 Part {
-                    tile: g1.tile(i, j, l),
                     at: Loc {
                         buf: a_rm[&(i, j, l)],
                         offset: 0,
@@ -880,8 +878,7 @@ pub fn lower_mlp(
     }
     // fc1's finished slabs are 16-column blocks, each row-major; fc2 wants its row
     // group's chunks in the same block form, on every column group.
-    let block_part = |tile: u32, buf: BufId, k: u32, rows: (u32, u32), col_block: u32| Part {
-        tile,
+    let block_part = |buf: BufId, k: u32, rows: (u32, u32), col_block: u32| Part {
         at: Loc {
             buf,
             offset: k * rows.1 * AMP_WIDTH * 2,
@@ -894,9 +891,7 @@ pub fn lower_mlp(
         let slab = g1.slab_blocks(l);
         let (b0, nb) = g1.blocks[l];
         for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
-            let tile = g1.tile(i, j, l);
             fc1_out.push(block_part(
-                tile,
                 g_bufs[&(i, j, l)],
                 q,
                 g1.rows[i],
@@ -908,13 +903,7 @@ pub fn lower_mlp(
     for (i, j, l) in g2.cells() {
         let (c0, kc) = g2.chunks[j];
         for c in 0..kc {
-            fc2_in.push(block_part(
-                g2.tile(i, j, l),
-                a2[&(i, j, l)],
-                c,
-                g2.rows[i],
-                c0 + c,
-            ));
+            fc2_in.push(block_part(a2[&(i, j, l)], c, g2.rows[i], c0 + c));
         }
     }
     let hidden = |parts| DistTensor {
@@ -974,8 +963,8 @@ pub fn lower_mlp(
         let (b0, nb) = g2.blocks[l];
         for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
             let block = b0 + j as u32 * slab + q;
-            out_blocks.push(block_part(tile, p, q, g2.rows[i], block));
-            residual_blocks.push(block_part(tile, residual, q, g2.rows[i], block));
+            out_blocks.push(block_part(p, q, g2.rows[i], block));
+            residual_blocks.push(block_part(residual, q, g2.rows[i], block));
         }
     }
     let width = |parts| DistTensor {
@@ -990,7 +979,6 @@ pub fn lower_mlp(
                 .iter()
                 .enumerate()
                 .map(|(o, &(r0, n))| Part {
-                    tile: o as u32,
                     at: Loc {
                         buf: bufs[o],
                         offset: 0,

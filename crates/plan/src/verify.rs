@@ -302,20 +302,16 @@ impl Checker<'_> {
                 }
                 self.contract_use(&s, loc.buf, op.mem_class, op.align, op.tail_bytes);
                 match op.role {
-                    Role::Input => {
+                    // Weights were written at initialisation by their binding,
+                    // which the read check finds like any other write.
+                    Role::Input | Role::Weights => {
                         self.reads
                             .push((s, loc.buf, call.step, loc.offset, loc.offset + op.bytes));
                     }
                     Role::Output | Role::InOut => {
                         self.write(loc.buf, Some(call.step), loc.offset, op.bytes)
                     }
-                    // Both are written before the program runs: weights by their
-                    // binding at initialisation (checked there), vertex states by
-                    // emission into the tile image.
-                    Role::Weights => {
-                        self.reads
-                            .push((s, loc.buf, call.step, loc.offset, loc.offset + op.bytes));
-                    }
+                    // Emission writes vertex states into the tile image.
                     Role::State => self.write(loc.buf, None, loc.offset, op.bytes),
                 }
             }

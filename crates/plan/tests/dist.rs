@@ -33,8 +33,8 @@ fn cuts(rng: &mut Rng, n: u32, k: u32) -> Vec<std::ops::Range<u32>> {
     points.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
-/// A grid layout of `[rows, cols]`, each block in its own buffer from `first_buf`,
-/// on tile = buffer number; `replicas` extra copies of some blocks.
+/// A grid layout of `[rows, cols]`, each block in its own buffer from `first_buf`;
+/// `replicas` extra copies of some blocks.
 fn layout(rng: &mut Rng, rows: u32, cols: u32, first_buf: u32, replicas: u32) -> DistTensor {
     let mut parts = Vec::new();
     let mut buf = first_buf;
@@ -42,7 +42,6 @@ fn layout(rng: &mut Rng, rows: u32, cols: u32, first_buf: u32, replicas: u32) ->
         for c in cuts(rng, cols, 4) {
             for _ in 0..=rng.below(replicas + 1).min(replicas) {
                 parts.push(Part {
-                    tile: buf,
                     at: Loc {
                         buf: BufId(buf),
                         offset: 8 * rng.below(4),
@@ -142,7 +141,6 @@ fn random_layouts_against_the_oracle() {
 #[test]
 fn whole_blocks_move_as_one_copy_and_shared_data_is_sent_once() {
     let part = |buf: u32, rows: std::ops::Range<u32>| Part {
-        tile: buf,
         at: Loc {
             buf: BufId(buf),
             offset: 0,
@@ -177,7 +175,6 @@ fn whole_blocks_move_as_one_copy_and_shared_data_is_sent_once() {
 #[test]
 fn errors_name_the_problem() {
     let part = |rows: std::ops::Range<u32>| Part {
-        tile: 0,
         at: Loc {
             buf: BufId(0),
             offset: 0,

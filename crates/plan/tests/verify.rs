@@ -23,6 +23,24 @@ fn only<T>(errors: Vec<VerifyError>, pick: impl Fn(&VerifyError) -> Option<T>) -
     errors.iter().filter_map(pick).collect()
 }
 
+/// Repeats the first copy of the first exchange that has one; returns its id.
+fn duplicate_a_copy(p: &mut TilePlan) -> u16 {
+    let x = p
+        .exchanges
+        .iter_mut()
+        .find(|x| !x.copies.is_empty())
+        .unwrap();
+    let dup = x.copies[0].clone();
+    x.copies.push(dup);
+    x.id
+}
+
+/// Makes the first call's first operand buffer 2-byte aligned.
+fn under_align_first_operand(p: &mut TilePlan) {
+    let buf = p.calls[0].operands.values().next().unwrap().buf;
+    p.buffers[buf.0 as usize].align = 2;
+}
+
 #[test]
 fn the_lowering_keeps_every_rule() {
     let p = plan();
@@ -74,8 +92,7 @@ fn a_read_with_no_earlier_write() {
 fn conflicting_contracts_on_one_buffer() {
     let mut p = plan();
     // Declare a buffer less aligned than a kernel's contract requires.
-    let buf = p.calls[0].operands.values().next().unwrap().buf;
-    p.buffers[buf.0 as usize].align = 2;
+    under_align_first_operand(&mut p);
     let errors = verify(&p);
     let hits = only(errors, |e| match e {
         VerifyError::WeakerBuffer {
@@ -114,14 +131,7 @@ fn a_buffer_class_that_breaks_a_contract() {
 #[test]
 fn two_copies_writing_the_same_bytes() {
     let mut p = plan();
-    let x = p
-        .exchanges
-        .iter_mut()
-        .find(|x| !x.copies.is_empty())
-        .unwrap();
-    let dup = x.copies[0].clone();
-    x.copies.push(dup);
-    let id = x.id;
+    let id = duplicate_a_copy(&mut p);
     let errors = verify(&p);
     let hits = only(errors, |e| match e {
         VerifyError::OverlappingCopies { exchange, .. } if *exchange == id => Some(()),
@@ -165,15 +175,8 @@ fn an_output_not_covered_exactly_once() {
 #[test]
 fn every_error_is_reported_in_one_run() {
     let mut p = plan();
-    let buf = p.calls[0].operands.values().next().unwrap().buf;
-    p.buffers[buf.0 as usize].align = 2;
-    let x = p
-        .exchanges
-        .iter_mut()
-        .find(|x| !x.copies.is_empty())
-        .unwrap();
-    let dup = x.copies[0].clone();
-    x.copies.push(dup);
+    under_align_first_operand(&mut p);
+    duplicate_a_copy(&mut p);
     let errors = verify(&p);
     assert!(
         errors

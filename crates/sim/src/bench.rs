@@ -378,6 +378,11 @@ pub fn amp_reference(rows: u32) -> Vec<u16> {
     out
 }
 
+/// The Bow measurement's fit (tessellate-ipu): cycles per call and per row of an
+/// f16 `[N,16] x [16,16]` product on one tile.
+pub const MEASURED_INTERCEPT: u64 = 340;
+pub const MEASURED_CYCLES_PER_ROW: u64 = 4;
+
 /// One calibration point.
 #[derive(Debug, Clone, Serialize)]
 pub struct CalibrationPoint {
@@ -405,7 +410,7 @@ pub fn calibration(machine: &Machine, tiles: u32, ns: &[u32]) -> Vec<Calibration
                     .cycles
                 })
                 .unwrap_or(0);
-            let reference = 340 + 4 * u64::from(n);
+            let reference = MEASURED_INTERCEPT + MEASURED_CYCLES_PER_ROW * u64::from(n);
             CalibrationPoint {
                 n,
                 cycles,
@@ -438,11 +443,12 @@ pub fn calibration_fit(points: &[CalibrationPoint]) -> Option<CalibrationFit> {
         return None;
     }
     let slope = (q.cycles as f64 - p.cycles as f64) / f64::from(q.n - p.n);
+    let per_row = MEASURED_CYCLES_PER_ROW as f64;
     Some(CalibrationFit {
         slope,
         intercept: q.cycles as f64 - slope * f64::from(q.n),
-        reference_slope: 4.0,
-        reference_intercept: 340.0,
-        slope_deviation_percent: (slope - 4.0) / 4.0 * 100.0,
+        reference_slope: per_row,
+        reference_intercept: MEASURED_INTERCEPT as f64,
+        slope_deviation_percent: (slope - per_row) / per_row * 100.0,
     })
 }

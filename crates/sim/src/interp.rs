@@ -308,10 +308,15 @@ pub(crate) fn run<const SUP: bool>(
         ctx.issues += 1;
         ctx.instructions += n_inst;
         let before = ctx.clock;
+        // Only the supervisor's timing depends on register use.
+        let uses = if SUP {
+            word_uses(word)
+        } else {
+            tessera_isa::RegUse::default()
+        };
         if SUP {
             // The supervisor issues in a slot no worker holds, once the results it
             // reads have left the pipeline.
-            let uses = word_uses(word);
             let mut ready = ctx.clock;
             let mut reads = uses.reads;
             while reads != 0 {
@@ -383,7 +388,6 @@ pub(crate) fn run<const SUP: bool>(
         ctx.m[15] = 0;
         ctx.a[15] = 0;
         if SUP && result.is_ok() {
-            let uses = word_uses(word);
             let (at, lat) = (ctx.last_issue, env.latency);
             for (set, delay) in [(uses.increments, 1), (uses.writes, lat)] {
                 let mut bits = set;
