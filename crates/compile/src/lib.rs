@@ -20,7 +20,7 @@ use tessera_host::HostPlan;
 use tessera_machine::Machine;
 use tessera_package::Package;
 use tessera_place::{Diagnosis, Options as PlaceOptions};
-use tessera_plan::{LowerOptions, PlanError, TilePlan, lower_mlp};
+use tessera_plan::{LowerOptions, PlanError, PlanOp, TilePlan, lower, lower_mlp};
 
 pub use requests::tile_problems;
 
@@ -156,6 +156,11 @@ pub struct CompileReport {
 pub struct Compiled {
     pub package: Package,
     pub report: CompileReport,
+    /// The plan's operations, the operation of each plan step, and the step of
+    /// each exchange program: what a profile needs to charge cycles to operations.
+    pub plan_ops: Vec<PlanOp>,
+    pub step_ops: Vec<String>,
+    pub exchange_steps: Vec<u32>,
 }
 
 /// Lowers the MLP in `graph` and compiles it.
@@ -167,6 +172,21 @@ pub fn compile_mlp(
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
     let plan = lower_mlp(machine, graph, weights, &opts.lower)?;
+    let mut compiled =
+        compile_plan_with(machine, &plan, &opts.place, opts.exploit_declared_alignment)?;
+    compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(compiled)
+}
+
+/// Lowers `graph` with the per-operation rules and compiles it.
+pub fn compile_model(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &CompileOptions,
+) -> Result<Compiled, CompileError> {
+    let start = Instant::now();
+    let plan = lower(machine, graph, weights, &opts.lower)?;
     let mut compiled =
         compile_plan_with(machine, &plan, &opts.place, opts.exploit_declared_alignment)?;
     compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -322,5 +342,11 @@ fn compile_plan_with(
         package_bytes: 0,
         compile_ms: start.elapsed().as_secs_f64() * 1e3,
     };
-    Ok(Compiled { package, report })
+    Ok(Compiled {
+        package,
+        report,
+        plan_ops: plan.ops.clone(),
+        step_ops: plan.step_ops.clone(),
+        exchange_steps: plan.exchanges.iter().map(|x| x.step).collect(),
+    })
 }

@@ -8,7 +8,8 @@ use std::fmt;
 
 use serde::Serialize;
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, Contract, Gelu, Kernel, LayerNorm, MemClass, Rearrange, ReduceAdd,
+    Add, AddBias, AmpMatmul, BlocksToRows, Contract, Gelu, Kernel, LayerNorm, MemClass, Rearrange,
+    ReduceAdd, Softmax, TransposeBlocks, ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -71,6 +72,10 @@ pub enum KernelKind {
     Add(Add),
     AddBias(AddBias),
     ReduceAdd(ReduceAdd),
+    Softmax(Softmax),
+    ZeroFill(ZeroFill),
+    BlocksToRows(BlocksToRows),
+    TransposeBlocks(TransposeBlocks),
 }
 
 impl KernelKind {
@@ -83,6 +88,10 @@ impl KernelKind {
             KernelKind::Add(k) => k,
             KernelKind::AddBias(k) => k,
             KernelKind::ReduceAdd(k) => k,
+            KernelKind::Softmax(k) => k,
+            KernelKind::ZeroFill(k) => k,
+            KernelKind::BlocksToRows(k) => k,
+            KernelKind::TransposeBlocks(k) => k,
         }
     }
     pub fn contract(&self) -> Contract {
@@ -108,6 +117,10 @@ kernel_kind_from!(
     Add => Add,
     AddBias => AddBias,
     ReduceAdd => ReduceAdd,
+    Softmax => Softmax,
+    ZeroFill => ZeroFill,
+    BlocksToRows => BlocksToRows,
+    TransposeBlocks => TransposeBlocks,
 );
 
 /// A place inside a buffer.
@@ -199,6 +212,9 @@ pub struct Binding {
 pub struct TilePlan {
     pub tiles: u32,
     pub steps: Vec<StepKind>,
+    /// The graph operation each step belongs to (empty for host transfers), for
+    /// per-operation profiles.
+    pub step_ops: Vec<String>,
     pub buffers: Vec<Buffer>,
     pub calls: Vec<Call>,
     pub exchanges: Vec<Exchange>,
@@ -207,6 +223,19 @@ pub struct TilePlan {
     pub separations: Vec<(BufId, BufId)>,
     /// Human-readable notes on each mapping decision, for reports.
     pub decisions: Vec<String>,
+    /// The operations as lowered, in order: what each rule covered.
+    pub ops: Vec<PlanOp>,
+}
+
+/// One lowered operation: the graph operation a rule matched and the ones it fused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlanOp {
+    /// The graph operation's name; steps of this operation carry it.
+    pub name: String,
+    /// The rule: `linear`, `attention`, `layer_norm`, `output`.
+    pub kind: String,
+    /// Graph operations lowered with it (epilogues, views, the softmax).
+    pub fused: Vec<String>,
 }
 
 impl TilePlan {

@@ -6,6 +6,7 @@
 
 pub mod dist;
 pub mod ir;
+mod lower;
 pub mod matmul;
 pub mod mlp;
 mod text;
@@ -13,8 +14,9 @@ pub mod verify;
 
 pub use dist::{DistError, DistTensor, Part, redistribute};
 pub use ir::*;
-pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul};
-pub use mlp::{LowerOptions, lower_mlp};
+pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};
+pub use lower::{LowerOptions, lower};
+pub use mlp::lower_mlp;
 pub use verify::{Site, VerifyError, verify};
 
 /// Why no plan could be made.
@@ -35,6 +37,65 @@ pub enum PlanError {
     Unsupported(String),
     #[error("weight `{0}` is missing or has the wrong size")]
     MissingWeight(String),
+    #[error("the model cannot fit: {what} take {needed} bytes, {scope} has {available}")]
+    TooLarge {
+        what: String,
+        needed: u64,
+        available: u64,
+        scope: String,
+    },
     #[error("matmul has an empty dimension ({rows}x{k}x{n})")]
     Empty { rows: u32, k: u32, n: u32 },
+}
+
+/// The bytes a graph needs at the least, checked against the machine before any
+/// weight or input is generated, so that a model that cannot fit is refused in
+/// microseconds with the figures, not after gigabytes of allocation.
+///
+/// Counted: every parameter, input and output once in f16 (replication and
+/// activations only add to it) against the whole chip's SRAM; per tile, the keys,
+/// their transpose and the values of one attention head (each tile of a head's
+/// group holds all three) against one tile's SRAM.
+pub fn precheck(machine: &tessera_machine::Machine, graph: &tessera_graph::Graph) -> Result<(), PlanError> {
+    use tessera_graph::OpKind;
+    let chip = u64::from(machine.tiles) * u64::from(machine.sram_bytes());
+    let elems = |t: tessera_graph::TensorId| graph.shape(t).dims().iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+    let mut total = 0u64;
+    for op in graph.ops() {
+        if matches!(op.kind, OpKind::Parameter { .. } | OpKind::Input { .. }) {
+            total = total.saturating_add(elems(op.output).unwrap_or(u64::MAX).saturating_mul(2));
+        }
+    }
+    for out in graph.outputs() {
+        total = total.saturating_add(elems(out.tensor).unwrap_or(u64::MAX).saturating_mul(2));
+    }
+    if total > chip {
+        return Err(PlanError::TooLarge {
+            what: "its parameters, inputs and outputs (f16, once each)".into(),
+            needed: total,
+            available: chip,
+            scope: format!("the whole chip ({} tiles)", machine.tiles),
+        });
+    }
+    for op in graph.ops() {
+        if let OpKind::MatMul {
+            b,
+            transpose_b: true,
+            ..
+        } = op.kind
+        {
+            let dims = graph.shape(b).dims();
+            let (t, d) = (dims[dims.len() - 2] as u64, dims[dims.len() - 1] as u64);
+            let need = 3 * t.next_multiple_of(16) * d.next_multiple_of(16) * 2;
+            if need > u64::from(machine.sram_bytes()) {
+                return Err(PlanError::TooLarge {
+                    what: format!("the keys, their transpose and the values of one head of `{}`", op.name),
+                    needed: need,
+                    available: u64::from(machine.sram_bytes()),
+                    scope: "one tile".into(),
+                });
+            }
+        }
+    }
+    Ok(())
 }

@@ -148,6 +148,19 @@ pub fn map_matmul(
     shape: MatmulShape,
     budget: u64,
 ) -> Result<MatmulMapping, PlanError> {
+    map_matmul_capped(machine, shape, budget, u64::MAX)
+}
+
+/// [`map_matmul`] with a second limit: at most `weight_cap` bytes of weights per
+/// tile (weights stay resident for the whole program, so the matmuls of a model
+/// share one budget for them). The smallest-weight mapping is kept when none fits
+/// the cap, so that placement, not the planner, reports the shortfall with bytes.
+pub fn map_matmul_capped(
+    machine: &Machine,
+    shape: MatmulShape,
+    budget: u64,
+    weight_cap: u64,
+) -> Result<MatmulMapping, PlanError> {
     if shape.rows == 0 || shape.k == 0 || shape.n == 0 {
         return Err(PlanError::Empty {
             rows: shape.rows,
@@ -158,6 +171,7 @@ pub fn map_matmul(
     let tiles = machine.tiles;
     let mut best: Option<MatmulMapping> = None;
     let mut smallest_need = u64::MAX;
+    let mut lightest: Option<MatmulMapping> = None;
     for pk in 1..=shape.k_chunks().min(tiles) {
         for pn in 1..=shape.n_blocks().min(tiles / pk) {
             let pr_max = (tiles / (pk * pn)).min(shape.rows);
@@ -171,7 +185,14 @@ pub fn map_matmul(
                 let rows_t = shape.rows.div_ceil(pr);
                 let m = MatmulMapping::evaluate(machine, shape, pr, pk, pn);
                 smallest_need = smallest_need.min(m.bytes_per_tile);
-                if m.bytes_per_tile <= budget {
+                if m.bytes_per_tile <= budget
+                    && lightest.as_ref().is_none_or(|l| {
+                        (m.weight_bytes, m.cost.total()) < (l.weight_bytes, l.cost.total())
+                    })
+                {
+                    lightest = Some(m.clone());
+                }
+                if m.bytes_per_tile <= budget && m.weight_bytes <= weight_cap {
                     let better = match &best {
                         None => true,
                         Some(b) => (m.cost.total(), m.tiles()) < (b.cost.total(), b.tiles()),
@@ -189,7 +210,7 @@ pub fn map_matmul(
             }
         }
     }
-    best.ok_or(PlanError::DoesNotFit {
+    best.or(lightest).ok_or(PlanError::DoesNotFit {
         rows: shape.rows,
         k: shape.k,
         n: shape.n,

@@ -29,29 +29,10 @@ use tessera_kernels::{
 use tessera_machine::Machine;
 
 use crate::PlanError;
+use crate::lower::LowerOptions;
 use crate::dist::{DistTensor, Part, redistribute};
 use crate::ir::*;
 use crate::matmul::{AMP_WIDTH, MatmulMapping, MatmulShape, map_matmul};
-
-/// Policy knobs of the lowering.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LowerOptions {
-    /// Bytes per tile the matmuls may use for tensors (weights of both plus the
-    /// activations of one); the rest is left for code, vertex state and LayerNorm.
-    pub tensor_bytes: u64,
-    /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
-    /// keeps the kernel's true contract.
-    pub rearrange_declared_align: Option<u32>,
-}
-
-impl Default for LowerOptions {
-    fn default() -> Self {
-        LowerOptions {
-            tensor_bytes: 540 * 1024,
-            rearrange_declared_align: None,
-        }
-    }
-}
 
 /// The MLP's tensors and parameters as found in the graph.
 struct MlpPattern {
@@ -663,7 +644,7 @@ pub fn lower_mlp(
     let (r, d, f) = (pat.rows, pat.width, pat.hidden);
     let tiles = machine.tiles;
 
-    let (map1, map2) = choose_mappings(machine, r, d, f, opts.tensor_bytes)?;
+    let (map1, map2) = choose_mappings(machine, r, d, f, opts.weight_bytes + opts.transient_bytes)?;
     let g1 = Grid::new(map1);
     let g2 = Grid::new(map2);
     let rows_per_owner = r.div_ceil(tiles);

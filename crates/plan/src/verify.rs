@@ -8,8 +8,10 @@
 //! - every slice (call operand, copy source and destination, binding slice) lies
 //!   inside its buffer, on the tile the buffer lives on, at a step inside the
 //!   buffer's lifetime and of the right kind;
-//! - every byte read was written at an earlier step (by a call, a copy, an input
-//!   binding, or at initialisation by a weight binding or a vertex state);
+//! - every byte read was written earlier: at an earlier step (by a call, a copy, an
+//!   input binding, or at initialisation by a weight binding or a vertex state), or
+//!   by an earlier call of the same step on the same tile (calls of a step run in
+//!   plan order);
 //! - the uses of one buffer do not ask for incompatible memory classes, and the
 //!   buffer is at least as aligned, with at least the tail, as every use declares;
 //! - no two copies of one exchange write the same bytes;
@@ -159,15 +161,20 @@ pub enum VerifyError {
     },
 }
 
-/// Bytes `start..end` of a buffer written at `step` (`None`: at initialisation).
-type Write = (Option<Step>, u32, u32);
+/// When something happens: a step, and the position in that step's program order
+/// (0 for exchanges and host transfers, `1 + call index` for calls, so a call sees
+/// what an earlier call of the same step wrote on its tile).
+type At = (Step, u32);
+
+/// Bytes `start..end` of a buffer written at a time (`None`: at initialisation).
+type Write = (Option<At>, u32, u32);
 
 struct Checker<'p> {
     plan: &'p TilePlan,
     errors: Vec<VerifyError>,
     writes: BTreeMap<BufId, Vec<Write>>,
     /// Reads to check once every write is known: site, buffer, step, range.
-    reads: Vec<(Site, BufId, Step, u32, u32)>,
+    reads: Vec<(Site, BufId, At, u32, u32)>,
     /// The first use of each buffer asking for a specific class.
     classes: BTreeMap<BufId, (Site, MemClass)>,
 }
@@ -260,7 +267,7 @@ impl Checker<'_> {
         }
     }
 
-    fn write(&mut self, buf: BufId, step: Option<Step>, start: u32, bytes: u32) {
+    fn write(&mut self, buf: BufId, step: Option<At>, start: u32, bytes: u32) {
         self.writes
             .entry(buf)
             .or_default()
@@ -305,11 +312,16 @@ impl Checker<'_> {
                     // Weights were written at initialisation by their binding,
                     // which the read check finds like any other write.
                     Role::Input | Role::Weights => {
-                        self.reads
-                            .push((s, loc.buf, call.step, loc.offset, loc.offset + op.bytes));
+                        self.reads.push((
+                            s,
+                            loc.buf,
+                            (call.step, 1 + index as u32),
+                            loc.offset,
+                            loc.offset + op.bytes,
+                        ));
                     }
                     Role::Output | Role::InOut => {
-                        self.write(loc.buf, Some(call.step), loc.offset, op.bytes)
+                        self.write(loc.buf, Some((call.step, 1 + index as u32)), loc.offset, op.bytes)
                     }
                     // Emission writes vertex states into the tile image.
                     Role::State => self.write(loc.buf, None, loc.offset, op.bytes),
@@ -388,7 +400,7 @@ impl Checker<'_> {
                     self.reads.push((
                         src,
                         copy.src.buf,
-                        x.step,
+                        (x.step, 0),
                         copy.src.offset,
                         copy.src.offset + copy.bytes,
                     ));
@@ -400,7 +412,7 @@ impl Checker<'_> {
                         dst: Some(d),
                     };
                     if self.slice(&site, *dst, copy.bytes, None, Some(x.step)) {
-                        self.write(dst.buf, Some(x.step), dst.offset, copy.bytes);
+                        self.write(dst.buf, Some((x.step, 0)), dst.offset, copy.bytes);
                         written.entry(dst.buf).or_default().push((
                             dst.offset,
                             dst.offset + copy.bytes,
@@ -461,12 +473,14 @@ impl Checker<'_> {
                     continue;
                 }
                 match b.dir {
-                    BindingDir::Input => self.write(s.loc.buf, step, s.loc.offset, s.bytes),
+                    BindingDir::Input => {
+                        self.write(s.loc.buf, step.map(|s| (s, 0)), s.loc.offset, s.bytes)
+                    }
                     BindingDir::Weight => self.write(s.loc.buf, None, s.loc.offset, s.bytes),
                     BindingDir::Output => self.reads.push((
                         site,
                         s.loc.buf,
-                        step.unwrap_or(Step::MAX),
+                        (step.unwrap_or(Step::MAX), 0),
                         s.loc.offset,
                         s.loc.offset + s.bytes,
                     )),
@@ -504,19 +518,20 @@ impl Checker<'_> {
         }
     }
 
-    /// Every read is covered by writes at earlier steps (or at initialisation).
+    /// Every read is covered by writes earlier in program order (or at
+    /// initialisation).
     fn read_after_write(&mut self) {
         for w in self.writes.values_mut() {
             w.sort_unstable();
         }
         let reads = std::mem::take(&mut self.reads);
-        for (site, buf, step, start, end) in reads {
+        for (site, buf, at, start, end) in reads {
             let mut before: Vec<(u32, u32)> = self
                 .writes
                 .get(&buf)
                 .into_iter()
                 .flatten()
-                .filter(|w| w.0.is_none_or(|s| s < step))
+                .filter(|w| w.0.is_none_or(|s| s < at))
                 .map(|w| (w.1, w.2))
                 .collect();
             before.sort_unstable();
@@ -534,7 +549,7 @@ impl Checker<'_> {
                 self.errors.push(VerifyError::ReadBeforeWrite {
                     site,
                     buf,
-                    step,
+                    step: at.0,
                     start: covered,
                     end,
                 });

@@ -8,37 +8,47 @@ use clap::{Args, ValueEnum};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tessera_compile::{CompileOptions, CompileReport, Compiled, compile_mlp};
+use tessera_compile::{CompileOptions, CompileReport, Compiled, compile_model};
 use tessera_graph::{
-    Graph, HostTensor, Inputs, MlpConfig, OpKind, Weights, init_weights, mlp, random_inputs,
+    EncoderLayerConfig, Graph, HostTensor, Inputs, MlpConfig, OpKind, Weights, encoder_layer,
+    init_weights, mlp, random_inputs,
 };
 use tessera_machine::Machine;
 use tessera_sim::{Fault, SimOptions, Simulator, Status};
 
 use crate::Outcome;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModelKind {
-    /// The So400m MLP block: LayerNorm, fc1, GELU, fc2, residual.
+    /// The vision tower with one encoder layer: patch projection, attention, MLP,
+    /// post-LayerNorm and the attention-pooling head.
+    Layer,
+    /// The MLP block alone: LayerNorm, fc1, GELU, fc2, residual.
     Mlp,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Size {
-    /// So400m dimensions (729 tokens, width 1152, hidden 4304).
+    /// So400m/14 at 378 px (729 tokens, width 1152, 16 heads, MLP 4304).
     So400m,
-    /// SigLIP B/16 at 224 px (196 tokens, width 768, hidden 3072).
+    /// SigLIP B/16 at 224 px (196 tokens, width 768, 12 heads, MLP 3072).
     Base,
-    /// 16 tokens, width 32, hidden 96: for quick checks.
+    /// 16 tokens, width 32, 4 heads, MLP 64 (the MLP block alone: hidden 96): for
+    /// quick checks.
     Tiny,
 }
 
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    #[arg(long, value_enum, default_value = "mlp")]
+    #[arg(long, value_enum, default_value = "layer")]
     pub model: ModelKind,
     #[arg(long, value_enum, default_value = "so400m")]
     pub size: Size,
+    /// Layer dimensions from a TOML file (`image_size`, `channels`, `patch`,
+    /// `width`, `heads`, `mlp_hidden`, `layers`, `eps`; the rest as So400m). Only
+    /// with `--model layer`; replaces `--size`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Machine preset or TOML file.
     #[arg(long, default_value = "c600")]
     pub machine: String,
@@ -108,14 +118,35 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    let cfg = match a.size {
-        Size::So400m => MlpConfig::so400m(a.batch),
-        Size::Base => MlpConfig::base(a.batch),
-        Size::Tiny => MlpConfig::tiny(a.batch),
-    };
     let graph = match a.model {
-        ModelKind::Mlp => mlp(&cfg)?,
+        ModelKind::Mlp => {
+            if a.config.is_some() {
+                bail!("--config sets layer dimensions; it applies to --model layer only");
+            }
+            mlp(&match a.size {
+                Size::So400m => MlpConfig::so400m(a.batch),
+                Size::Base => MlpConfig::base(a.batch),
+                Size::Tiny => MlpConfig::tiny(a.batch),
+            })?
+        }
+        ModelKind::Layer => {
+            let cfg = match &a.config {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    EncoderLayerConfig::from_toml(&text, &path.display().to_string(), a.batch)?
+                }
+                None => match a.size {
+                    Size::So400m => EncoderLayerConfig::so400m(a.batch),
+                    Size::Base => EncoderLayerConfig::base(a.batch),
+                    Size::Tiny => EncoderLayerConfig::tiny(a.batch),
+                },
+            };
+            encoder_layer(&cfg)?
+        }
     };
+    // Refuse what cannot fit before generating gigabytes of weights.
+    tessera_plan::precheck(&machine, &graph)?;
     let weights = init_weights(&graph, a.seed);
     let inputs = random_inputs(&graph, a.seed + 1);
     Ok(Prepared {
@@ -133,7 +164,7 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
         opts.lower.rearrange_declared_align = Some(2);
         opts.exploit_declared_alignment = true;
     }
-    let r = compile_mlp(&p.machine, &p.graph, &p.weights, &opts);
+    let r = compile_model(&p.machine, &p.graph, &p.weights, &opts);
     pb.finish_and_clear();
     Ok(r?)
 }
@@ -223,9 +254,18 @@ struct RunJson<'a> {
     /// is also the profile's total.
     total_cycles: u64,
     supersteps: u32,
+    /// The output furthest from the reference relative to its tolerance.
     max_abs_error: Option<f32>,
     tolerance: f32,
+    /// The smallest cosine similarity of any output with its reference.
+    cosine: Option<f64>,
+    outputs: &'a [OutputCheck],
+    /// The encoder layers' operations (`layers.*`), as the seed's encoder interval.
+    encoder: Option<Interval>,
+    ops: &'a [OpRow],
     compile_ms: f64,
+    /// Final tensor placement of every tile.
+    placement_ms: f64,
     simulate_ms: f64,
     reference_ms: f64,
     tiles_used: u32,
@@ -264,6 +304,186 @@ fn matmul_flop(g: &Graph) -> u64 {
             _ => None,
         })
         .sum()
+}
+
+/// One output compared with the f32 reference.
+#[derive(Serialize)]
+struct OutputCheck {
+    name: String,
+    max_abs_error: Option<f32>,
+    tolerance: f32,
+    /// Largest `|reference|`.
+    scale: f32,
+    cosine: Option<f64>,
+    passed: bool,
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(x), f64::from(y));
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    ab / (aa.sqrt() * bb.sqrt()).max(f64::MIN_POSITIVE)
+}
+
+/// Cycles charged to one lowered operation.
+#[derive(Serialize)]
+struct OpRow {
+    name: String,
+    kind: String,
+    /// Compute plus exchange cycles charged to it.
+    cycles: u64,
+    compute: u64,
+    exchange: u64,
+    flop: u64,
+    peak_share: f64,
+}
+
+#[derive(Serialize)]
+struct Interval {
+    cycles: u64,
+    flop: u64,
+    peak_share: f64,
+}
+
+/// FLOP of one graph operation (matrix products only: two per multiply-add).
+fn op_flop(g: &Graph, op: &tessera_graph::Op) -> u64 {
+    match &op.kind {
+        OpKind::MatMul { a, .. } => {
+            2 * g.shape(op.output).numel() as u64 * g.shape(*a).last() as u64
+        }
+        _ => 0,
+    }
+}
+
+/// Charges each superstep's compute to the operation of the compute steps it ran
+/// and its exchange to the operation of the exchange program, then sums per
+/// operation. A superstep ends at a sync before an exchange, so its compute is
+/// the plan's compute steps since the previous exchange. The encoder interval is
+/// every cycle charged to a `layers.*` operation, with the syncs that follow them.
+fn op_table(
+    g: &Graph,
+    c: &Compiled,
+    profile: &tessera_profile::Profile,
+    peak: f64,
+) -> (Vec<OpRow>, Option<Interval>) {
+    let index: std::collections::HashMap<&str, usize> = c
+        .plan_ops
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.name.as_str(), i))
+        .collect();
+    let mut rows: Vec<OpRow> = c
+        .plan_ops
+        .iter()
+        .map(|o| OpRow {
+            name: o.name.clone(),
+            kind: o.kind.clone(),
+            cycles: 0,
+            compute: 0,
+            exchange: 0,
+            flop: 0,
+            peak_share: 0.0,
+        })
+        .collect();
+    for op in g.ops() {
+        let owner = index.get(op.name.as_str()).copied().or_else(|| {
+            c.plan_ops
+                .iter()
+                .position(|o| o.fused.iter().any(|f| f == &op.name))
+        });
+        if let Some(i) = owner {
+            rows[i].flop += op_flop(g, op);
+        }
+    }
+    let compute_op = |from: u32, to: u32| -> Option<usize> {
+        (from..to)
+            .filter_map(|s| c.step_ops.get(s as usize))
+            .find(|n| !n.is_empty())
+            .and_then(|n| index.get(n.as_str()).copied())
+    };
+    let is_encoder = |i: Option<usize>| i.is_some_and(|i| rows_name_is_layer(&c.plan_ops[i].name));
+    let mut enc = 0u64;
+    let last_step = c.step_ops.len() as u32;
+    let first_exchange = c.exchange_steps.first().copied().unwrap_or(last_step);
+    let mut seen_exchange = false;
+    for (k, ss) in profile.supersteps.iter().enumerate() {
+        // A superstep runs an exchange, then compute until the next sync: the
+        // plan's compute steps up to the next exchange.
+        let (cop, xop) = match ss.exchanges.first() {
+            Some(&id) => {
+                seen_exchange = true;
+                let xs = c.exchange_steps.get(id as usize).copied().unwrap_or(last_step);
+                let next = c
+                    .exchange_steps
+                    .get(id as usize + 1)
+                    .copied()
+                    .unwrap_or(last_step);
+                let xop = c.step_ops.get(xs as usize).and_then(|n| index.get(n.as_str()).copied());
+                (compute_op(xs + 1, next), xop)
+            }
+            None if !seen_exchange && ss.compute > 0 => (compute_op(1, first_exchange), None),
+            None => (None, None),
+        };
+        if let Some(i) = cop {
+            rows[i].compute += ss.compute;
+        }
+        if let Some(i) = xop {
+            rows[i].exchange += ss.exchange;
+        }
+        if is_encoder(cop) {
+            enc += ss.compute;
+        }
+        if is_encoder(xop) {
+            enc += ss.exchange;
+        }
+        if is_encoder(cop) || is_encoder(xop) {
+            if let Some(next) = profile.supersteps.get(k + 1) {
+                enc += next.start.saturating_sub(ss.end);
+            }
+        }
+    }
+    for r in &mut rows {
+        r.cycles = r.compute + r.exchange;
+        r.peak_share = r.flop as f64 / (r.cycles.max(1) as f64 * peak);
+    }
+    let enc_flop: u64 = rows
+        .iter()
+        .filter(|r| rows_name_is_layer(&r.name))
+        .map(|r| r.flop)
+        .sum();
+    let encoder = (enc > 0).then(|| Interval {
+        cycles: enc,
+        flop: enc_flop,
+        peak_share: enc_flop as f64 / (enc as f64 * peak),
+    });
+    (rows, encoder)
+}
+
+fn rows_name_is_layer(name: &str) -> bool {
+    name.starts_with("layers.")
+}
+
+fn render_ops(ops: &[OpRow]) -> String {
+    let mut out = format!(
+        "{:44} {:>11} {:>10} {:>10} {:>10} {:>8}\n",
+        "operation", "kind", "cycles", "compute", "exchange", "peak"
+    );
+    for o in ops {
+        out += &format!(
+            "{:44} {:>11} {:>10} {:>10} {:>10} {:>7.1}%\n",
+            o.name,
+            o.kind,
+            o.cycles,
+            o.compute,
+            o.exchange,
+            100.0 * o.peak_share
+        );
+    }
+    out
 }
 
 /// A simulated run of a compiled model, split into weight streaming and one
@@ -357,21 +577,44 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let want = tessera_reference::evaluate(&p.graph, &p.weights, &p.inputs)?;
     let reference_ms = t.elapsed().as_secs_f64() * 1e3;
     pb.finish_and_clear();
-    let out = &p.graph.outputs()[0];
-    let want = want.get(&out.name).context("reference output")?;
-    let scale = want.data().iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let tol = tolerance(scale);
-    let max_err = if report.status == Status::Ok {
-        let got = f16_values(sim.binding(&out.name).context("output binding")?);
-        let got = HostTensor::new(want.shape().clone(), got)?;
-        Some(tessera_reference::max_abs_error(&got, want)?)
-    } else {
-        None
-    };
-    let passed = report.status == Status::Ok && max_err.is_some_and(|e| e <= tol);
+    let mut outputs = Vec::new();
+    for out in p.graph.outputs() {
+        let want = want.get(&out.name).context("reference output")?;
+        let scale = want.data().iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let tol = tolerance(scale);
+        let (max_err, cosine) = if report.status == Status::Ok {
+            let got = f16_values(sim.binding(&out.name).context("output binding")?);
+            let got = HostTensor::new(want.shape().clone(), got)?;
+            (
+                Some(tessera_reference::max_abs_error(&got, want)?),
+                Some(cosine(got.data(), want.data())),
+            )
+        } else {
+            (None, None)
+        };
+        outputs.push(OutputCheck {
+            name: out.name.clone(),
+            max_abs_error: max_err,
+            tolerance: tol,
+            scale,
+            cosine,
+            passed: max_err.is_some_and(|e| e <= tol),
+        });
+    }
+    let passed = report.status == Status::Ok && outputs.iter().all(|o| o.passed);
+    // The worst output against its own tolerance speaks for the run.
+    let worst = outputs
+        .iter()
+        .max_by(|x, y| {
+            let r = |o: &OutputCheck| o.max_abs_error.map_or(f32::INFINITY, |e| e / o.tolerance);
+            r(x).total_cmp(&r(y))
+        })
+        .context("the model has no output")?;
     let flop = matmul_flop(&p.graph);
     let fpc = flop as f64 / run_cycles.max(1) as f64;
-    let share = fpc / p.machine.peak_f16_flop_per_cycle() as f64;
+    let peak = p.machine.peak_f16_flop_per_cycle() as f64;
+    let share = fpc / peak;
+    let (ops, encoder) = op_table(&p.graph, &c, &profile, peak);
     if a.json {
         super::print_json(&RunJson {
             status: if passed {
@@ -386,9 +629,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             init_cycles,
             total_cycles: report.cycles,
             supersteps: report.supersteps,
-            max_abs_error: max_err,
-            tolerance: tol,
+            max_abs_error: worst.max_abs_error,
+            tolerance: worst.tolerance,
+            cosine: outputs.iter().filter_map(|o| o.cosine).reduce(f64::min),
+            outputs: &outputs,
+            encoder,
+            ops: &ops,
             compile_ms: c.report.compile_ms,
+            placement_ms: c.report.placement.place_ms,
             simulate_ms,
             reference_ms,
             tiles_used: c.report.tiles_used,
@@ -427,12 +675,27 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             "whole run: {} cycles in {} supersteps (weights streamed, then one inference)",
             report.cycles, report.supersteps
         );
+        if let Some(e) = &encoder {
+            println!(
+                "encoder interval: {} cycles, {:.2} GFLOP, {:.1}% of f16 peak",
+                e.cycles,
+                e.flop as f64 / 1e9,
+                100.0 * e.peak_share
+            );
+        }
+        print!("{}", render_ops(&ops));
         print!("{}", tessera_profile::render(&profile));
-        match max_err {
-            Some(e) => {
-                println!("max abs error {e:.6} (tolerance {tol:.6}, output scale {scale:.3})")
+        for o in &outputs {
+            match (o.max_abs_error, o.cosine) {
+                (Some(e), Some(cos)) => println!(
+                    "output `{}`: max abs error {e:.6} (tolerance {:.6}, output scale {:.3}), cosine {cos:.6}{}",
+                    o.name,
+                    o.tolerance,
+                    o.scale,
+                    if o.passed { "" } else { "  MISMATCH" }
+                ),
+                _ => println!("output `{}`: none, the run faulted", o.name),
             }
-            None => println!("no output: the run faulted"),
         }
         for f in report.faults.iter().take(24) {
             println!("  {f}");
@@ -528,6 +791,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
     let args = ModelArgs {
         model: ModelKind::Mlp,
         size: Size::So400m,
+        config: None,
         machine: a.machine.clone(),
         tiles: None,
         batch: a.batch,

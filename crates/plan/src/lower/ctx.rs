@@ -1,0 +1,334 @@
+//! The lowering context the rules share: steps handed out as operations are
+//! lowered, buffers whose lifetimes follow their uses, constants streamed from the
+//! host once, kernel calls bound to buffers, exchange phases and host bindings.
+
+use std::collections::{BTreeMap, HashMap};
+
+use half::f16;
+use tessera_machine::Machine;
+
+use crate::dist::{DistTensor, Part};
+use crate::ir::*;
+use crate::lower::LowerOptions;
+use tessera_kernels::MemClass;
+
+/// A weight binding under construction: distinct tile images, concatenated.
+#[derive(Default)]
+struct WeightImage {
+    image: Vec<u8>,
+    /// Tile image -> its offset in `image`.
+    offsets: HashMap<Vec<u8>, u32>,
+    slices: Vec<Slice>,
+}
+
+pub(crate) struct Lowering<'a> {
+    pub plan: TilePlan,
+    weights: BTreeMap<String, WeightImage>,
+    pub machine: &'a Machine,
+    pub opts: &'a LowerOptions,
+    /// Buffers that live to the end of the program (constants, vertex states);
+    /// their lifetimes are closed when the last step is known.
+    forever: Vec<BufId>,
+    inputs: Vec<Binding>,
+    /// Output bindings: name, host bytes, slices; bound at the last step.
+    outputs: Vec<(String, u32, Vec<Slice>)>,
+    /// The graph operation being lowered; steps handed out now belong to it.
+    pub op: String,
+}
+
+pub(crate) fn f16_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    values
+        .into_iter()
+        .flat_map(|v| f16::from_f32(v).to_le_bytes())
+        .collect()
+}
+
+/// `total` split into runs of `per` (the last one shorter): (start, len).
+pub(crate) fn groups(total: u32, per: u32) -> Vec<(u32, u32)> {
+    (0..total.div_ceil(per.max(1)))
+        .map(|g| (g * per, per.min(total - g * per)))
+        .collect()
+}
+
+impl<'a> Lowering<'a> {
+    pub fn new(machine: &'a Machine, opts: &'a LowerOptions) -> Self {
+        Lowering {
+            plan: TilePlan {
+                steps: vec![StepKind::HostIn],
+                step_ops: vec![String::new()],
+                ..TilePlan::default()
+            },
+            weights: BTreeMap::new(),
+            machine,
+            opts,
+            forever: Vec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            op: String::new(),
+        }
+    }
+
+    /// A new step of `kind` after every step handed out so far.
+    pub fn step(&mut self, kind: StepKind) -> Step {
+        self.plan.steps.push(kind);
+        self.plan.step_ops.push(self.op.clone());
+        (self.plan.steps.len() - 1) as Step
+    }
+
+    pub fn compute_step(&mut self) -> Step {
+        self.step(StepKind::Compute)
+    }
+
+    pub fn buffer(&mut self, tile: u32, name: String, bytes: u32, category: Category) -> BufId {
+        self.plan.add_buffer(tile, name, bytes, category)
+    }
+
+    /// A buffer of constant contents: the host streams `bytes` into it once, at
+    /// initialisation, through the weight binding `weights/NAME`, whose image is
+    /// every tile's part in device layout, concatenated in the order of creation.
+    pub fn constant(&mut self, tile: u32, name: String, bytes: Vec<u8>, category: Category) -> BufId {
+        let id = self
+            .plan
+            .add_buffer(tile, name.clone(), bytes.len() as u32, category);
+        let w = self.weights.entry(format!("weights/{name}")).or_default();
+        // Tiles that hold identical weights (replicas over row groups) share one
+        // copy in the host image; several tiles' slices point at it.
+        let len = bytes.len() as u32;
+        let offset = *w.offsets.entry(bytes).or_insert_with_key(|b| {
+            let at = w.image.len() as u32;
+            w.image.extend_from_slice(b);
+            at
+        });
+        w.slices.push(Slice {
+            loc: Loc { buf: id, offset: 0 },
+            offset,
+            bytes: len,
+        });
+        self.plan.touch(id, 0);
+        self.forever.push(id);
+        id
+    }
+
+    /// One kernel call; the contract's requirements bind the buffers it touches.
+    pub fn call(&mut self, tile: u32, step: Step, kernel: impl Into<KernelKind>, ops: &[(&str, Loc)]) {
+        let kernel: KernelKind = kernel.into();
+        let contract = kernel.contract();
+        let state_op = contract.operands.iter().find(|o| o.name == "state");
+        let state_bytes = state_op.map_or(64, |o| o.bytes);
+        let state = self.plan.add_buffer(
+            tile,
+            format!("{}.state", contract.kernel),
+            state_bytes,
+            Category::VertexState,
+        );
+        // The state is an operand like any other: its contract's alignment and
+        // class bind the buffer.
+        if let Some(op) = state_op {
+            let buf = &mut self.plan.buffers[state.0 as usize];
+            buf.align = buf.align.max(op.align);
+            buf.tail = buf.tail.max(op.tail_bytes);
+            buf.class = op.mem_class;
+        }
+        self.plan.touch(state, 0);
+        self.forever.push(state);
+        let operands: BTreeMap<String, Loc> =
+            ops.iter().map(|(n, l)| (n.to_string(), *l)).collect();
+        for (name, loc) in &operands {
+            self.plan.touch(loc.buf, step);
+            let Some(op) = contract.operand(name) else {
+                panic!("kernel {} has no operand `{name}`", contract.kernel);
+            };
+            let buf = &mut self.plan.buffers[loc.buf.0 as usize];
+            assert!(
+                loc.offset + op.bytes <= buf.bytes,
+                "operand `{name}` of {} overruns {} ({} + {} > {})",
+                contract.kernel,
+                buf.name,
+                loc.offset,
+                op.bytes,
+                buf.bytes
+            );
+            buf.align = buf.align.max(op.align);
+            buf.tail = buf.tail.max(op.tail_bytes);
+            buf.class = match (buf.class, op.mem_class) {
+                (MemClass::Any, c) => c,
+                (c, MemClass::Any) => c,
+                (a, b) if a == b => a,
+                (a, b) => panic!("buffer {} needs both {a:?} and {b:?}", buf.name),
+            };
+        }
+        for op in &contract.operands {
+            for other in &op.separate_from {
+                if let (Some(a), Some(b)) = (operands.get(&op.name), operands.get(other))
+                    && a.buf < b.buf
+                {
+                    self.plan.separations.push((a.buf, b.buf));
+                }
+            }
+        }
+        self.plan.calls.push(Call {
+            tile,
+            step,
+            kernel,
+            operands,
+            state,
+        });
+    }
+
+    /// A new exchange phase holding `copies`, or no step at all when there is
+    /// nothing to move. Every buffer the copies touch is live at its step.
+    pub fn exchange(&mut self, name: &str, copies: Vec<Copy>) -> Option<Step> {
+        if copies.is_empty() {
+            return None;
+        }
+        let id = self.plan.exchanges.len() as u16;
+        let step = self.step(StepKind::Exchange(id));
+        for c in &copies {
+            self.plan.touch(c.src.buf, step);
+            for d in &c.dsts {
+                self.plan.touch(d.buf, step);
+            }
+        }
+        self.plan.exchanges.push(Exchange {
+            id,
+            name: name.to_string(),
+            step,
+            copies,
+        });
+        Some(step)
+    }
+
+    /// Rows `rows` of a `[rows, cols]` host input, spread over row owners (whole
+    /// rows, consecutive tiles from 0), written by the host at step 0.
+    pub fn input(&mut self, name: &str, rows: u32, cols: u32) -> DistTensor {
+        let owners = self.row_owners(rows);
+        let row_bytes = cols * 2;
+        let mut parts = Vec::new();
+        let mut slices = Vec::new();
+        for (o, &(r0, n)) in owners.iter().enumerate() {
+            let buf = self.buffer(o as u32, name.to_string(), n * row_bytes, Category::Activation);
+            self.plan.touch(buf, 0);
+            parts.push(Part {
+                at: Loc { buf, offset: 0 },
+                rows: r0..r0 + n,
+                cols: 0..cols,
+            });
+            slices.push(Slice {
+                loc: Loc { buf, offset: 0 },
+                offset: r0 * row_bytes,
+                bytes: n * row_bytes,
+            });
+        }
+        self.inputs.push(Binding {
+            name: name.to_string(),
+            dir: BindingDir::Input,
+            bytes: rows * row_bytes,
+            slices,
+            data: Vec::new(),
+        });
+        DistTensor {
+            rows,
+            cols,
+            elem_bytes: 2,
+            parts,
+        }
+    }
+
+    /// The row groups of a `rows`-row tensor spread one group per tile.
+    pub fn row_owners(&self, rows: u32) -> Vec<(u32, u32)> {
+        groups(rows, rows.div_ceil(self.machine.tiles))
+    }
+
+    /// Whole-row buffers of `t` on its row owners: `t`'s own parts when they are
+    /// already that, otherwise new buffers filled by an exchange.
+    pub fn to_row_owners(&mut self, t: &DistTensor, name: &str) -> DistTensor {
+        let owners = self.row_owners(t.rows);
+        let already = t.parts.len() == owners.len()
+            && t.parts.iter().zip(&owners).enumerate().all(|(o, (p, &(r0, n)))| {
+                p.rows == (r0..r0 + n)
+                    && p.cols == (0..t.cols)
+                    && p.at.offset == 0
+                    && self.plan.buffer(p.at.buf).tile == o as u32
+            });
+        if already {
+            return t.clone();
+        }
+        let mut parts = Vec::new();
+        for (o, &(r0, n)) in owners.iter().enumerate() {
+            let buf = self.buffer(o as u32, name.to_string(), n * t.cols * t.elem_bytes, Category::Activation);
+            parts.push(Part {
+                at: Loc { buf, offset: 0 },
+                rows: r0..r0 + n,
+                cols: 0..t.cols,
+            });
+        }
+        let dst = DistTensor {
+            rows: t.rows,
+            cols: t.cols,
+            elem_bytes: t.elem_bytes,
+            parts,
+        };
+        let copies = crate::dist::redistribute(t, &dst)
+            .unwrap_or_else(|e| panic!("row owners of `{name}` cover the tensor: {e}"));
+        self.exchange(&format!("{name}.rows"), copies);
+        dst
+    }
+
+    /// Makes `t` (on its row owners, see [`Self::to_row_owners`]) the host output
+    /// `name`, read after the last step.
+    pub fn output(&mut self, name: &str, t: &DistTensor) {
+        let t = self.to_row_owners(t, &format!("{name}.out"));
+        let row_bytes = t.cols * t.elem_bytes;
+        let slices = t
+            .parts
+            .iter()
+            .map(|p| Slice {
+                loc: p.at,
+                offset: p.rows.start * row_bytes,
+                bytes: (p.rows.end - p.rows.start) * row_bytes,
+            })
+            .collect();
+        self.outputs
+            .push((name.to_string(), t.rows * row_bytes, slices));
+    }
+
+    /// The finished plan: the host-out step, lifetimes of constants and states
+    /// closed, bindings in a fixed order (weights by name, inputs, outputs).
+    pub fn finish(mut self) -> TilePlan {
+        self.op.clear();
+        let last = self.step(StepKind::HostOut);
+        for id in std::mem::take(&mut self.forever) {
+            self.plan.touch(id, last);
+        }
+        for (name, w) in std::mem::take(&mut self.weights) {
+            self.plan.bindings.push(Binding {
+                name,
+                dir: BindingDir::Weight,
+                bytes: w.image.len() as u32,
+                slices: w.slices,
+                data: w.image,
+            });
+        }
+        self.plan.bindings.append(&mut self.inputs);
+        for (name, bytes, slices) in std::mem::take(&mut self.outputs) {
+            for s in &slices {
+                self.plan.touch(s.loc.buf, last);
+            }
+            self.plan.bindings.push(Binding {
+                name,
+                dir: BindingDir::Output,
+                bytes,
+                slices,
+                data: Vec::new(),
+            });
+        }
+        self.plan.tiles = self
+            .plan
+            .buffers
+            .iter()
+            .map(|b| b.tile + 1)
+            .max()
+            .unwrap_or(1);
+        self.plan
+    }
+}

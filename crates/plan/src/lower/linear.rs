@@ -1,0 +1,371 @@
+//! The matmul rule: `y = x @ W + b`, with the epilogues it fuses (a per-row bias
+//! such as a position embedding, GELU, a residual add), on an AMP grid of row,
+//! inner and column groups.
+//!
+//! Data path (each phase its own step):
+//! - exchange: `x` (any layout) to each tile's row group and inner chunks. When
+//!   `x` arrives as 16-column blocks it lands in the AMP's chunk-major layout
+//!   directly; otherwise it lands row-major and is rearranged on the tile. The
+//!   residual's blocks ride in the same exchange;
+//! - compute: zero padding columns, rearrange, AMP matmul writing `pk` slabs of
+//!   output blocks;
+//! - exchange (when the inner dimension is split): reduce-scatter; slab `j'` of
+//!   every tile goes to inner group `j'`, landing in the slot the sender just
+//!   emptied (the exchange reads before it writes);
+//! - compute: sum of the partial slabs, bias, GELU, residual, in place in slab 0.
+//!
+//! The result is left in block layout: each finished block a `[rows, 16]` part.
+//! A column group's blocks are padded up to a multiple of `pk` with zero weights,
+//! so that every inner group reduces an equal slab.
+
+use std::collections::BTreeMap;
+
+use half::f16;
+use tessera_kernels::{AmpMatmul, Gelu, Rearrange, ReduceAdd, ZeroFill, pack_weights};
+
+use crate::PlanError;
+use crate::dist::{DistTensor, Part, redistribute};
+use crate::ir::*;
+use crate::lower::ctx::{Lowering, f16_bytes, groups};
+use crate::matmul::{AMP_WIDTH, MatmulMapping};
+
+/// The concrete row/chunk/block groups of one matmul mapping.
+pub(crate) struct Grid {
+    pub map: MatmulMapping,
+    pub rows: Vec<(u32, u32)>,
+    pub chunks: Vec<(u32, u32)>,
+    pub blocks: Vec<(u32, u32)>,
+}
+
+impl Grid {
+    pub fn new(map: MatmulMapping) -> Grid {
+        let s = map.shape;
+        Grid {
+            rows: groups(s.rows, map.rows_per_tile),
+            chunks: groups(s.k_chunks(), map.chunks_per_tile),
+            blocks: groups(s.n_blocks(), map.blocks_per_tile),
+            map,
+        }
+    }
+    pub fn pk(&self) -> u32 {
+        self.chunks.len() as u32
+    }
+    pub fn tiles(&self) -> u32 {
+        (self.rows.len() * self.chunks.len() * self.blocks.len()) as u32
+    }
+    fn tile(&self, i: usize, j: usize, l: usize) -> u32 {
+        ((i * self.chunks.len() + j) * self.blocks.len() + l) as u32
+    }
+    /// Output blocks per reduce slab of column group `l`.
+    fn slab_blocks(&self, l: usize) -> u32 {
+        self.blocks[l].1.div_ceil(self.pk())
+    }
+    fn cells(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let (r, c, b) = (self.rows.len(), self.chunks.len(), self.blocks.len());
+        (0..r).flat_map(move |i| (0..c).flat_map(move |j| (0..b).map(move |l| (i, j, l))))
+    }
+}
+
+/// One matmul to lower. `w` is `[k_pad, n]` row-major in the physical column
+/// order of `x` and of the result, zero rows beyond `x.cols`.
+pub(crate) struct Linear<'a> {
+    pub name: &'a str,
+    pub x: &'a DistTensor,
+    pub w: &'a [f32],
+    pub n: u32,
+    /// The value added to output `(row, col)`: the bias, plus any fused per-row
+    /// constant.
+    pub bias: &'a dyn Fn(u32, u32) -> f32,
+    pub gelu: bool,
+    pub residual: Option<&'a DistTensor>,
+    pub map: MatmulMapping,
+}
+
+/// A 16-column block of `rows` rows stored row-major at `buf + offset`.
+fn block_part(buf: BufId, offset: u32, rows: (u32, u32), block: u32) -> Part {
+    Part {
+        at: Loc { buf, offset },
+        rows: rows.0..rows.0 + rows.1,
+        cols: block * AMP_WIDTH..(block + 1) * AMP_WIDTH,
+    }
+}
+
+/// True when every part of `t` is one whole 16-column block (block layout).
+pub(crate) fn is_block_layout(t: &DistTensor) -> bool {
+    t.parts
+        .iter()
+        .all(|p| p.cols.start.is_multiple_of(AMP_WIDTH) && p.cols.len() as u32 == AMP_WIDTH)
+}
+
+/// Weights of one tile of a grid, padded to `padded_blocks` blocks.
+fn packed_weights(w: &[f32], n: u32, chunks: (u32, u32), blocks: (u32, u32), padded_blocks: u32) -> Vec<u8> {
+    let (c0, kc) = chunks;
+    let (b0, nb) = blocks;
+    let cols = padded_blocks * AMP_WIDTH;
+    let mut sub = vec![f16::ZERO; (kc * AMP_WIDTH * cols) as usize];
+    for kk in 0..kc * AMP_WIDTH {
+        let row = (c0 * AMP_WIDTH + kk) as usize;
+        for col in 0..nb * AMP_WIDTH {
+            let src = row * n as usize + (b0 * AMP_WIDTH + col) as usize;
+            sub[(kk * cols + col) as usize] = f16::from_f32(w[src]);
+        }
+    }
+    pack_weights(kc as usize, padded_blocks as usize, &sub)
+        .into_iter()
+        .flat_map(|h| h.to_le_bytes())
+        .collect()
+}
+
+pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTensor, PlanError> {
+    let g = Grid::new(op.map.clone());
+    let name = op.name;
+    let k = op.x.cols;
+    let kp = g.map.shape.k;
+    let n = op.n;
+    let rows_total = op.x.rows;
+    let pk = g.pk();
+    if !(kp - k).is_multiple_of(4) && kp != k {
+        return Err(PlanError::Unsupported(format!(
+            "{name}: inner dimension {k} must be a multiple of 4 (padding is zeroed 8 bytes at a time)"
+        )));
+    }
+    let direct = k.is_multiple_of(AMP_WIDTH) && is_block_layout(op.x);
+    lw.plan.decisions.push(format!(
+        "{name}: [{}x{}]x[{}x{}] on {} tiles as {} row x {} inner x {} column groups \
+         ({} rows, {} chunks, {} blocks per tile){}, estimated {} cycles ({:.0}% of peak)",
+        rows_total,
+        k,
+        k,
+        n,
+        g.tiles(),
+        g.rows.len(),
+        g.chunks.len(),
+        g.blocks.len(),
+        g.map.rows_per_tile,
+        g.map.chunks_per_tile,
+        g.map.blocks_per_tile,
+        if direct { ", inputs in AMP layout" } else { "" },
+        g.map.cost.total(),
+        100.0 * g.map.peak_share(lw.machine)
+    ));
+
+    // Input buffers and where `x` lands in them.
+    let mut a_rm = BTreeMap::new();
+    let mut a_cm = BTreeMap::new();
+    let mut in_parts = Vec::new();
+    for (i, j, l) in g.cells() {
+        let tile = g.tile(i, j, l);
+        let (r0, rows) = g.rows[i];
+        let (c0, kc) = g.chunks[j];
+        let bytes = rows * kc * AMP_WIDTH * 2;
+        let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
+        a_cm.insert((i, j, l), cm);
+        if direct {
+            for c in 0..kc {
+                in_parts.push(block_part(cm, c * rows * AMP_WIDTH * 2, (r0, rows), c0 + c));
+            }
+            continue;
+        }
+        let rm = lw.buffer(tile, format!("{name}.in"), bytes, Category::Activation);
+        a_rm.insert((i, j, l), rm);
+        let col0 = c0 * AMP_WIDTH;
+        let col1 = ((c0 + kc) * AMP_WIDTH).min(k);
+        if col1 - col0 == kc * AMP_WIDTH {
+            in_parts.push(Part {
+                at: Loc { buf: rm, offset: 0 },
+                rows: r0..r0 + rows,
+                cols: col0..col1,
+            });
+        } else {
+            // Padded rows: the stored row is longer than the tensor's columns, so
+            // each row is its own part.
+            for r in 0..rows {
+                in_parts.push(Part {
+                    at: Loc {
+                        buf: rm,
+                        offset: r * kc * AMP_WIDTH * 2,
+                    },
+                    rows: r0 + r..r0 + r + 1,
+                    cols: col0..col1,
+                });
+            }
+        }
+    }
+    let dst = DistTensor {
+        rows: rows_total,
+        cols: k,
+        elem_bytes: 2,
+        parts: in_parts,
+    };
+    let mut copies = redistribute(op.x, &dst)
+        .map_err(|e| PlanError::Unsupported(format!("{name}: inputs do not cover x: {e}")))?;
+
+    // The residual's blocks, beside the slabs they are added to.
+    let mut residual_bufs = BTreeMap::new();
+    if let Some(res) = op.residual {
+        let mut parts = Vec::new();
+        for (i, j, l) in g.cells() {
+            let rows = g.rows[i].1;
+            let slab = g.slab_blocks(l);
+            let buf = lw.buffer(
+                g.tile(i, j, l),
+                format!("{name}.residual"),
+                slab * rows * AMP_WIDTH * 2,
+                Category::Activation,
+            );
+            residual_bufs.insert((i, j, l), buf);
+            let (b0, nb) = g.blocks[l];
+            for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
+                parts.push(block_part(buf, q * rows * AMP_WIDTH * 2, g.rows[i], b0 + j as u32 * slab + q));
+            }
+        }
+        let dst = DistTensor {
+            rows: rows_total,
+            cols: n,
+            elem_bytes: 2,
+            parts,
+        };
+        copies.extend(redistribute(res, &dst).map_err(|e| {
+            PlanError::Unsupported(format!("{name}: the residual does not cover the output: {e}"))
+        })?);
+    }
+    lw.exchange(&format!("{name}.inputs"), copies);
+
+    // Weights, zero padding, rearrangement and the AMP.
+    let step = lw.compute_step();
+    let mut p_bufs = BTreeMap::new();
+    for (i, j, l) in g.cells() {
+        let tile = g.tile(i, j, l);
+        let rows = g.rows[i].1;
+        let (c0, kc) = g.chunks[j];
+        let slab = g.slab_blocks(l);
+        let nb_pad = slab * pk;
+        let wbytes = packed_weights(op.w, n, g.chunks[j], g.blocks[l], nb_pad);
+        let wbuf = lw.constant(tile, format!("{name}.w"), wbytes, Category::Weight);
+        let cm = a_cm[&(i, j, l)];
+        if let Some(&rm) = a_rm.get(&(i, j, l)) {
+            let valid = ((c0 + kc) * AMP_WIDTH).min(k) - c0 * AMP_WIDTH;
+            if valid < kc * AMP_WIDTH {
+                lw.call(
+                    tile,
+                    step,
+                    ZeroFill::new(rows, (kc * AMP_WIDTH - valid) * 2, kc * AMP_WIDTH * 2),
+                    &[(
+                        "out",
+                        Loc {
+                            buf: rm,
+                            offset: valid * 2,
+                        },
+                    )],
+                );
+            }
+            let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
+            if let Some(al) = lw.opts.rearrange_declared_align {
+                re.declared_align = al;
+            }
+            lw.call(
+                tile,
+                step,
+                re,
+                &[("in", Loc { buf: rm, offset: 0 }), ("out", Loc { buf: cm, offset: 0 })],
+            );
+        }
+        let slab_bytes = slab * rows * AMP_WIDTH * 2;
+        let p = lw.buffer(tile, format!("{name}.partials"), slab_bytes * pk, Category::Partial);
+        let mm = AmpMatmul::new(rows, kc, nb_pad);
+        let mut ops = vec![
+            ("a", Loc { buf: cm, offset: 0 }),
+            ("w", Loc { buf: wbuf, offset: 0 }),
+            ("out", Loc { buf: p, offset: 0 }),
+        ];
+        for (idx, pname) in ["p0", "p1"].into_iter().enumerate() {
+            if mm.partials() > idx as u32 {
+                let pp = lw.buffer(tile, format!("{name}.{pname}"), rows * AMP_WIDTH * 2, Category::Partial);
+                ops.push((pname, Loc { buf: pp, offset: 0 }));
+            }
+        }
+        lw.call(tile, step, mm, &ops);
+        p_bufs.insert((i, j, l), p);
+    }
+
+    // Reduce-scatter of the partial slabs.
+    if pk > 1 {
+        let mut copies = Vec::new();
+        for (i, j, l) in g.cells() {
+            let slab_bytes = g.slab_blocks(l) * g.rows[i].1 * AMP_WIDTH * 2;
+            for jj in 0..pk as usize {
+                if jj == j {
+                    continue;
+                }
+                copies.push(Copy {
+                    src: Loc {
+                        buf: p_bufs[&(i, j, l)],
+                        offset: jj as u32 * slab_bytes,
+                    },
+                    bytes: slab_bytes,
+                    dsts: vec![Loc {
+                        buf: p_bufs[&(i, jj, l)],
+                        offset: j as u32 * slab_bytes,
+                    }],
+                });
+            }
+        }
+        lw.exchange(&format!("{name}.reduce"), copies);
+    }
+
+    // Partials, bias and epilogues, in place in slab 0.
+    let step = lw.compute_step();
+    let mut out_parts = Vec::new();
+    for (i, j, l) in g.cells() {
+        let tile = g.tile(i, j, l);
+        let (r0, rows) = g.rows[i];
+        let slab = g.slab_blocks(l);
+        let elems = slab * rows * AMP_WIDTH;
+        let p = p_bufs[&(i, j, l)];
+        let at0 = Loc { buf: p, offset: 0 };
+        if pk > 1 {
+            lw.call(tile, step, ReduceAdd::new(pk, elems), &[("in", at0), ("out", at0)]);
+        }
+        let (b0, nb) = g.blocks[l];
+        let mut bias = Vec::with_capacity(elems as usize);
+        for q in 0..slab {
+            let local = j as u32 * slab + q;
+            for r in 0..rows {
+                for c in 0..AMP_WIDTH {
+                    bias.push(if local < nb {
+                        (op.bias)(r0 + r, (b0 + local) * AMP_WIDTH + c)
+                    } else {
+                        0.0
+                    });
+                }
+            }
+        }
+        let bias = lw.constant(tile, format!("{name}.bias"), f16_bytes(bias), Category::Weight);
+        lw.call(
+            tile,
+            step,
+            tessera_kernels::Add::new(elems),
+            &[("a", at0), ("b", Loc { buf: bias, offset: 0 }), ("out", at0)],
+        );
+        if op.gelu {
+            lw.call(tile, step, Gelu::new(elems), &[("in", at0), ("out", at0)]);
+        }
+        if let Some(&res) = residual_bufs.get(&(i, j, l)) {
+            lw.call(
+                tile,
+                step,
+                tessera_kernels::Add::new(elems),
+                &[("a", at0), ("b", Loc { buf: res, offset: 0 }), ("out", at0)],
+            );
+        }
+        for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
+            out_parts.push(block_part(p, q * rows * AMP_WIDTH * 2, (r0, rows), b0 + j as u32 * slab + q));
+        }
+    }
+    Ok(DistTensor {
+        rows: rows_total,
+        cols: n,
+        elem_bytes: 2,
+        parts: out_parts,
+    })
+}

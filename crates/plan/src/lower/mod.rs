@@ -1,0 +1,658 @@
+//! Lowering a model graph to a tile plan, one rule per operation.
+//!
+//! The walker visits the graph's operations in order and keeps, for every tensor
+//! computed so far, its distributed layout ([`DistTensor`]: which tile holds which
+//! rows and columns, in which buffer). Each rule takes its operands' layouts as
+//! they are, moves what it needs with [`redistribute`](crate::redistribute), asks
+//! the context for fresh steps, and returns its result's layout; no rule knows
+//! which model it is in. The rules:
+//! - `linear` (`linear.rs`): a matmul by a weight, fusing the epilogue that follows
+//!   it alone (a per-row constant such as the position embedding, GELU, a residual
+//!   add);
+//! - `attention` (`attention.rs`): the two batched products per head with the scale
+//!   and the softmax between them;
+//! - `layer_norm` (here): rows on their owners;
+//! - views (`reshape`, `split_heads`, `merge_heads`) change no bytes.
+//!
+//! Tensors are 2-D `[rows, cols]` with rows the product of the leading dimensions.
+//! A projection whose result is split into heads stores each head's `d` columns in
+//! `dp` (the next multiple of 16, zero weights for the padding), so that every
+//! head starts on an AMP block; consumers of such a tensor see that layout
+//! ([`Cols::Heads`]) and pad their weights to match.
+
+mod attention;
+mod ctx;
+mod linear;
+
+use std::collections::HashMap;
+
+use tessera_graph::{Graph, Op, OpKind, TensorId, TensorMap};
+use tessera_kernels::LayerNorm;
+use tessera_machine::Machine;
+
+use crate::PlanError;
+use crate::dist::{DistTensor, Part};
+use crate::ir::*;
+use crate::matmul::{AMP_WIDTH, MatmulShape, map_matmul_capped};
+use ctx::{Lowering, f16_bytes};
+
+/// Policy knobs of the lowering.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LowerOptions {
+    /// Bytes per tile for the weights of every matmul together (they stay resident
+    /// for the whole program); each matmul gets a share in proportion to its
+    /// weights.
+    pub weight_bytes: u64,
+    /// Bytes per tile a matmul may use beyond its weights, for activations.
+    pub transient_bytes: u64,
+    /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
+    /// keeps the kernel's true contract.
+    pub rearrange_declared_align: Option<u32>,
+}
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        LowerOptions {
+            weight_bytes: 300 * 1024,
+            transient_bytes: 240 * 1024,
+            rearrange_declared_align: None,
+        }
+    }
+}
+
+/// How a tensor's logical columns sit in its stored columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cols {
+    Dense,
+    /// `heads` runs of `d` columns, each stored in `dp`.
+    Heads { heads: u32, d: u32, dp: u32 },
+}
+
+impl Cols {
+    /// Stored column of logical column `c`, if any (`None` never happens for a
+    /// logical column; padding columns have no logical column).
+    fn physical(self, c: u32) -> u32 {
+        match self {
+            Cols::Dense => c,
+            Cols::Heads { d, dp, .. } => (c / d) * dp + c % d,
+        }
+    }
+    fn width(self, logical: u32) -> u32 {
+        match self {
+            Cols::Dense => logical,
+            Cols::Heads { heads, dp, .. } => heads * dp,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Val {
+    t: DistTensor,
+    cols: Cols,
+}
+
+fn unsupported(message: impl Into<String>) -> PlanError {
+    PlanError::Unsupported(message.into())
+}
+
+fn to_u32(v: usize, what: &str) -> Result<u32, PlanError> {
+    u32::try_from(v).map_err(|_| unsupported(format!("{what} {v} is too large")))
+}
+
+struct Walker<'g> {
+    graph: &'g Graph,
+    weights: &'g TensorMap,
+    consumers: Vec<Vec<tessera_graph::OpId>>,
+    vals: HashMap<TensorId, Val>,
+    /// Operations a rule already lowered as part of another (fused epilogues).
+    done: Vec<bool>,
+    /// Weight bytes of every matmul by a parameter, for the budget shares.
+    weight_total: u64,
+    /// Operations the current rule fused.
+    fused: Vec<String>,
+}
+
+impl<'g> Walker<'g> {
+    fn param(&self, t: TensorId) -> Option<(&'g str, &'g [f32])> {
+        match &self.graph.producer(t).kind {
+            OpKind::Parameter { name, .. } => {
+                self.weights.get(name).map(|w| (name.as_str(), w.data()))
+            }
+            _ => None,
+        }
+    }
+
+    fn param_data(&self, t: TensorId, len: usize) -> Result<&'g [f32], PlanError> {
+        let name = match &self.graph.producer(t).kind {
+            OpKind::Parameter { name, .. } => name.clone(),
+            other => {
+                return Err(unsupported(format!(
+                    "expected a parameter, found `{}`",
+                    other.mnemonic()
+                )));
+            }
+        };
+        let (_, data) = self
+            .param(t)
+            .ok_or_else(|| PlanError::MissingWeight(name.clone()))?;
+        if data.len() != len {
+            return Err(PlanError::MissingWeight(format!(
+                "{name} has {} values, expected {len}",
+                data.len()
+            )));
+        }
+        Ok(data)
+    }
+
+    fn is_param(&self, t: TensorId) -> bool {
+        matches!(self.graph.producer(t).kind, OpKind::Parameter { .. })
+    }
+
+    /// The only consumer of `t`, if it has exactly one.
+    fn sole(&self, t: TensorId) -> Option<&'g Op> {
+        match self.consumers[t.index()][..] {
+            [op] => Some(self.graph.op(op)),
+            _ => None,
+        }
+    }
+
+    fn mark(&mut self, op: &Op) {
+        self.fused.push(op.name.clone());
+        let i = self
+            .graph
+            .ops()
+            .iter()
+            .position(|o| std::ptr::eq(o, op))
+            .expect("op of this graph");
+        self.done[i] = true;
+    }
+
+    fn val(&self, t: TensorId) -> Result<&Val, PlanError> {
+        self.vals.get(&t).ok_or_else(|| {
+            unsupported(format!(
+                "tensor {t} (from `{}`) has no layout: its producer is not lowered",
+                self.graph.producer(t).name
+            ))
+        })
+    }
+
+    /// A parameter used as an activation (the pooling head's probe): its rows on
+    /// row owners, as constants.
+    fn materialize(&mut self, lw: &mut Lowering<'_>, t: TensorId) -> Result<Val, PlanError> {
+        let dims = self.graph.shape(t).dims().to_vec();
+        let cols = *dims.last().unwrap_or(&1);
+        let rows = dims.iter().product::<usize>() / cols.max(1);
+        let data = self.param_data(t, rows * cols)?;
+        let (rows, cols) = (to_u32(rows, "rows")?, to_u32(cols, "columns")?);
+        let name = self.graph.producer(t).name.clone();
+        let mut parts = Vec::new();
+        for (o, (r0, n)) in lw.row_owners(rows).into_iter().enumerate() {
+            let bytes = f16_bytes(
+                data[(r0 * cols) as usize..((r0 + n) * cols) as usize]
+                    .iter()
+                    .copied(),
+            );
+            let buf = lw.constant(o as u32, name.clone(), bytes, Category::Weight);
+            parts.push(Part {
+                at: Loc { buf, offset: 0 },
+                rows: r0..r0 + n,
+                cols: 0..cols,
+            });
+        }
+        Ok(Val {
+            t: DistTensor {
+                rows,
+                cols,
+                elem_bytes: 2,
+                parts,
+            },
+            cols: Cols::Dense,
+        })
+    }
+
+    fn operand(&mut self, lw: &mut Lowering<'_>, t: TensorId) -> Result<Val, PlanError> {
+        if self.is_param(t) {
+            return self.materialize(lw, t);
+        }
+        self.val(t).cloned()
+    }
+
+    fn layer_norm(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        op: &Op,
+        (x, gamma, beta, eps): (TensorId, TensorId, TensorId, f32),
+    ) -> Result<(), PlanError> {
+        let xv = self.operand(lw, x)?;
+        if xv.cols != Cols::Dense {
+            return Err(unsupported(format!("{}: LayerNorm of a head-split tensor", op.name)));
+        }
+        let width = xv.t.cols;
+        let g = f16_bytes(self.param_data(gamma, width as usize)?.iter().copied());
+        let b = f16_bytes(self.param_data(beta, width as usize)?.iter().copied());
+        let rows = lw.to_row_owners(&xv.t, &format!("{}.in", op.name));
+        let step = lw.compute_step();
+        let mut parts = Vec::new();
+        for p in &rows.parts {
+            let tile = lw.plan.buffer(p.at.buf).tile;
+            let n = p.rows.end - p.rows.start;
+            let out = lw.buffer(tile, format!("{}.out", op.name), n * width * 2, Category::Activation);
+            let gb = lw.constant(tile, format!("{}.gamma", op.name), g.clone(), Category::Weight);
+            let bb = lw.constant(tile, format!("{}.beta", op.name), b.clone(), Category::Weight);
+            lw.call(
+                tile,
+                step,
+                LayerNorm::new(n, width, eps),
+                &[
+                    ("in", p.at),
+                    ("gamma", Loc { buf: gb, offset: 0 }),
+                    ("beta", Loc { buf: bb, offset: 0 }),
+                    ("out", Loc { buf: out, offset: 0 }),
+                ],
+            );
+            parts.push(Part {
+                at: Loc { buf: out, offset: 0 },
+                rows: p.rows.clone(),
+                cols: 0..width,
+            });
+        }
+        self.vals.insert(
+            op.output,
+            Val {
+                t: DistTensor {
+                    rows: rows.rows,
+                    cols: width,
+                    elem_bytes: 2,
+                    parts,
+                },
+                cols: Cols::Dense,
+            },
+        );
+        Ok(())
+    }
+
+    /// `x @ W (+ b)` with `W` a 2-D parameter, and the epilogue that follows it
+    /// alone: views, one per-row constant add, GELU, one residual add.
+    fn linear(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        op: &'g Op,
+        (a, w, bias): (TensorId, TensorId, Option<TensorId>),
+    ) -> Result<(), PlanError> {
+        let xv = self.operand(lw, a)?;
+        let wdims = self.graph.shape(w).dims().to_vec();
+        let [k_log, n_log] = wdims[..] else {
+            return Err(unsupported(format!("{}: weight must be 2-D", op.name)));
+        };
+        let (k_log, n_log) = (to_u32(k_log, "k")?, to_u32(n_log, "n")?);
+        let wdata = self.param_data(w, (k_log * n_log) as usize)?;
+        let bdata = match bias {
+            Some(b) => Some(self.param_data(b, n_log as usize)?),
+            None => None,
+        };
+
+        // The fused epilogue: follow single consumers.
+        let mut end = op.output;
+        let mut views = Vec::new();
+        let mut gelu = false;
+        let mut row_const: Option<(&[f32], u32)> = None;
+        let mut residual: Option<Val> = None;
+        while let Some(next) = self.sole(end) {
+            match &next.kind {
+                OpKind::Reshape { .. } => views.push(next),
+                OpKind::Gelu { .. } if !gelu && residual.is_none() && row_const.is_none() => {
+                    gelu = true
+                }
+                OpKind::Add { a: x, b: y } if residual.is_none() => {
+                    let other = if *x == end { *y } else { *x };
+                    if self.is_param(other) {
+                        if row_const.is_some() || gelu {
+                            break;
+                        }
+                        let pd = self.graph.shape(other).dims().to_vec();
+                        let cols = *pd.last().unwrap_or(&0);
+                        let prow = pd.iter().product::<usize>() / cols.max(1);
+                        if to_u32(cols, "columns")? != n_log {
+                            break;
+                        }
+                        let data = self.param_data(other, prow * cols)?;
+                        row_const = Some((data, to_u32(prow, "rows")?));
+                    } else if let Some(v) = self.vals.get(&other) {
+                        if v.cols != Cols::Dense {
+                            break;
+                        }
+                        residual = Some(v.clone());
+                    } else {
+                        break;
+                    }
+                }
+                _ => break,
+            }
+            self.mark(next);
+            end = next.output;
+            if residual.is_some() {
+                break;
+            }
+        }
+
+        // Head-split consumers get each head on whole AMP blocks.
+        let consumers = &self.consumers[end.index()];
+        let heads = match consumers.first().map(|c| &self.graph.op(*c).kind) {
+            Some(OpKind::SplitHeads { heads, .. })
+                if consumers.iter().all(|c| {
+                    matches!(&self.graph.op(*c).kind, OpKind::SplitHeads { heads: h, .. } if h == heads)
+                }) =>
+            {
+                let heads = to_u32(*heads, "heads")?;
+                let d = n_log / heads;
+                Cols::Heads {
+                    heads,
+                    d,
+                    dp: d.next_multiple_of(AMP_WIDTH),
+                }
+            }
+            _ => Cols::Dense,
+        };
+        if heads == Cols::Dense && !n_log.is_multiple_of(AMP_WIDTH) {
+            return Err(unsupported(format!(
+                "{}: output width {n_log} must be a multiple of {AMP_WIDTH}",
+                op.name
+            )));
+        }
+        if residual.is_some() && heads != Cols::Dense {
+            return Err(unsupported(format!("{}: residual into heads", op.name)));
+        }
+        let n = heads.width(n_log);
+        let k = xv.t.cols;
+        let kp = k.next_multiple_of(AMP_WIDTH);
+        if xv.cols.width(k_log) != k {
+            return Err(unsupported(format!(
+                "{}: input has {k} stored columns, weight expects {k_log}",
+                op.name
+            )));
+        }
+        // The weight in stored coordinates: rows follow the input's columns,
+        // columns the output's, zeros in every padding row and column.
+        let mut wp = vec![0f32; (kp * n) as usize];
+        for r in 0..k_log {
+            let pr = xv.cols.physical(r);
+            for c in 0..n_log {
+                wp[(pr * n + heads.physical(c)) as usize] = wdata[(r * n_log + c) as usize];
+            }
+        }
+        let mut logical_of = vec![u32::MAX; n as usize];
+        for c in 0..n_log {
+            logical_of[heads.physical(c) as usize] = c;
+        }
+        let bias_fn = |row: u32, col: u32| -> f32 {
+            let c = logical_of[col as usize];
+            if c == u32::MAX {
+                return 0.0;
+            }
+            let mut v = bdata.map_or(0.0, |b| b[c as usize]);
+            if let Some((data, prow)) = row_const {
+                v += data[((row % prow) * n_log + c) as usize];
+            }
+            v
+        };
+
+        let shape = MatmulShape {
+            rows: xv.t.rows,
+            k: kp,
+            n,
+        };
+        let wbytes = u64::from(kp) * u64::from(n) * 2;
+        let share = (lw.opts.weight_bytes as f64 * wbytes as f64 / self.weight_total.max(1) as f64) as u64;
+        let map = map_matmul_capped(
+            lw.machine,
+            shape,
+            share + lw.opts.transient_bytes,
+            share,
+        )?;
+        let out = linear::linear(
+            lw,
+            &linear::Linear {
+                name: &op.name,
+                x: &xv.t,
+                w: &wp,
+                n,
+                bias: &bias_fn,
+                gelu,
+                residual: residual.as_ref().map(|r| &r.t),
+                map,
+            },
+        )?;
+        let v = Val { t: out, cols: heads };
+        self.vals.insert(op.output, v.clone());
+        for view in views {
+            self.vals.insert(view.output, v.clone());
+        }
+        self.vals.insert(end, v);
+        Ok(())
+    }
+
+    /// `softmax(q @ k^T * scale) @ v` per image and head, from the scores product.
+    fn attention(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        op: &'g Op,
+        (q, k): (TensorId, TensorId),
+    ) -> Result<(), PlanError> {
+        let fail = |what: &str| unsupported(format!("{}: {what}", op.name));
+        let mut t = op.output;
+        let mut scale = 1.0f32;
+        let mut chain = Vec::new();
+        let mut next = self.sole(t).ok_or_else(|| fail("scores must have one consumer"))?;
+        if let OpKind::Scale { factor, .. } = next.kind {
+            scale = factor;
+            chain.push(next);
+            t = next.output;
+            next = self.sole(t).ok_or_else(|| fail("scaled scores must have one consumer"))?;
+        }
+        let OpKind::Softmax { .. } = next.kind else {
+            return Err(fail("scores must feed a softmax"));
+        };
+        chain.push(next);
+        t = next.output;
+        let pv = self.sole(t).ok_or_else(|| fail("probabilities must have one consumer"))?;
+        let OpKind::MatMul {
+            a,
+            b: v,
+            transpose_b: false,
+            bias: None,
+        } = pv.kind
+        else {
+            return Err(fail("probabilities must feed a matmul by the values"));
+        };
+        if a != t {
+            return Err(fail("probabilities must be the left operand"));
+        }
+        chain.push(pv);
+        if !(scale > 0.0 && scale <= tessera_kernels::Softmax::SCALE_MAX) {
+            return Err(fail("the softmax scale must be in (0, 16]"));
+        }
+
+        let qd = self.graph.shape(q).dims().to_vec();
+        let kd = self.graph.shape(k).dims().to_vec();
+        let (&[qb, qh, tq, d], &[b, h, tk, d2]) = (&qd[..], &kd[..]) else {
+            return Err(fail("attention operands must be [batch, heads, tokens, d]"));
+        };
+        if qh != h || d != d2 || (qb != b && qb != 1) || self.graph.shape(v).dims() != kd {
+            return Err(fail("queries, keys and values disagree in shape"));
+        }
+        let head_val = |w: &Self, t: TensorId| -> Result<Val, PlanError> {
+            // The tensor before its split: views pass the layout through.
+            let src = match &w.graph.producer(t).kind {
+                OpKind::SplitHeads { x, .. } => *x,
+                _ => return Err(fail("attention operands must come from split_heads")),
+            };
+            let v = w.val(src)?.clone();
+            match v.cols {
+                Cols::Heads { .. } => Ok(v),
+                Cols::Dense => Err(fail("attention operands must be head-padded projections")),
+            }
+        };
+        let (qv, kv, vv) = (head_val(self, q)?, head_val(self, k)?, head_val(self, v)?);
+        let Cols::Heads { dp, .. } = qv.cols else { unreachable!() };
+        if kv.cols != qv.cols || vv.cols != qv.cols {
+            return Err(fail("queries, keys and values have different head layouts"));
+        }
+        let out = attention::attention(
+            lw,
+            &attention::Attention {
+                name: &op.name,
+                q: &qv.t,
+                k: &kv.t,
+                v: &vv.t,
+                batch: to_u32(b, "batch")?,
+                shared_q: qb == 1 && b != 1,
+                tq: to_u32(tq, "tokens")?,
+                t: to_u32(tk, "tokens")?,
+                heads: to_u32(h, "heads")?,
+                dp,
+                scale,
+            },
+        )?;
+        for c in chain {
+            self.mark(c);
+        }
+        self.vals.insert(
+            pv.output,
+            Val {
+                t: out,
+                cols: qv.cols,
+            },
+        );
+        Ok(())
+    }
+
+    fn lower_op(&mut self, lw: &mut Lowering<'_>, op: &'g Op) -> Result<(), PlanError> {
+        match &op.kind {
+            OpKind::Parameter { .. } => Ok(()),
+            OpKind::Input { name, shape, .. } => {
+                let dims = shape.dims();
+                let cols = *dims.last().unwrap_or(&1);
+                let rows = dims.iter().product::<usize>() / cols.max(1);
+                let t = lw.input(name, to_u32(rows, "rows")?, to_u32(cols, "columns")?);
+                self.vals.insert(op.output, Val { t, cols: Cols::Dense });
+                Ok(())
+            }
+            OpKind::LayerNorm {
+                x,
+                gamma,
+                beta,
+                eps,
+            } => self.layer_norm(lw, op, (*x, *gamma, *beta, *eps)),
+            OpKind::MatMul {
+                a,
+                b,
+                transpose_b: false,
+                bias,
+            } if self.is_param(*b) && self.graph.shape(*b).rank() == 2 => {
+                self.linear(lw, op, (*a, *b, *bias))
+            }
+            OpKind::MatMul {
+                a,
+                b,
+                transpose_b: true,
+                bias: None,
+            } => self.attention(lw, op, (*a, *b)),
+            OpKind::Reshape { x, .. } | OpKind::SplitHeads { x, .. } | OpKind::MergeHeads { x } => {
+                let v = self.operand(lw, *x)?;
+                self.vals.insert(op.output, v);
+                Ok(())
+            }
+            other => Err(unsupported(format!(
+                "`{}` ({}) has no lowering rule outside the patterns it fuses into",
+                op.name,
+                other.mnemonic()
+            ))),
+        }
+    }
+}
+
+/// Lowers `graph` to a tile plan for `machine`.
+pub fn lower(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &LowerOptions,
+) -> Result<TilePlan, PlanError> {
+    let mut w = Walker {
+        graph,
+        weights,
+        consumers: graph.consumers(),
+        vals: HashMap::new(),
+        done: vec![false; graph.ops().len()],
+        weight_total: 0,
+        fused: Vec::new(),
+    };
+    w.weight_total = graph
+        .ops()
+        .iter()
+        .filter_map(|op| match op.kind {
+            OpKind::MatMul { b, .. } if w.is_param(b) => {
+                let dims = graph.shape(b).dims();
+                Some((dims[0].next_multiple_of(16) * dims[dims.len() - 1].next_multiple_of(16) * 2) as u64)
+            }
+            _ => None,
+        })
+        .sum();
+    let mut lw = Lowering::new(machine, opts);
+    for (i, op) in graph.ops().iter().enumerate() {
+        if w.done[i] {
+            continue;
+        }
+        lw.op = op.name.clone();
+        let steps = lw.plan.steps.len();
+        w.lower_op(&mut lw, op)?;
+        let fused = std::mem::take(&mut w.fused);
+        if lw.plan.steps.len() > steps || !fused.is_empty() {
+            let kind = match &op.kind {
+                OpKind::LayerNorm { .. } => "layer_norm",
+                OpKind::MatMul {
+                    transpose_b: true, ..
+                } => "attention",
+                OpKind::MatMul { .. } => "linear",
+                other => other.mnemonic(),
+            };
+            lw.plan.ops.push(PlanOp {
+                name: op.name.clone(),
+                kind: kind.to_string(),
+                fused,
+            });
+        }
+    }
+    for out in graph.outputs() {
+        lw.op = format!("output.{}", out.name);
+        let v = w.val(out.tensor)?.clone();
+        if v.cols != Cols::Dense {
+            return Err(unsupported(format!("output `{}` is head-split", out.name)));
+        }
+        let steps = lw.plan.steps.len();
+        lw.output(&out.name, &v.t);
+        if lw.plan.steps.len() > steps {
+            lw.plan.ops.push(PlanOp {
+                name: lw.op.clone(),
+                kind: "output".into(),
+                fused: Vec::new(),
+            });
+        }
+    }
+    let plan = lw.finish();
+    // The verifier is the lowering's independent check; release builds skip it
+    // for speed, tests and debug builds never do.
+    if cfg!(debug_assertions) {
+        let errors = crate::verify(&plan);
+        assert!(
+            errors.is_empty(),
+            "the lowering broke the plan's rules:\n{}",
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    Ok(plan)
+}
