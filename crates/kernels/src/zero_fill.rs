@@ -130,7 +130,10 @@ impl Kernel for ZeroFill {
             return Err(invalid(&name, "runs and run_bytes must be positive"));
         }
         if !self.run_bytes.is_multiple_of(8) || !self.stride.is_multiple_of(8) {
-            return Err(invalid(&name, "run_bytes and stride must be multiples of 8"));
+            return Err(invalid(
+                &name,
+                "run_bytes and stride must be multiples of 8",
+            ));
         }
         if self.stride < self.run_bytes {
             return Err(invalid(&name, "stride must be at least run_bytes"));

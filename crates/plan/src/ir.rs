@@ -8,7 +8,8 @@ use std::fmt;
 
 use serde::Serialize;
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, Contract, Gelu, Kernel, LayerNorm, MemClass, Rearrange, ReduceAdd,
+    Add, AddBias, AmpMatmul, BlocksToRows, Contract, Gelu, Kernel, LayerNorm, MemClass, Rearrange,
+    ReduceAdd, TransposeBlocks, ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -71,6 +72,9 @@ pub enum KernelKind {
     Add(Add),
     AddBias(AddBias),
     ReduceAdd(ReduceAdd),
+    ZeroFill(ZeroFill),
+    BlocksToRows(BlocksToRows),
+    TransposeBlocks(TransposeBlocks),
 }
 
 impl KernelKind {
@@ -83,6 +87,9 @@ impl KernelKind {
             KernelKind::Add(k) => k,
             KernelKind::AddBias(k) => k,
             KernelKind::ReduceAdd(k) => k,
+            KernelKind::ZeroFill(k) => k,
+            KernelKind::BlocksToRows(k) => k,
+            KernelKind::TransposeBlocks(k) => k,
         }
     }
     pub fn contract(&self) -> Contract {
@@ -108,6 +115,9 @@ kernel_kind_from!(
     Add => Add,
     AddBias => AddBias,
     ReduceAdd => ReduceAdd,
+    ZeroFill => ZeroFill,
+    BlocksToRows => BlocksToRows,
+    TransposeBlocks => TransposeBlocks,
 );
 
 /// A place inside a buffer.

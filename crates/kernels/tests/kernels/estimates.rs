@@ -1,8 +1,8 @@
 //! The cost model's per-kernel estimates against simulated cycles.
 
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, BlocksToRows, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd,
-    Softmax, TransposeBlocks, ZeroFill,
+    Add, AddBias, AmpMatmul, BlocksToRows, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd, Softmax,
+    TransposeBlocks, ZeroFill,
 };
 
 use crate::harness::{layout, run};
