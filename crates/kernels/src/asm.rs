@@ -117,10 +117,17 @@ impl Asm {
     /// laid out as if it started 8-byte aligned, and the `rpt` word is placed so that
     /// it does.
     pub(crate) fn rpt(&mut self, count: MReg, body: impl FnOnce(&mut Asm)) {
-        self.repeat(count, body);
+        self.repeat(Inst::Rpt { count, body: 0 }, body);
     }
 
-    fn repeat(&mut self, count: MReg, body: impl FnOnce(&mut Asm)) {
+    /// [`Asm::rpt`] with an immediate count (below 4096).
+    pub(crate) fn rpti(&mut self, count: u16, body: impl FnOnce(&mut Asm)) {
+        assert!(count < 4096, "rpt count {count} out of range");
+        self.repeat(Inst::Rpti { count, body: 0 }, body);
+    }
+
+    /// `rpt` is `Rpt` or `Rpti` with a placeholder body length.
+    fn repeat(&mut self, rpt: Inst, body: impl FnOnce(&mut Asm)) {
         let mut inner = Asm::new(0);
         body(&mut inner);
         assert!(inner.fixups.is_empty() && inner.labels.is_empty());
@@ -138,9 +145,16 @@ impl Asm {
             self.push(Word::Single(Inst::Nop));
         }
         let body_words = n as u8;
-        self.push(Word::Single(Inst::Rpt {
-            count,
-            body: body_words,
+        self.push(Word::Single(match rpt {
+            Inst::Rpt { count, .. } => Inst::Rpt {
+                count,
+                body: body_words,
+            },
+            Inst::Rpti { count, .. } => Inst::Rpti {
+                count,
+                body: body_words,
+            },
+            other => unreachable!("not a repeat: {other:?}"),
         }));
         for w in inner.words {
             self.push(w);

@@ -20,6 +20,7 @@
 //!   `$m0..=$m12` and nothing else.
 
 mod asm;
+mod blocks_to_rows;
 pub mod contract;
 mod elementwise;
 mod gelu;
@@ -28,6 +29,8 @@ mod matmul;
 mod rearrange;
 mod softmax;
 mod timing;
+mod transpose_blocks;
+mod zero_fill;
 
 use std::collections::BTreeMap;
 
@@ -35,6 +38,7 @@ use tessera_isa::{Inst, MReg, Word};
 use tessera_machine::{Machine, Timing};
 
 pub use asm::{code_bytes, word_bytes};
+pub use blocks_to_rows::BlocksToRows;
 pub use contract::{CodeRequirement, Contract, MemClass, Operand, Role, Violation};
 pub use elementwise::{Add, AddBias, ReduceAdd};
 pub use gelu::Gelu;
@@ -42,6 +46,8 @@ pub use layernorm::LayerNorm;
 pub use matmul::{AmpMatmul, pack_chunk_major, pack_weights};
 pub use rearrange::Rearrange;
 pub use softmax::Softmax;
+pub use transpose_blocks::TransposeBlocks;
+pub use zero_fill::ZeroFill;
 
 /// Worker contexts per tile; every kernel splits its work six ways.
 pub const WORKERS: u32 = 6;

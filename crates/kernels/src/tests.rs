@@ -18,6 +18,10 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(ReduceAdd::new(4, 1152)),
         Box::new(Softmax::new(5, 729, 0.125)),
         Box::new(Softmax::with_ld(13, 6, 16, 1.0)),
+        Box::new(ZeroFill::new(5, 224, 1472)),
+        Box::new(ZeroFill::new(1, 8, 8)),
+        Box::new(BlocksToRows::new(32, 46)),
+        Box::new(TransposeBlocks::new(5, 46)),
     ]
 }
 
@@ -207,6 +211,36 @@ fn parameters_outside_the_isa_limits_are_rejected() {
     assert!(ReduceAdd::new(1, 8).validate().is_err());
     assert!(AddBias::new(0, 8).validate().is_err());
     assert!(Softmax::with_ld(2, 5, 6, 1.0).validate().is_err());
+    assert!(ZeroFill::new(0, 8, 8).validate().is_err());
+    assert!(ZeroFill::new(2, 12, 16).validate().is_err());
+    assert!(ZeroFill::new(2, 16, 20).validate().is_err());
+    assert!(ZeroFill::new(2, 16, 8).validate().is_err());
+    assert!(ZeroFill::new(1, 8 * 4096, 8 * 4096).validate().is_err());
+    assert!(ZeroFill::new(1, 8 * 4095, 8 * 4095).validate().is_ok());
+    assert!(ZeroFill::new(33, 8, 32 * 1024).validate().is_err());
+    assert!(BlocksToRows::new(0, 1).validate().is_err());
+    assert!(BlocksToRows::new(6 * 4096, 1).validate().is_err());
+    assert!(BlocksToRows::new(6 * 4095, 1).validate().is_ok());
+    assert!(BlocksToRows::new(1024, 32).validate().is_err());
+    assert!(TransposeBlocks::new(0, 1).validate().is_err());
+    assert!(TransposeBlocks::new(1, 2048).validate().is_err());
+    assert!(TransposeBlocks::new(1, 2047).validate().is_ok());
+}
+
+#[test]
+fn zero_fill_role_reflects_gaps() {
+    let role = |k: ZeroFill| k.contract().operand("out").unwrap().role;
+    assert_eq!(role(ZeroFill::new(4, 64, 64)), Role::Output);
+    assert_eq!(role(ZeroFill::new(1, 64, 128)), Role::Output);
+    assert_eq!(role(ZeroFill::new(4, 64, 128)), Role::InOut);
+    assert_eq!(
+        ZeroFill::new(4, 64, 128)
+            .contract()
+            .operand("out")
+            .unwrap()
+            .bytes,
+        448
+    );
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The cost model's per-kernel estimates against simulated cycles.
 
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd, Softmax,
+    Add, AddBias, AmpMatmul, BlocksToRows, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd, Softmax,
+    TransposeBlocks, ZeroFill,
 };
 
 use crate::harness::{layout, run};
@@ -9,6 +10,15 @@ use crate::harness::{layout, run};
 /// Simulated cycles of one call (zeroed operands: timing does not depend on data).
 /// The harness's trailing `exit` is one supervisor issue (one cycle) outside the estimate.
 fn check(k: &dyn Kernel) {
+    check_within(k, 0.02);
+}
+
+/// Asserts `estimate_cycles` matches the simulator to the cycle.
+fn check_exact(k: &dyn Kernel) {
+    check_within(k, 0.0);
+}
+
+fn check_within(k: &dyn Kernel, tolerance: f64) {
     let out = run(k, &layout(k), &[]);
     out.assert_ok();
     let simulated = out.report.cycles;
@@ -19,7 +29,7 @@ fn check(k: &dyn Kernel) {
         k.symbol()
     );
     assert!(
-        off < 0.02,
+        off <= tolerance && (tolerance > 0.0 || estimate == simulated),
         "{}: estimate {estimate}, simulated {simulated}",
         k.symbol()
     );
@@ -67,5 +77,20 @@ fn estimates_track_simulation() {
         (12, 729, 732),
     ] {
         check(&Softmax::with_ld(r, n, ld, 0.125));
+    }
+    for (r, nb) in [(1, 1), (5, 2), (13, 3), (32, 46), (100, 4)] {
+        check_exact(&BlocksToRows::new(r, nb));
+    }
+    for (kc, tb) in [(1, 1), (1, 7), (2, 3), (3, 13), (5, 46)] {
+        check_exact(&TransposeBlocks::new(kc, tb));
+    }
+    for (runs, bytes, stride) in [
+        (1, 8, 8),
+        (5, 224, 224),
+        (5, 224, 1472),
+        (7, 40, 48),
+        (100, 32, 96),
+    ] {
+        check_exact(&ZeroFill::new(runs, bytes, stride));
     }
 }

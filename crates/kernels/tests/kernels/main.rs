@@ -6,6 +6,7 @@ mod estimates;
 mod gelu;
 mod harness;
 mod layernorm;
+mod layouts;
 mod matmul;
 mod rearrange;
 mod softmax;

@@ -1,0 +1,162 @@
+//! `blocks_to_rows_f16`: the AMP's block layout `[nb][rows][16]` f16 (what
+//! `amp_matmul` writes as `out`) back to row-major `[rows][16*nb]` f16, the inverse
+//! of `rearrange_row_major_to_amp_f16`.
+//!
+//! Worker `w` owns a contiguous range of rows and, for every block, copies its rows'
+//! 32-byte pieces with four `ld64step` and four `st64step`. The input pointer runs
+//! linearly through the worker's part of a block; the output pointer is bumped by one
+//! row minus 32 bytes after each piece (a register add, since a row can be longer
+//! than `st64step`'s ±1016-byte step). `in` and `out` must be distinct buffers: a
+//! worker's stores land in rows other workers are still reading.
+
+use tessera_isa::{Inst, IntOp};
+use tessera_machine::Timing;
+
+use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
+use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
+use crate::{
+    Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
+    operand, split,
+};
+
+/// Parameters of one block-to-row conversion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlocksToRows {
+    pub rows: u32,
+    /// 16-wide column blocks; the output row has `16*nb` elements.
+    pub nb: u32,
+}
+
+const STRIDE: u16 = 32;
+
+impl BlocksToRows {
+    pub const NAME: &'static str = "blocks_to_rows_f16";
+
+    pub fn new(rows: u32, nb: u32) -> BlocksToRows {
+        BlocksToRows { rows, nb }
+    }
+
+    /// Bytes of each operand.
+    pub fn bytes(&self) -> u32 {
+        self.rows * self.nb * 32
+    }
+
+    /// Issues of the worker with `r` rows.
+    fn worker_issues(&self, r: u32) -> u64 {
+        if r == 0 {
+            return 5;
+        }
+        8 + u64::from(self.nb) * (9 * u64::from(r) + 6)
+    }
+}
+
+impl Kernel for BlocksToRows {
+    fn symbol(&self) -> String {
+        format!("{}_r{}_nb{}", Self::NAME, self.rows, self.nb)
+    }
+
+    fn validate(&self) -> Result<(), KernelError> {
+        let name = self.symbol();
+        if self.rows == 0 || self.nb == 0 {
+            return Err(invalid(&name, "rows and nb must be positive"));
+        }
+        if self.rows.div_ceil(crate::WORKERS) > RPT_MAX {
+            return Err(invalid(&name, "more than 4095 rows per worker"));
+        }
+        if u64::from(self.rows) * u64::from(self.nb) * 32 >= 1 << 20 {
+            return Err(invalid(&name, "operand larger than tile memory"));
+        }
+        Ok(())
+    }
+
+    fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
+        self.validate()?;
+        crate::check_code_base(&self.symbol(), code_base, 8)?;
+        let mut s = Asm::new(code_base);
+        let done = s.label();
+        let block = s.label();
+        s.i(ld32m(m(2), m(0), 0)); // output of the current block
+        s.i(ld32m(m(3), m(0), 1)); // input, linear
+        s.i(ld32m(m(4), m(0), 2)); // rows of this worker
+        s.brz(m(4), done);
+        s.i(ld32m(m(5), m(0), 3)); // blocks left
+        s.i(ld32m(m(6), m(0), 4)); // row bytes - 32
+        s.i(ld32m(m(7), m(0), 5)); // input skip to the next block
+        s.bind(block);
+        s.i(mov(m(8), m(2)));
+        s.rpt(m(4), |b| {
+            for r in 0..4 {
+                b.i(Inst::Ld64Step {
+                    d: a(2 * r),
+                    base: m(3),
+                    inc: 1,
+                });
+            }
+            for r in 0..4 {
+                b.i(Inst::St64Step {
+                    s: a(2 * r),
+                    base: m(8),
+                    inc: 1,
+                });
+            }
+            b.i(int(IntOp::Add, m(8), m(8), m(6)));
+        });
+        s.i(inti(IntOp::Add, m(2), m(2), 32));
+        s.i(int(IntOp::Add, m(3), m(3), m(7)));
+        s.i(inti(IntOp::Sub, m(5), m(5), 1));
+        s.brnz(m(5), block);
+        s.bind(done);
+        s.i(Inst::Exit);
+        Ok(KernelCode {
+            symbol: self.symbol(),
+            code_base,
+            entry: code_base,
+            words: s.finish(),
+        })
+    }
+
+    fn contract(&self) -> Contract {
+        Contract {
+            kernel: self.symbol(),
+            code: CodeRequirement {
+                bytes: self.code_bytes().unwrap_or(0),
+                align: 8,
+                mem_class: MemClass::Executable,
+            },
+            supervisor_bytes: crate::RUNALL_SNIPPET_BYTES,
+            operands: vec![
+                Operand::new("in", Role::Input, self.bytes(), 8),
+                Operand::new("out", Role::Output, self.bytes(), 8),
+                Operand::new("state", Role::State, u32::from(STRIDE) * crate::WORKERS, 8),
+            ],
+        }
+    }
+
+    fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
+        self.validate()?;
+        let name = self.symbol();
+        let inp = operand(addrs, &name, "in")?;
+        let out = operand(addrs, &name, "out")?;
+        let row_bytes = self.nb * 32;
+        let mut buf = StateBuf::default();
+        for (i, (r0, r)) in split(self.rows).into_iter().enumerate() {
+            buf.u32(out + r0 * row_bytes)
+                .u32(inp + r0 * 32)
+                .u32(r)
+                .u32(self.nb)
+                .u32(row_bytes - 32)
+                .u32((self.rows - r) * 32)
+                .pad_to((i + 1) * usize::from(STRIDE));
+        }
+        Ok(buf.finish(STRIDE))
+    }
+
+    fn estimate_cycles_with(&self, t: &Timing) -> u64 {
+        crate::single_shot_cycles(
+            t,
+            split(self.rows)
+                .into_iter()
+                .map(|(_, r)| self.worker_issues(r)),
+        )
+    }
+}
