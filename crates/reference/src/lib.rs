@@ -14,11 +14,10 @@
 
 mod kernels;
 
-pub use kernels::gelu_scalar;
 use std::collections::BTreeMap;
 
 use half::f16;
-pub use kernels::CHUNK;
+pub use kernels::{CHUNK, gelu_scalar};
 use tessera_graph::{
     DType, Graph, GraphError, HostTensor, Inputs, OpKind, Outputs, Shape, TensorError, TensorId,
     Weights,
