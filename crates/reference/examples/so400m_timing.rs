@@ -29,7 +29,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let inputs = random_inputs(&graph, 1);
         let setup = t.elapsed();
         for round_f16_storage in [false, true] {
-            let opts = EvalOptions { round_f16_storage };
+            let opts = EvalOptions {
+                round_f16_storage,
+                ..EvalOptions::default()
+            };
             // Best of three: the machine may be shared, and the fastest run is the
             // one least disturbed by other work.
             let mut best = f64::INFINITY;

@@ -2,6 +2,7 @@
 //! these take plain slices and dimensions; slicing (which bounds-checks) guards every
 //! access that `unsafe` GEMM makes.
 
+use half::f16;
 use rayon::prelude::*;
 
 /// Rows per GEMM task. A function of `m` alone, never of the thread count, so that
@@ -43,6 +44,138 @@ fn batch_offsets(out: &[usize], inp: &[usize], matrix: usize) -> Vec<usize> {
     offsets
 }
 
+/// How a batched matmul's operands are laid out, shared by the f32 and the chunked
+/// paths so that both see the same batches, row blocks and strides.
+struct Gemm {
+    m: usize,
+    k: usize,
+    n: usize,
+    a_offs: Vec<usize>,
+    b_offs: Vec<usize>,
+    /// Strides of `b` element (p, j): row `rsb`, column `csb`.
+    rsb: usize,
+    csb: usize,
+}
+
+impl Gemm {
+    fn new(a_shape: &[usize], b_shape: &[usize], transpose_b: bool) -> Gemm {
+        let (ra, rb) = (a_shape.len(), b_shape.len());
+        let k = a_shape[ra - 1];
+        let n = if transpose_b {
+            b_shape[rb - 2]
+        } else {
+            b_shape[rb - 1]
+        };
+        // With a shared 2-D `b`, all of a's batch dimensions are just more rows: one
+        // tall GEMM parallelises better than many short ones.
+        let (m, a_batch, b_batch): (usize, &[usize], &[usize]) = if rb == 2 {
+            (a_shape[..ra - 1].iter().product(), &[], &[])
+        } else {
+            (a_shape[ra - 2], &a_shape[..ra - 2], &b_shape[..rb - 2])
+        };
+        let out_batch: Vec<usize> = {
+            let rank = a_batch.len().max(b_batch.len());
+            (0..rank)
+                .map(|i| {
+                    let pick = |d: &[usize]| {
+                        let off = rank - d.len();
+                        if i >= off { d[i - off] } else { 1 }
+                    };
+                    pick(a_batch).max(pick(b_batch))
+                })
+                .collect()
+        };
+        // b is [k, n] row-major, or [n, k] when transposed: element (p, j) at j * k + p.
+        let (rsb, csb) = if transpose_b { (1, k) } else { (n, 1) };
+        Gemm {
+            m,
+            k,
+            n,
+            a_offs: batch_offsets(&out_batch, a_batch, m * k),
+            b_offs: batch_offsets(&out_batch, b_batch, k * n),
+            rsb,
+            csb,
+        }
+    }
+
+    /// Runs `block(c, a, b, first_row)` on every row block of every batch matrix in
+    /// parallel: `c` is the block's `rows x n` output, `a` its `rows x k` input rows,
+    /// `b` the whole `k x n` matrix.
+    fn for_each_block(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        block: impl Fn(&mut [f32], &[f32], &[f32]) + Sync,
+    ) -> Vec<f32> {
+        let (m, k, n) = (self.m, self.k, self.n);
+        let mut out = vec![0.0f32; self.a_offs.len() * m * n];
+        if m * n == 0 {
+            return out;
+        }
+        let rows = row_block(m);
+        out.par_chunks_mut(m * n)
+            .zip(self.a_offs.par_iter().zip(self.b_offs.par_iter()))
+            .for_each(|(c_mat, (&a_off, &b_off))| {
+                let a_mat = &a[a_off..a_off + m * k];
+                let b_mat = &b[b_off..b_off + k * n];
+                c_mat
+                    .par_chunks_mut(rows * n)
+                    .enumerate()
+                    .for_each(|(i, c)| {
+                        let r0 = i * rows;
+                        let mr = c.len() / n;
+                        block(c, &a_mat[r0 * k..(r0 + mr) * k], b_mat);
+                    });
+            });
+        out
+    }
+}
+
+/// `c [mr, n] = a [mr, kk] @ b [kk, n]`, `a` at row stride `lda`, `b` element (p, j)
+/// at `p * rsb + j * csb`. The asserts are what make the raw-pointer call sound.
+#[allow(clippy::too_many_arguments)]
+fn sgemm(
+    mr: usize,
+    kk: usize,
+    n: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    (rsb, csb): (usize, usize),
+    c: &mut [f32],
+) {
+    if mr == 0 || n == 0 {
+        return;
+    }
+    if kk == 0 {
+        c[..mr * n].fill(0.0);
+        return;
+    }
+    assert!(a.len() >= (mr - 1) * lda + kk);
+    assert!(b.len() > (kk - 1) * rsb + (n - 1) * csb);
+    assert!(c.len() >= mr * n);
+    // SAFETY: the asserts above bound every element sgemm reads from `a` and `b` and
+    // writes in `c` under the given strides.
+    unsafe {
+        matrixmultiply::sgemm(
+            mr,
+            kk,
+            n,
+            1.0,
+            a.as_ptr(),
+            lda as isize,
+            1,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
 /// Batched `a @ b (+ bias)` with numpy batch broadcasting; see `OpKind::MatMul`.
 pub fn matmul(
     a: &[f32],
@@ -52,85 +185,93 @@ pub fn matmul(
     transpose_b: bool,
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    let (ra, rb) = (a_shape.len(), b_shape.len());
-    let k = a_shape[ra - 1];
-    let n = if transpose_b {
-        b_shape[rb - 2]
-    } else {
-        b_shape[rb - 1]
-    };
-    // With a shared 2-D `b`, all of a's batch dimensions are just more rows: one tall
-    // GEMM parallelises better than many short ones.
-    let (m, a_batch, b_batch): (usize, &[usize], &[usize]) = if rb == 2 {
-        (a.len() / k, &[], &[])
-    } else {
-        (a_shape[ra - 2], &a_shape[..ra - 2], &b_shape[..rb - 2])
-    };
-    let out_batch: Vec<usize> = {
-        let rank = a_batch.len().max(b_batch.len());
-        (0..rank)
-            .map(|i| {
-                let pick = |d: &[usize]| {
-                    let off = rank - d.len();
-                    if i >= off { d[i - off] } else { 1 }
-                };
-                pick(a_batch).max(pick(b_batch))
-            })
-            .collect()
-    };
-    let a_offs = batch_offsets(&out_batch, a_batch, m * k);
-    let b_offs = batch_offsets(&out_batch, b_batch, k * n);
-    let mut out = vec![0.0f32; a_offs.len() * m * n];
-    let rows = row_block(m);
-    // b is [k, n] row-major, or [n, k] when transposed: element (p, j) at j * k + p.
-    let (rsb, csb) = if transpose_b {
-        (1isize, k as isize)
-    } else {
-        (n as isize, 1isize)
-    };
-    out.par_chunks_mut(m * n)
-        .zip(a_offs.par_iter().zip(b_offs.par_iter()))
-        .for_each(|(c_mat, (&a_off, &b_off))| {
-            let a_mat = &a[a_off..a_off + m * k];
-            let b_mat = &b[b_off..b_off + k * n];
-            c_mat
-                .par_chunks_mut(rows * n)
-                .enumerate()
-                .for_each(|(block, c)| {
-                    let r0 = block * rows;
-                    let mr = c.len() / n;
-                    let a_blk = &a_mat[r0 * k..(r0 + mr) * k];
-                    // SAFETY: a_blk holds mr x k elements at row stride k, b_mat holds
-                    // k x n elements under the (rsb, csb) strides, and c holds mr x n
-                    // at row stride n; sgemm touches nothing outside these slices.
-                    unsafe {
-                        matrixmultiply::sgemm(
-                            mr,
-                            k,
-                            n,
-                            1.0,
-                            a_blk.as_ptr(),
-                            k as isize,
-                            1,
-                            b_mat.as_ptr(),
-                            rsb,
-                            csb,
-                            0.0,
-                            c.as_mut_ptr(),
-                            n as isize,
-                            1,
-                        );
-                    }
-                    if let Some(bias) = bias {
-                        for row in c.chunks_exact_mut(n) {
-                            for (v, b) in row.iter_mut().zip(bias) {
-                                *v += b;
-                            }
-                        }
-                    }
-                });
-        });
-    out
+    let g = Gemm::new(a_shape, b_shape, transpose_b);
+    let (k, n) = (g.k, g.n);
+    g.for_each_block(a, b, |c, a_blk, b_mat| {
+        sgemm(c.len() / n, k, n, a_blk, k, b_mat, (g.rsb, g.csb), c);
+        if let Some(bias) = bias {
+            for row in c.chunks_exact_mut(n) {
+                for (v, b) in row.iter_mut().zip(bias) {
+                    *v += b;
+                }
+            }
+        }
+    })
+}
+
+/// Width of the AMP's contraction chunk: the unit after which the machine stores its
+/// running partial sum in f16.
+pub const CHUNK: usize = 16;
+
+fn to_f16(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
+/// [`matmul`] with the f16 storage of the compiled program: `k` in [`CHUNK`]-wide
+/// chunks (the last one implicitly zero-padded), consecutive groups of
+/// `chunks_per_group` chunks; within a group the partial is rounded to f16 after each
+/// chunk's product is added, the groups' partials are summed in f32 in group order and
+/// rounded once (only when there is more than one group), then `bias` is added and
+/// rounded. The result is f16-representable.
+pub fn matmul_f16_chunked(
+    a: &[f32],
+    a_shape: &[usize],
+    b: &[f32],
+    b_shape: &[usize],
+    transpose_b: bool,
+    bias: Option<&[f32]>,
+    chunks_per_group: usize,
+) -> Vec<f32> {
+    let g = Gemm::new(a_shape, b_shape, transpose_b);
+    let (k, n) = (g.k, g.n);
+    let chunks = k.div_ceil(CHUNK);
+    let per_group = chunks_per_group.clamp(1, chunks.max(1));
+    let groups = chunks.div_ceil(per_group);
+    g.for_each_block(a, b, |c, a_blk, b_mat| {
+        let mr = c.len() / n;
+        let mut partial = vec![0.0f32; c.len()];
+        let mut product = vec![0.0f32; c.len()];
+        for group in 0..groups {
+            partial.fill(0.0);
+            for chunk in group * per_group..((group + 1) * per_group).min(chunks) {
+                let p0 = chunk * CHUNK;
+                let width = CHUNK.min(k - p0);
+                let b_chunk = &b_mat[p0 * g.rsb..];
+                sgemm(
+                    mr,
+                    width,
+                    n,
+                    &a_blk[p0..],
+                    k,
+                    b_chunk,
+                    (g.rsb, g.csb),
+                    &mut product,
+                );
+                for (p, d) in partial.iter_mut().zip(&product) {
+                    *p = to_f16(*p + d);
+                }
+            }
+            if group == 0 {
+                c.copy_from_slice(&partial);
+            } else {
+                for (v, p) in c.iter_mut().zip(&partial) {
+                    *v += p;
+                }
+            }
+        }
+        if groups > 1 {
+            for v in c.iter_mut() {
+                *v = to_f16(*v);
+            }
+        }
+        if let Some(bias) = bias {
+            for row in c.chunks_exact_mut(n) {
+                for (v, b) in row.iter_mut().zip(bias) {
+                    *v = to_f16(*v + b);
+                }
+            }
+        }
+    })
 }
 
 /// Strides of an operand of shape `inp` read as the (right-aligned) output shape

@@ -3,15 +3,21 @@
 //!
 //! It owns the numerical meaning of each op (accumulation in f32 or wider, a stable
 //! softmax, the tanh GELU) and the comparison helpers. It must never model the
-//! machine: no tiles, no kernels' rounding tricks, no dependency beyond the graph and
-//! maths crates. Its one concession to the hardware is the opt-in rounding of
-//! f16-typed tensors to f16 ([`EvalOptions::round_f16_storage`]), so tolerances can be
-//! reasoned about. Results are deterministic: GEMM tasks are split by matrix size,
-//! never by thread count.
+//! machine's tiles or kernels, and depends on nothing beyond the graph and maths
+//! crates. Its concessions to the hardware are opt-in and stated in graph terms, so
+//! tolerances can be reasoned about: rounding f16-typed tensors to f16
+//! ([`EvalOptions::round_f16_storage`]), and rounding a matmul's running partial sum
+//! to f16 after every 16-wide chunk of its contraction dimension
+//! ([`EvalOptions::round_matmul_chunks`]), which is where the compiled program stores
+//! f16 and what lets a comparison in f16 ulps ([`compare_ulps`]) be tight. Results
+//! are deterministic: GEMM tasks are split by matrix size, never by thread count.
 
 mod kernels;
 
-pub use kernels::gelu_scalar;
+use std::collections::BTreeMap;
+
+use half::f16;
+pub use kernels::{CHUNK, gelu_scalar};
 use tessera_graph::{
     DType, Graph, GraphError, HostTensor, Inputs, OpKind, Outputs, Shape, TensorError, TensorId,
     Weights,
@@ -30,15 +36,87 @@ pub enum RefError {
     MissingOutput(String),
     #[error("internal: value of {0} was released before its last use")]
     Released(TensorId),
+    #[error("matmul groups name `{0}`, which is not a matmul op of the graph")]
+    NotAMatmul(String),
+    #[error("matmul `{0}`: an inner group must hold at least one chunk")]
+    EmptyGroup(String),
 }
 
-/// How to evaluate.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How to evaluate. The default is pure f32, the ground truth; the other settings model
+/// where the compiled program stores f16, so that a simulated run can be held to a
+/// tolerance of a few f16 ulps instead of one loose enough to hide a kernel bug.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EvalOptions {
     /// Round every tensor whose dtype is f16 (parameters, inputs and op results) to
     /// f16 after it is produced, as the machine stores it. Arithmetic inside each op
     /// stays f32. Off: every tensor keeps full f32 precision.
     pub round_f16_storage: bool,
+    /// In every matmul with an f16 result, round the running partial sum to f16 after
+    /// each [`CHUNK`]-wide chunk of the contraction dimension, sum the inner groups'
+    /// partials in f32 and round once, then add the bias and round (see
+    /// [`EvalOptions::matmul_groups`]). The result is f16 whether or not
+    /// `round_f16_storage` is set; the operands are rounded only by that setting, so
+    /// the two are meant to be used together ([`EvalOptions::f16_machine`]).
+    pub round_matmul_chunks: bool,
+    /// Chunks per inner group, by matmul op name ([`tessera_graph::Op::name`]): the
+    /// compiled program splits the contraction dimension into consecutive groups of
+    /// this many chunks (the last may be shorter), each accumulated on its own tile.
+    /// An absent op is one group over the whole contraction dimension (attention
+    /// products, unsplit projections). Only read under `round_matmul_chunks`, but
+    /// every name is checked against the graph.
+    pub matmul_groups: BTreeMap<String, u32>,
+}
+
+impl EvalOptions {
+    /// Every f16 tensor rounded as stored; matmuls in exact f32.
+    pub fn f16_storage() -> EvalOptions {
+        EvalOptions {
+            round_f16_storage: true,
+            ..EvalOptions::default()
+        }
+    }
+
+    /// Rounding wherever the compiled program stores f16, matmul partials included;
+    /// add the plan's inner splits with [`EvalOptions::with_matmul_groups`].
+    pub fn f16_machine() -> EvalOptions {
+        EvalOptions {
+            round_f16_storage: true,
+            round_matmul_chunks: true,
+            ..EvalOptions::default()
+        }
+    }
+
+    /// Sets the inner split of matmul `op` to groups of `chunks_per_group` chunks.
+    pub fn with_matmul_groups(mut self, op: impl Into<String>, chunks_per_group: u32) -> Self {
+        self.matmul_groups.insert(op.into(), chunks_per_group);
+        self
+    }
+
+    /// Checks that every split names a matmul of `graph` and is not empty.
+    fn check_groups(&self, graph: &Graph) -> Result<(), RefError> {
+        for (name, &chunks) in &self.matmul_groups {
+            let is_matmul = graph
+                .ops()
+                .iter()
+                .any(|op| op.name == *name && matches!(op.kind, OpKind::MatMul { .. }));
+            if !is_matmul {
+                return Err(RefError::NotAMatmul(name.clone()));
+            }
+            if chunks == 0 {
+                return Err(RefError::EmptyGroup(name.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Chunks per inner group for matmul `op` if its partials are to be rounded.
+    fn chunking(&self, op: &str, dtype: DType) -> Option<usize> {
+        (self.round_matmul_chunks && dtype == DType::F16).then(|| {
+            self.matmul_groups
+                .get(op)
+                .map_or(usize::MAX, |&g| g as usize)
+        })
+    }
 }
 
 /// Evaluates `graph` in full f32 and returns its outputs by name.
@@ -96,6 +174,7 @@ fn run(
     graph.validate()?;
     weights.check_params(graph)?;
     inputs.check_inputs(graph)?;
+    options.check_groups(graph)?;
 
     let n = graph.tensors().len();
     let mut last_use = vec![usize::MAX; n];
@@ -113,7 +192,15 @@ fn run(
     let mut values: Vec<Option<HostTensor>> = vec![None; n];
     for (i, op) in graph.ops().iter().enumerate() {
         let info = &graph.tensors()[i];
-        let data = eval_op(&op.kind, info.shape.dims(), &values, weights, inputs)?;
+        let chunking = options.chunking(&op.name, info.dtype);
+        let data = eval_op(
+            &op.kind,
+            info.shape.dims(),
+            chunking,
+            &values,
+            weights,
+            inputs,
+        )?;
         let mut value = HostTensor::new(info.shape.clone(), data)?;
         if options.round_f16_storage && info.dtype == DType::F16 {
             value.round_to_f16();
@@ -128,9 +215,11 @@ fn run(
     Ok(values)
 }
 
+/// `chunking` is the chunks per inner group when a matmul's partials are rounded.
 fn eval_op(
     kind: &OpKind,
     out_shape: &[usize],
+    chunking: Option<usize>,
     values: &[Option<HostTensor>],
     weights: &Weights,
     inputs: &Inputs,
@@ -160,15 +249,12 @@ fn eval_op(
             bias,
         } => {
             let (a, b) = (get(*a)?, get(*b)?);
-            let bias = bias.map(get).transpose()?;
-            kernels::matmul(
-                a.data(),
-                a.shape().dims(),
-                b.data(),
-                b.shape().dims(),
-                *transpose_b,
-                bias.map(HostTensor::data),
-            )
+            let bias = bias.map(get).transpose()?.map(HostTensor::data);
+            let (ad, ash, bd, bsh) = (a.data(), a.shape().dims(), b.data(), b.shape().dims());
+            match chunking {
+                None => kernels::matmul(ad, ash, bd, bsh, *transpose_b, bias),
+                Some(g) => kernels::matmul_f16_chunked(ad, ash, bd, bsh, *transpose_b, bias, g),
+            }
         }
         Add { a, b } => {
             let (a, b) = (get(*a)?, get(*b)?);
@@ -252,6 +338,9 @@ pub struct ErrorStats {
     pub worst_index: usize,
     /// Largest `|expected|`, the scale against which `max_abs` should be read.
     pub expected_max_abs: f32,
+    /// Cosine similarity of the two tensors as vectors, summed in f64: 1 when both are
+    /// zero, 0 when only one is, NaN if any element is NaN (so it fails any threshold).
+    pub cosine: f32,
 }
 
 /// Compares two tensors of the same shape.
@@ -267,10 +356,16 @@ pub fn compare(actual: &HostTensor, expected: &HostTensor) -> Result<ErrorStats,
         mean_abs: 0.0,
         worst_index: 0,
         expected_max_abs: 0.0,
+        cosine: 0.0,
     };
     let mut sum = 0.0f64;
     let mut counted = 0usize;
+    let (mut dot, mut aa, mut ee) = (0.0f64, 0.0f64, 0.0f64);
     for (i, (&a, &e)) in actual.data().iter().zip(expected.data()).enumerate() {
+        let (a64, e64) = (f64::from(a), f64::from(e));
+        dot += a64 * e64;
+        aa += a64 * a64;
+        ee += e64 * e64;
         let d = (a - e).abs();
         let d = if d.is_nan() { f32::INFINITY } else { d };
         if d > stats.max_abs {
@@ -286,6 +381,78 @@ pub fn compare(actual: &HostTensor, expected: &HostTensor) -> Result<ErrorStats,
         }
     }
     stats.mean_abs = if counted == 0 {
+        0.0
+    } else {
+        (sum / counted as f64) as f32
+    };
+    stats.cosine = if aa == 0.0 && ee == 0.0 {
+        1.0
+    } else if aa == 0.0 || ee == 0.0 {
+        0.0
+    } else {
+        (dot / (aa.sqrt() * ee.sqrt())) as f32
+    };
+    Ok(stats)
+}
+
+/// Error of `actual` against `expected` in f16 ulps, each element measured at its own
+/// magnitude: a relative yardstick for tensors stored in f16, where an absolute
+/// tolerance is either too loose for small values or too tight for large ones.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UlpStats {
+    /// Largest `|actual - expected| / f16_ulp(expected)` (infinite if any element is
+    /// NaN, or one side is infinite and the other is not).
+    pub max_ulps: f32,
+    /// Mean over the elements with a finite error.
+    pub mean_ulps: f32,
+    /// Flat index of the element with the largest error in ulps.
+    pub worst_index: usize,
+    /// Largest absolute difference, for reading the ulps against.
+    pub max_abs: f32,
+}
+
+/// The spacing of f16 values at `|x|`: `2^(e-10)` in the binade `[2^e, 2^(e+1))`,
+/// the subnormal spacing `2^-24` below the normal range, and the top binade's spacing
+/// at and beyond the largest finite f16 (so values past it measure as finite).
+pub fn f16_ulp(x: f32) -> f32 {
+    let max_binade = f32::from_bits(f16::MAX.to_f32().to_bits() & 0x7f80_0000);
+    // Clearing the mantissa leaves the power of two at the bottom of x's binade.
+    let binade = f32::from_bits(x.abs().to_bits() & 0x7f80_0000).min(max_binade);
+    (binade * f16::EPSILON.to_f32()).max(f16::from_bits(1).to_f32())
+}
+
+/// Compares two tensors of the same shape in f16 ulps of `expected`.
+pub fn compare_ulps(actual: &HostTensor, expected: &HostTensor) -> Result<UlpStats, RefError> {
+    if actual.shape() != expected.shape() {
+        return Err(RefError::CompareShape {
+            actual: actual.shape().clone(),
+            expected: expected.shape().clone(),
+        });
+    }
+    let mut stats = UlpStats {
+        max_ulps: 0.0,
+        mean_ulps: 0.0,
+        worst_index: 0,
+        max_abs: 0.0,
+    };
+    let mut sum = 0.0f64;
+    let mut counted = 0usize;
+    for (i, (&a, &e)) in actual.data().iter().zip(expected.data()).enumerate() {
+        // Equal infinities are exact; `inf - inf` would otherwise read as NaN.
+        let d = if a == e { 0.0 } else { (a - e).abs() };
+        let d = if d.is_nan() { f32::INFINITY } else { d };
+        let ulps = d / f16_ulp(e);
+        if ulps > stats.max_ulps {
+            stats.max_ulps = ulps;
+            stats.worst_index = i;
+        }
+        stats.max_abs = stats.max_abs.max(d);
+        if ulps.is_finite() {
+            sum += f64::from(ulps);
+            counted += 1;
+        }
+    }
+    stats.mean_ulps = if counted == 0 {
         0.0
     } else {
         (sum / counted as f64) as f32

@@ -84,9 +84,7 @@ fn mlp_at_reduced_so400m_width_is_stable_and_deterministic() {
     assert_eq!(y.shape().dims(), [16, 1152]);
     assert!(y.data().iter().all(|v| v.is_finite()));
     // f16 storage moves results by a small amount only.
-    let opts = EvalOptions {
-        round_f16_storage: true,
-    };
+    let opts = EvalOptions::f16_storage();
     let r = evaluate_with(&g, &w, &x, &opts).unwrap();
     let stats = compare(r.get("y").unwrap(), y).unwrap();
     assert!(

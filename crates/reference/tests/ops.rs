@@ -234,9 +234,7 @@ fn cast_rounds_only_under_f16_storage() {
     inputs.insert("x", HostTensor::new([2], vec![0.1, 70000.0]).unwrap());
     let exact = evaluate(&g, &TensorMap::new(), &inputs).unwrap();
     assert_eq!(exact.get("h").unwrap().data(), &[0.1, 70000.0]);
-    let opts = EvalOptions {
-        round_f16_storage: true,
-    };
+    let opts = EvalOptions::f16_storage();
     let rounded = evaluate_with(&g, &TensorMap::new(), &inputs, &opts).unwrap();
     assert_eq!(
         rounded.get("h").unwrap().data(),
