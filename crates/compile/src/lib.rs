@@ -20,7 +20,7 @@ use tessera_host::HostPlan;
 use tessera_machine::Machine;
 use tessera_package::Package;
 use tessera_place::{Diagnosis, Options as PlaceOptions};
-use tessera_plan::{LowerOptions, PlanError, PlanOp, TilePlan, lower, lower_mlp};
+use tessera_plan::{LowerOptions, PlanError, PlanOp, TilePlan, lower};
 
 pub use requests::tile_problems;
 
@@ -161,21 +161,6 @@ pub struct Compiled {
     pub plan_ops: Vec<PlanOp>,
     pub step_ops: Vec<String>,
     pub exchange_steps: Vec<u32>,
-}
-
-/// Lowers the MLP in `graph` and compiles it.
-pub fn compile_mlp(
-    machine: &Machine,
-    graph: &Graph,
-    weights: &TensorMap,
-    opts: &CompileOptions,
-) -> Result<Compiled, CompileError> {
-    let start = Instant::now();
-    let plan = lower_mlp(machine, graph, weights, &opts.lower)?;
-    let mut compiled =
-        compile_plan_with(machine, &plan, &opts.place, opts.exploit_declared_alignment)?;
-    compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok(compiled)
 }
 
 /// Lowers `graph` with the per-operation rules and compiles it.

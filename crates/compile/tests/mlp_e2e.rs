@@ -2,7 +2,7 @@
 //! reference.
 
 use half::f16;
-use tessera_compile::{CompileOptions, compile_mlp};
+use tessera_compile::{CompileOptions, compile_model};
 use tessera_graph::{MlpConfig, init_weights, mlp, random_inputs};
 use tessera_machine::Machine;
 use tessera_sim::{SimOptions, Simulator, Status};
@@ -25,7 +25,7 @@ fn tiny_mlp_runs_and_matches_the_reference() {
     let graph = mlp(&MlpConfig::tiny(2)).unwrap();
     let weights = init_weights(&graph, 1);
     let inputs = random_inputs(&graph, 2);
-    let compiled = compile_mlp(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
+    let compiled = compile_model(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
     let mut sim = Simulator::new(&compiled.package).unwrap();
     sim.set_binding("x", &to_f16_bytes(inputs.get("x").unwrap().data()))
         .unwrap();
@@ -60,7 +60,7 @@ fn understated_rearrange_contract_faults_at_ld64step() {
     let inputs = random_inputs(&graph, 2);
     let x = to_f16_bytes(inputs.get("x").unwrap().data());
     let run = |opts: &CompileOptions| {
-        let compiled = compile_mlp(&machine, &graph, &weights, opts).unwrap();
+        let compiled = compile_model(&machine, &graph, &weights, opts).unwrap();
         let mut sim = Simulator::new(&compiled.package).unwrap();
         sim.set_binding("x", &x).unwrap();
         let report = sim.run(&SimOptions {
@@ -114,8 +114,8 @@ fn same_inputs_give_byte_identical_packages() {
     let machine = Machine::small().with_tiles(16);
     let graph = mlp(&MlpConfig::tiny(1)).unwrap();
     let weights = init_weights(&graph, 7);
-    let a = compile_mlp(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
-    let b = compile_mlp(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
+    let a = compile_model(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
+    let b = compile_model(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
     assert_eq!(
         tessera_package::write_package(&a.package),
         tessera_package::write_package(&b.package)

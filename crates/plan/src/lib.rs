@@ -8,15 +8,13 @@ pub mod dist;
 pub mod ir;
 mod lower;
 pub mod matmul;
-pub mod mlp;
 mod text;
 pub mod verify;
 
 pub use dist::{DistError, DistTensor, Part, redistribute};
 pub use ir::*;
+pub use lower::{FIT_SHARE, LowerOptions, lower, max_live_bytes};
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};
-pub use lower::{LowerOptions, lower};
-pub use mlp::lower_mlp;
 pub use verify::{Site, VerifyError, verify};
 
 /// Why no plan could be made.
@@ -56,10 +54,19 @@ pub enum PlanError {
 /// activations only add to it) against the whole chip's SRAM; per tile, the keys,
 /// their transpose and the values of one attention head (each tile of a head's
 /// group holds all three) against one tile's SRAM.
-pub fn precheck(machine: &tessera_machine::Machine, graph: &tessera_graph::Graph) -> Result<(), PlanError> {
+pub fn precheck(
+    machine: &tessera_machine::Machine,
+    graph: &tessera_graph::Graph,
+) -> Result<(), PlanError> {
     use tessera_graph::OpKind;
     let chip = u64::from(machine.tiles) * u64::from(machine.sram_bytes());
-    let elems = |t: tessera_graph::TensorId| graph.shape(t).dims().iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+    let elems = |t: tessera_graph::TensorId| {
+        graph
+            .shape(t)
+            .dims()
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+    };
     let mut total = 0u64;
     for op in graph.ops() {
         if matches!(op.kind, OpKind::Parameter { .. } | OpKind::Input { .. }) {
@@ -89,7 +96,10 @@ pub fn precheck(machine: &tessera_machine::Machine, graph: &tessera_graph::Graph
             let need = 3 * t.next_multiple_of(16) * d.next_multiple_of(16) * 2;
             if need > u64::from(machine.sram_bytes()) {
                 return Err(PlanError::TooLarge {
-                    what: format!("the keys, their transpose and the values of one head of `{}`", op.name),
+                    what: format!(
+                        "the keys, their transpose and the values of one head of `{}`",
+                        op.name
+                    ),
                     needed: need,
                     available: u64::from(machine.sram_bytes()),
                     scope: "one tile".into(),

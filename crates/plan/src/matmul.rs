@@ -90,9 +90,12 @@ impl MatmulMapping {
     fn evaluate(machine: &Machine, shape: MatmulShape, pr: u32, pk: u32, pn: u32) -> Self {
         let rows_t = shape.rows.div_ceil(pr);
         let kc_t = shape.k_chunks().div_ceil(pk);
-        // Output blocks are padded to a multiple of pk so that every inner group
-        // reduces an equal slab (see mlp.rs).
-        let nb_t = shape.n_blocks().div_ceil(pn).div_ceil(pk) * pk;
+        // A column group's blocks are reduced in slabs of `slab` blocks, one per
+        // inner group while they last; the blocks are padded to whole slabs (less
+        // than one slab of zero weights).
+        let real_nb = shape.n_blocks().div_ceil(pn);
+        let slab = real_nb.div_ceil(pk);
+        let nb_t = real_nb.div_ceil(slab) * slab;
         let (rows, kc, nb) = (u64::from(rows_t), u64::from(kc_t), u64::from(nb_t));
         let t = &machine.timing;
         let xbw = u64::from(t.exchange_bytes_per_cycle);
@@ -100,8 +103,10 @@ impl MatmulMapping {
         let chunk_bytes = u64::from(AMP_WIDTH) * 2;
         let a_bytes = rows * kc * chunk_bytes;
         let weight_bytes = nb * kc * chunk_bytes * u64::from(AMP_WIDTH);
-        let out_bytes = rows * nb * chunk_bytes;
-        let slab_bytes = out_bytes / u64::from(pk);
+        // The partials buffer holds the AMP's output and, on a reducing tile, one
+        // slab from every inner group.
+        let out_bytes = rows * u64::from(pk * slab) * chunk_bytes;
+        let slab_bytes = rows * u64::from(slab) * chunk_bytes;
         let partial_bytes = 2 * rows * chunk_bytes;
         // Weights and the broadcast bias slab stay for the whole program; of the
         // rest, the rearrangement holds both copies of A, the matmul one copy of A,
@@ -126,7 +131,7 @@ impl MatmulMapping {
             pn,
             rows_per_tile: rows_t,
             chunks_per_tile: kc_t,
-            blocks_per_tile: nb_t,
+            blocks_per_tile: real_nb,
             bytes_per_tile,
             weight_bytes,
             persistent_bytes: weight_bytes + slab_bytes,

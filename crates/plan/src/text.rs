@@ -30,6 +30,19 @@ impl fmt::Display for TilePlan {
         for d in &self.decisions {
             writeln!(f, "decision: {d}")?;
         }
+        for o in &self.ops {
+            if o.fused.is_empty() {
+                writeln!(f, "op {} ({})", o.name, o.kind)?;
+            } else {
+                writeln!(
+                    f,
+                    "op {} ({}) fusing {}",
+                    o.name,
+                    o.kind,
+                    o.fused.join(", ")
+                )?;
+            }
+        }
         for (i, s) in self.steps.iter().enumerate() {
             let kind = match s {
                 StepKind::HostIn => "host in".to_string(),
@@ -37,7 +50,10 @@ impl fmt::Display for TilePlan {
                 StepKind::Exchange(id) => format!("exchange #{id}"),
                 StepKind::HostOut => "host out".to_string(),
             };
-            writeln!(f, "step {i}: {kind}")?;
+            match self.step_ops.get(i).filter(|o| !o.is_empty()) {
+                Some(op) => writeln!(f, "step {i}: {kind} ({op})")?,
+                None => writeln!(f, "step {i}: {kind}")?,
+            }
         }
         for b in &self.buffers {
             writeln!(

@@ -320,9 +320,12 @@ impl Checker<'_> {
                             loc.offset + op.bytes,
                         ));
                     }
-                    Role::Output | Role::InOut => {
-                        self.write(loc.buf, Some((call.step, 1 + index as u32)), loc.offset, op.bytes)
-                    }
+                    Role::Output | Role::InOut => self.write(
+                        loc.buf,
+                        Some((call.step, 1 + index as u32)),
+                        loc.offset,
+                        op.bytes,
+                    ),
                     // Emission writes vertex states into the tile image.
                     Role::State => self.write(loc.buf, None, loc.offset, op.bytes),
                 }

@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
-use tessera_graph::{MlpConfig, init_weights, mlp};
+use tessera_graph::{EncoderLayerConfig, MlpConfig, encoder_layer, init_weights, mlp};
 use tessera_machine::Machine;
-use tessera_plan::{LowerOptions, lower_mlp, verify};
+use tessera_plan::{LowerOptions, lower, verify};
 
 fn check(name: &str, text: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -34,7 +34,7 @@ fn check(name: &str, text: &str) {
 fn tiny_mlp_on_four_tiles() {
     let graph = mlp(&MlpConfig::tiny(2)).unwrap();
     let weights = init_weights(&graph, 1);
-    let plan = lower_mlp(
+    let plan = lower(
         &Machine::small(),
         &graph,
         &weights,
@@ -43,4 +43,47 @@ fn tiny_mlp_on_four_tiles() {
     .unwrap();
     assert_eq!(verify(&plan), vec![]);
     check("mlp_tiny_b2_small", &plan.to_string());
+}
+
+/// Every rule once: the patch projection with the position embedding fused, the
+/// layer norms, head-padded projections, attention, the MLP's GELU and residual
+/// epilogues, and the pooling head's single shared query.
+#[test]
+fn tiny_layer_on_four_tiles() {
+    let graph = encoder_layer(&EncoderLayerConfig::tiny(2)).unwrap();
+    let weights = init_weights(&graph, 1);
+    let plan = lower(
+        &Machine::small(),
+        &graph,
+        &weights,
+        &LowerOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(verify(&plan), vec![]);
+    check("layer_tiny_b2_small", &plan.to_string());
+}
+
+/// Padding: 12 values per patch (the inner dimension zero-filled to 16), heads of
+/// 12 stored in 16 columns, 16 tokens on 8 tiles (groups of two per head).
+#[test]
+fn padded_layer_on_eight_tiles() {
+    let cfg = EncoderLayerConfig {
+        image_size: 8,
+        patch: 2,
+        width: 48,
+        heads: 4,
+        mlp_hidden: 64,
+        ..EncoderLayerConfig::tiny(1)
+    };
+    let graph = encoder_layer(&cfg).unwrap();
+    let weights = init_weights(&graph, 1);
+    let plan = lower(
+        &Machine::small().with_tiles(8),
+        &graph,
+        &weights,
+        &LowerOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(verify(&plan), vec![]);
+    check("layer_padded_b1_8tiles", &plan.to_string());
 }

@@ -4,12 +4,12 @@
 use tessera_graph::{MlpConfig, init_weights, mlp};
 use tessera_kernels::MemClass;
 use tessera_machine::Machine;
-use tessera_plan::{BindingDir, LowerOptions, StepKind, TilePlan, VerifyError, lower_mlp, verify};
+use tessera_plan::{BindingDir, LowerOptions, StepKind, TilePlan, VerifyError, lower, verify};
 
 fn plan() -> TilePlan {
     let graph = mlp(&MlpConfig::tiny(2)).unwrap();
     let weights = init_weights(&graph, 1);
-    lower_mlp(
+    lower(
         &Machine::small(),
         &graph,
         &weights,

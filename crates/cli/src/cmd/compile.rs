@@ -416,13 +416,20 @@ fn op_table(
         let (cop, xop) = match ss.exchanges.first() {
             Some(&id) => {
                 seen_exchange = true;
-                let xs = c.exchange_steps.get(id as usize).copied().unwrap_or(last_step);
+                let xs = c
+                    .exchange_steps
+                    .get(id as usize)
+                    .copied()
+                    .unwrap_or(last_step);
                 let next = c
                     .exchange_steps
                     .get(id as usize + 1)
                     .copied()
                     .unwrap_or(last_step);
-                let xop = c.step_ops.get(xs as usize).and_then(|n| index.get(n.as_str()).copied());
+                let xop = c
+                    .step_ops
+                    .get(xs as usize)
+                    .and_then(|n| index.get(n.as_str()).copied());
                 (compute_op(xs + 1, next), xop)
             }
             None if !seen_exchange && ss.compute > 0 => (compute_op(1, first_exchange), None),
@@ -440,10 +447,10 @@ fn op_table(
         if is_encoder(xop) {
             enc += ss.exchange;
         }
-        if is_encoder(cop) || is_encoder(xop) {
-            if let Some(next) = profile.supersteps.get(k + 1) {
-                enc += next.start.saturating_sub(ss.end);
-            }
+        if (is_encoder(cop) || is_encoder(xop))
+            && let Some(next) = profile.supersteps.get(k + 1)
+        {
+            enc += next.start.saturating_sub(ss.end);
         }
     }
     for r in &mut rows {

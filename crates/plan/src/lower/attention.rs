@@ -43,14 +43,16 @@ pub(crate) struct Attention<'a> {
     pub scale: f32,
 }
 
-struct TileWork {
+/// A tile that owns query rows of one (image, head) pair.
+struct RowWork {
     tile: u32,
     b: u32,
     h: u32,
+    pair: u32,
     r0: u32,
     rows: u32,
     q_amp: BufId,
-    k_blk: BufId,
+    /// The head's keys transposed, `[tb][kc][16][16]`, filled by the transposers.
     w1: BufId,
     s_blk: BufId,
     s_rm: BufId,
@@ -58,52 +60,112 @@ struct TileWork {
     ctx: BufId,
 }
 
-pub(crate) fn attention(lw: &mut Lowering<'_>, op: &Attention<'_>) -> Result<DistTensor, PlanError> {
+/// A tile that transposes key blocks `blk0..blk0 + nbk` of one pair and sends
+/// them to the pair's row tiles.
+struct Transposer {
+    tile: u32,
+    b: u32,
+    h: u32,
+    pair: u32,
+    blk0: u32,
+    nbk: u32,
+    /// Its keys, `[kc][16 * nbk][16]`.
+    kpart: BufId,
+    /// Where the transposed blocks go: its own row work's `w1` when it has one
+    /// (at the blocks' offset), otherwise a buffer of its own.
+    out: Loc,
+    /// Index of its own row work, if any.
+    own: Option<usize>,
+}
+
+pub(crate) fn attention(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+) -> Result<DistTensor, PlanError> {
     let name = op.name;
     let tiles = lw.machine.tiles;
     let kc = op.dp / AMP_WIDTH;
     let tp = op.t.next_multiple_of(AMP_WIDTH);
     let tb = tp / AMP_WIDTH;
     let pairs = op.batch * op.heads;
-    // Tiles per (image, head): as many as divide the chip, but no more than rows.
-    let per = (tiles / pairs).clamp(1, op.tq);
-    let rows_per = op.tq.div_ceil(per);
-    let per = op.tq.div_ceil(rows_per);
+    // Tiles per (image, head): as many as divide the chip. Up to `tq` of them own
+    // query rows; up to `tb` of them share the transposition of the keys (with a
+    // single query, the pooling head, most of a group only transposes).
+    let group = (tiles / pairs).clamp(1, op.tq.max(tb));
+    let rows_per = op.tq.div_ceil(group.min(op.tq));
+    let per_rows = op.tq.div_ceil(rows_per);
+    let share = tb.div_ceil(group.min(tb));
+    let per_t = tb.div_ceil(share);
     lw.plan.decisions.push(format!(
-        "{name}: {} images x {} heads, {} tiles each, {} query rows per tile, keys {} padded to {}",
-        op.batch, op.heads, per, rows_per, op.t, tp
+        "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} key blocks; keys {} padded to {}",
+        op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
     ));
     let mut work = Vec::new();
+    let mut trans = Vec::new();
     for b in 0..op.batch {
         for h in 0..op.heads {
             let pair = b * op.heads + h;
-            for g in 0..per {
-                let r0 = g * rows_per;
+            let tile_of = |m: u32| (pair * group + m) % tiles;
+            for m in 0..per_rows {
+                let tile = tile_of(m);
+                let r0 = m * rows_per;
                 let rows = rows_per.min(op.tq - r0);
-                let tile = (pair * per + g) % tiles;
-                let blk = |lw: &mut Lowering<'_>, what: &str, bytes: u32, cat: Category| {
-                    lw.buffer(tile, format!("{name}.{what}"), bytes, cat)
+                let mut blk = |what: &str, bytes: u32| {
+                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
                 };
-                let q_amp = blk(lw, "q", rows * op.dp * 2, Category::Activation);
-                let k_blk = blk(lw, "k", tp * op.dp * 2, Category::Activation);
-                let w1 = blk(lw, "kt", tp * op.dp * 2, Category::Activation);
-                let s_blk = blk(lw, "scores.amp", rows * tp * 2, Category::Activation);
-                let s_rm = blk(lw, "scores", rows * tp * 2, Category::Activation);
-                let v_w = blk(lw, "v", tp * op.dp * 2, Category::Activation);
-                let ctx = blk(lw, "ctx", rows * op.dp * 2, Category::Activation);
-                work.push(TileWork {
+                work.push(RowWork {
                     tile,
                     b,
                     h,
+                    pair,
                     r0,
                     rows,
-                    q_amp,
-                    k_blk,
-                    w1,
-                    s_blk,
-                    s_rm,
-                    v_w,
-                    ctx,
+                    q_amp: blk("q", rows * op.dp * 2),
+                    w1: blk("kt", tp * op.dp * 2),
+                    s_blk: blk("scores.amp", rows * tp * 2),
+                    s_rm: blk("scores", rows * tp * 2),
+                    v_w: blk("v", tp * op.dp * 2),
+                    ctx: blk("ctx", rows * op.dp * 2),
+                });
+            }
+            for m in 0..per_t {
+                let tile = tile_of(m);
+                let blk0 = m * share;
+                let nbk = share.min(tb - blk0);
+                let kpart = lw.buffer(
+                    tile,
+                    format!("{name}.k"),
+                    nbk * AMP_WIDTH * op.dp * 2,
+                    Category::Activation,
+                );
+                let (out, own) = if m < per_rows {
+                    let own = work.len() - per_rows as usize + m as usize;
+                    (
+                        Loc {
+                            buf: work[own].w1,
+                            offset: blk0 * kc * 512,
+                        },
+                        Some(own),
+                    )
+                } else {
+                    let buf = lw.buffer(
+                        tile,
+                        format!("{name}.kt.part"),
+                        nbk * kc * 512,
+                        Category::Activation,
+                    );
+                    (Loc { buf, offset: 0 }, None)
+                };
+                trans.push(Transposer {
+                    tile,
+                    b,
+                    h,
+                    pair,
+                    blk0,
+                    nbk,
+                    kpart,
+                    out,
+                    own,
                 });
             }
         }
@@ -121,64 +183,109 @@ pub(crate) fn attention(lw: &mut Lowering<'_>, op: &Attention<'_>) -> Result<Dis
         rows,
         cols: h * op.dp + c * AMP_WIDTH..h * op.dp + (c + 1) * AMP_WIDTH,
     };
-    let q_row0 = |w: &TileWork| if op.shared_q { 0 } else { w.b * op.tq } + w.r0;
-    let key_parts = |pick: &dyn Fn(&TileWork) -> BufId| {
-        let mut parts = Vec::new();
-        for w in &work {
-            for c in 0..kc {
-                let r = w.b * op.t;
-                parts.push(chunk(pick(w), c * tp * 32, r..r + op.t, w.h, c));
-            }
-        }
-        parts
-    };
     let bad = |what: &str, e: crate::dist::DistError| {
         PlanError::Unsupported(format!("{name}: {what} do not cover the head: {e}"))
     };
 
-    // Queries and keys.
+    // Queries to the row tiles, key blocks to the transposers.
     let mut q_parts = Vec::new();
     for w in &work {
+        let r = if op.shared_q { 0 } else { w.b * op.tq } + w.r0;
         for c in 0..kc {
-            let r = q_row0(w);
             q_parts.push(chunk(w.q_amp, c * w.rows * 32, r..r + w.rows, w.h, c));
         }
     }
-    let mut copies = redistribute(op.q, &tensor(op.q.rows, q_parts)).map_err(|e| bad("queries", e))?;
-    copies.extend(
-        redistribute(op.k, &tensor(op.k.rows, key_parts(&|w| w.k_blk))).map_err(|e| bad("keys", e))?,
-    );
+    let mut key_parts = Vec::new();
+    for t in &trans {
+        let t0 = t.blk0 * AMP_WIDTH;
+        let t1 = ((t.blk0 + t.nbk) * AMP_WIDTH).min(op.t);
+        if t1 <= t0 {
+            continue;
+        }
+        let r = t.b * op.t;
+        for c in 0..kc {
+            key_parts.push(chunk(t.kpart, c * t.nbk * 512, r + t0..r + t1, t.h, c));
+        }
+    }
+    let mut copies =
+        redistribute(op.q, &tensor(op.q.rows, q_parts)).map_err(|e| bad("queries", e))?;
+    copies.extend(redistribute(op.k, &tensor(op.k.rows, key_parts)).map_err(|e| bad("keys", e))?);
     lw.exchange(&format!("{name}.qk"), copies);
 
-    // K^T in the AMP weight layout.
-    let pad_rows = tp - op.t;
+    // K^T in the AMP weight layout, each transposer its blocks (zero rows past the
+    // last token: the key dimension is padded to 16), then to every row tile.
     let step = lw.compute_step();
-    for w in &work {
-        if pad_rows > 0 {
+    for t in &trans {
+        let real =
+            op.t.saturating_sub(t.blk0 * AMP_WIDTH)
+                .min(t.nbk * AMP_WIDTH);
+        let pad = t.nbk * AMP_WIDTH - real;
+        if pad > 0 {
             lw.call(
-                w.tile,
+                t.tile,
                 step,
-                ZeroFill::new(kc, pad_rows * 32, tp * 32),
-                &[("out", Loc { buf: w.k_blk, offset: op.t * 32 })],
+                ZeroFill::new(kc, pad * 32, t.nbk * 512),
+                &[(
+                    "out",
+                    Loc {
+                        buf: t.kpart,
+                        offset: real * 32,
+                    },
+                )],
             );
         }
         lw.call(
-            w.tile,
+            t.tile,
             step,
-            TransposeBlocks::new(kc, tb),
+            TransposeBlocks::new(kc, t.nbk),
             &[
-                ("in", Loc { buf: w.k_blk, offset: 0 }),
-                ("out", Loc { buf: w.w1, offset: 0 }),
+                (
+                    "in",
+                    Loc {
+                        buf: t.kpart,
+                        offset: 0,
+                    },
+                ),
+                ("out", t.out),
             ],
         );
     }
+    let mut copies = Vec::new();
+    for t in &trans {
+        let dsts: Vec<Loc> = work
+            .iter()
+            .enumerate()
+            .filter(|(i, w)| w.pair == t.pair && t.own != Some(*i))
+            .map(|(_, w)| Loc {
+                buf: w.w1,
+                offset: t.blk0 * kc * 512,
+            })
+            .collect();
+        if !dsts.is_empty() {
+            copies.push(Copy {
+                src: t.out,
+                bytes: t.nbk * kc * 512,
+                dsts,
+            });
+        }
+    }
+    lw.exchange(&format!("{name}.kt"), copies);
 
     // Scores, softmax, probabilities back to chunk-major (into the scores' AMP
     // buffer, free once converted).
     let step = lw.compute_step();
     for w in &work {
         let at = |buf| Loc { buf, offset: 0 };
-        amp(lw, w.tile, step, name, (w.rows, kc, tb), at(w.q_amp), at(w.w1), at(w.s_blk));
+        amp(
+            lw,
+            w.tile,
+            step,
+            name,
+            (w.rows, kc, tb),
+            at(w.q_amp),
+            at(w.w1),
+            at(w.s_blk),
+        );
         lw.call(
             w.tile,
             step,
@@ -195,13 +302,27 @@ pub(crate) fn attention(lw: &mut Lowering<'_>, op: &Attention<'_>) -> Result<Dis
         if let Some(al) = lw.opts.rearrange_declared_align {
             re.declared_align = al;
         }
-        lw.call(w.tile, step, re, &[("in", at(w.s_rm)), ("out", at(w.s_blk))]);
+        lw.call(
+            w.tile,
+            step,
+            re,
+            &[("in", at(w.s_rm)), ("out", at(w.s_blk))],
+        );
     }
 
-    // Values, then P V.
+    // Values (their block layout is the AMP weight layout of `P V` as it stands),
+    // then P V.
+    let mut value_parts = Vec::new();
+    for w in &work {
+        let r = w.b * op.t;
+        for c in 0..kc {
+            value_parts.push(chunk(w.v_w, c * tp * 32, r..r + op.t, w.h, c));
+        }
+    }
     let copies =
-        redistribute(op.v, &tensor(op.v.rows, key_parts(&|w| w.v_w))).map_err(|e| bad("values", e))?;
+        redistribute(op.v, &tensor(op.v.rows, value_parts)).map_err(|e| bad("values", e))?;
     lw.exchange(&format!("{name}.v"), copies);
+    let pad_rows = tp - op.t;
     let step = lw.compute_step();
     let mut out = Vec::new();
     for w in &work {
@@ -210,13 +331,28 @@ pub(crate) fn attention(lw: &mut Lowering<'_>, op: &Attention<'_>) -> Result<Dis
                 w.tile,
                 step,
                 ZeroFill::new(kc, pad_rows * 32, tp * 32),
-                &[("out", Loc { buf: w.v_w, offset: op.t * 32 })],
+                &[(
+                    "out",
+                    Loc {
+                        buf: w.v_w,
+                        offset: op.t * 32,
+                    },
+                )],
             );
         }
         let at = |buf| Loc { buf, offset: 0 };
-        amp(lw, w.tile, step, name, (w.rows, tb, kc), at(w.s_blk), at(w.v_w), at(w.ctx));
+        amp(
+            lw,
+            w.tile,
+            step,
+            name,
+            (w.rows, tb, kc),
+            at(w.s_blk),
+            at(w.v_w),
+            at(w.ctx),
+        );
+        let r = w.b * op.tq + w.r0;
         for c in 0..kc {
-            let r = w.b * op.tq + w.r0;
             out.push(chunk(w.ctx, c * w.rows * 32, r..r + w.rows, w.h, c));
         }
     }
@@ -239,7 +375,12 @@ fn amp(
     let mut ops = vec![("a", a), ("w", w), ("out", out)];
     for (idx, pname) in ["p0", "p1"].into_iter().enumerate() {
         if mm.partials() > idx as u32 {
-            let pp = lw.buffer(tile, format!("{name}.{pname}"), rows * 32, Category::Partial);
+            let pp = lw.buffer(
+                tile,
+                format!("{name}.{pname}"),
+                rows * 32,
+                Category::Partial,
+            );
             ops.push((pname, Loc { buf: pp, offset: 0 }));
         }
     }

@@ -86,7 +86,13 @@ impl<'a> Lowering<'a> {
     /// A buffer of constant contents: the host streams `bytes` into it once, at
     /// initialisation, through the weight binding `weights/NAME`, whose image is
     /// every tile's part in device layout, concatenated in the order of creation.
-    pub fn constant(&mut self, tile: u32, name: String, bytes: Vec<u8>, category: Category) -> BufId {
+    pub fn constant(
+        &mut self,
+        tile: u32,
+        name: String,
+        bytes: Vec<u8>,
+        category: Category,
+    ) -> BufId {
         let id = self
             .plan
             .add_buffer(tile, name.clone(), bytes.len() as u32, category);
@@ -110,7 +116,13 @@ impl<'a> Lowering<'a> {
     }
 
     /// One kernel call; the contract's requirements bind the buffers it touches.
-    pub fn call(&mut self, tile: u32, step: Step, kernel: impl Into<KernelKind>, ops: &[(&str, Loc)]) {
+    pub fn call(
+        &mut self,
+        tile: u32,
+        step: Step,
+        kernel: impl Into<KernelKind>,
+        ops: &[(&str, Loc)],
+    ) {
         let kernel: KernelKind = kernel.into();
         let contract = kernel.contract();
         let state_op = contract.operands.iter().find(|o| o.name == "state");
@@ -206,7 +218,12 @@ impl<'a> Lowering<'a> {
         let mut parts = Vec::new();
         let mut slices = Vec::new();
         for (o, &(r0, n)) in owners.iter().enumerate() {
-            let buf = self.buffer(o as u32, name.to_string(), n * row_bytes, Category::Activation);
+            let buf = self.buffer(
+                o as u32,
+                name.to_string(),
+                n * row_bytes,
+                Category::Activation,
+            );
             self.plan.touch(buf, 0);
             parts.push(Part {
                 at: Loc { buf, offset: 0 },
@@ -241,21 +258,30 @@ impl<'a> Lowering<'a> {
 
     /// Whole-row buffers of `t` on its row owners: `t`'s own parts when they are
     /// already that, otherwise new buffers filled by an exchange.
-    pub fn to_row_owners(&mut self, t: &DistTensor, name: &str) -> DistTensor {
+    pub fn gather_rows(&mut self, t: &DistTensor, name: &str) -> DistTensor {
         let owners = self.row_owners(t.rows);
         let already = t.parts.len() == owners.len()
-            && t.parts.iter().zip(&owners).enumerate().all(|(o, (p, &(r0, n)))| {
-                p.rows == (r0..r0 + n)
-                    && p.cols == (0..t.cols)
-                    && p.at.offset == 0
-                    && self.plan.buffer(p.at.buf).tile == o as u32
-            });
+            && t.parts
+                .iter()
+                .zip(&owners)
+                .enumerate()
+                .all(|(o, (p, &(r0, n)))| {
+                    p.rows == (r0..r0 + n)
+                        && p.cols == (0..t.cols)
+                        && p.at.offset == 0
+                        && self.plan.buffer(p.at.buf).tile == o as u32
+                });
         if already {
             return t.clone();
         }
         let mut parts = Vec::new();
         for (o, &(r0, n)) in owners.iter().enumerate() {
-            let buf = self.buffer(o as u32, name.to_string(), n * t.cols * t.elem_bytes, Category::Activation);
+            let buf = self.buffer(
+                o as u32,
+                name.to_string(),
+                n * t.cols * t.elem_bytes,
+                Category::Activation,
+            );
             parts.push(Part {
                 at: Loc { buf, offset: 0 },
                 rows: r0..r0 + n,
@@ -274,10 +300,10 @@ impl<'a> Lowering<'a> {
         dst
     }
 
-    /// Makes `t` (on its row owners, see [`Self::to_row_owners`]) the host output
+    /// Makes `t` (on its row owners, see [`Self::gather_rows`]) the host output
     /// `name`, read after the last step.
     pub fn output(&mut self, name: &str, t: &DistTensor) {
-        let t = self.to_row_owners(t, &format!("{name}.out"));
+        let t = self.gather_rows(t, &format!("{name}.out"));
         let row_bytes = t.cols * t.elem_bytes;
         let slices = t
             .parts

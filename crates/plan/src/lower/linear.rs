@@ -15,8 +15,9 @@
 //! - compute: sum of the partial slabs, bias, GELU, residual, in place in slab 0.
 //!
 //! The result is left in block layout: each finished block a `[rows, 16]` part.
-//! A column group's blocks are padded up to a multiple of `pk` with zero weights,
-//! so that every inner group reduces an equal slab.
+//! A column group's blocks are cut into slabs of `ceil(blocks / pk)`, one per
+//! inner group while they last (padded with zero weights to whole slabs); inner
+//! groups past the last slab only send.
 
 use std::collections::BTreeMap;
 
@@ -60,6 +61,10 @@ impl Grid {
     fn slab_blocks(&self, l: usize) -> u32 {
         self.blocks[l].1.div_ceil(self.pk())
     }
+    /// Inner groups of column group `l` that reduce a slab (the others only send).
+    fn reducers(&self, l: usize) -> u32 {
+        self.blocks[l].1.div_ceil(self.slab_blocks(l))
+    }
     fn cells(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
         let (r, c, b) = (self.rows.len(), self.chunks.len(), self.blocks.len());
         (0..r).flat_map(move |i| (0..c).flat_map(move |j| (0..b).map(move |l| (i, j, l))))
@@ -77,7 +82,12 @@ pub(crate) struct Linear<'a> {
     /// constant.
     pub bias: &'a dyn Fn(u32, u32) -> f32,
     pub gelu: bool,
+    /// The bias varies with the row (a fused position embedding), so passes
+    /// cannot share bias constants.
+    pub per_row: bool,
     pub residual: Option<&'a DistTensor>,
+    /// The mapping of one pass: `map.shape.rows` rows at a time, the passes one
+    /// after another on the same tiles (weights loaded once).
     pub map: MatmulMapping,
 }
 
@@ -98,7 +108,13 @@ pub(crate) fn is_block_layout(t: &DistTensor) -> bool {
 }
 
 /// Weights of one tile of a grid, padded to `padded_blocks` blocks.
-fn packed_weights(w: &[f32], n: u32, chunks: (u32, u32), blocks: (u32, u32), padded_blocks: u32) -> Vec<u8> {
+fn packed_weights(
+    w: &[f32],
+    n: u32,
+    chunks: (u32, u32),
+    blocks: (u32, u32),
+    padded_blocks: u32,
+) -> Vec<u8> {
     let (c0, kc) = chunks;
     let (b0, nb) = blocks;
     let cols = padded_blocks * AMP_WIDTH;
@@ -117,26 +133,31 @@ fn packed_weights(w: &[f32], n: u32, chunks: (u32, u32), blocks: (u32, u32), pad
 }
 
 pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTensor, PlanError> {
-    let g = Grid::new(op.map.clone());
     let name = op.name;
     let k = op.x.cols;
-    let kp = g.map.shape.k;
-    let n = op.n;
+    let kp = op.map.shape.k;
     let rows_total = op.x.rows;
-    let pk = g.pk();
     if !(kp - k).is_multiple_of(4) && kp != k {
         return Err(PlanError::Unsupported(format!(
             "{name}: inner dimension {k} must be a multiple of 4 (padding is zeroed 8 bytes at a time)"
         )));
     }
     let direct = k.is_multiple_of(AMP_WIDTH) && is_block_layout(op.x);
+    let per_pass = op.map.shape.rows;
+    let passes = rows_total.div_ceil(per_pass);
+    let g = Grid::new(op.map.clone());
     lw.plan.decisions.push(format!(
-        "{name}: [{}x{}]x[{}x{}] on {} tiles as {} row x {} inner x {} column groups \
+        "{name}: [{}x{}]x[{}x{}] {}on {} tiles as {} row x {} inner x {} column groups \
          ({} rows, {} chunks, {} blocks per tile){}, estimated {} cycles ({:.0}% of peak)",
         rows_total,
         k,
         k,
-        n,
+        op.n,
+        if passes > 1 {
+            format!("in {passes} passes of {per_pass} rows ")
+        } else {
+            String::new()
+        },
         g.tiles(),
         g.rows.len(),
         g.chunks.len(),
@@ -145,9 +166,50 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         g.map.chunks_per_tile,
         g.map.blocks_per_tile,
         if direct { ", inputs in AMP layout" } else { "" },
-        g.map.cost.total(),
+        g.map.cost.total() * u64::from(passes),
         100.0 * g.map.peak_share(lw.machine)
     ));
+    let mut consts = Consts::default();
+    let mut out_parts = Vec::new();
+    for pass in 0..passes {
+        let base = pass * per_pass;
+        let rows = per_pass.min(rows_total - base);
+        let mut pg = Grid::new(op.map.clone());
+        pg.rows = groups(rows, g.map.rows_per_tile);
+        one_pass(lw, op, &pg, base, direct, &mut consts, &mut out_parts)?;
+    }
+    Ok(DistTensor {
+        rows: rows_total,
+        cols: op.n,
+        elem_bytes: 2,
+        parts: out_parts,
+    })
+}
+
+/// Constants a matmul's passes share: weights per tile, bias slabs per tile and
+/// row count (per pass too when a per-row constant is fused).
+#[derive(Default)]
+struct Consts {
+    weights: BTreeMap<u32, BufId>,
+    bias: BTreeMap<(u32, u32, u32), BufId>,
+}
+
+fn one_pass(
+    lw: &mut Lowering<'_>,
+    op: &Linear<'_>,
+    g: &Grid,
+    base: u32,
+    direct: bool,
+    consts: &mut Consts,
+    out_parts: &mut Vec<Part>,
+) -> Result<(), PlanError> {
+    let name = op.name;
+    let k = op.x.cols;
+    let n = op.n;
+    let pk = g.pk();
+    let rows_total = op.x.rows;
+    // Rows of row group `i` in the whole tensor.
+    let span = |i: usize| (base + g.rows[i].0, g.rows[i].1);
 
     // Input buffers and where `x` lands in them.
     let mut a_rm = BTreeMap::new();
@@ -155,7 +217,7 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
     let mut in_parts = Vec::new();
     for (i, j, l) in g.cells() {
         let tile = g.tile(i, j, l);
-        let (r0, rows) = g.rows[i];
+        let (r0, rows) = span(i);
         let (c0, kc) = g.chunks[j];
         let bytes = rows * kc * AMP_WIDTH * 2;
         let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
@@ -205,8 +267,13 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
     if let Some(res) = op.residual {
         let mut parts = Vec::new();
         for (i, j, l) in g.cells() {
-            let rows = g.rows[i].1;
+            let (r0, rows) = span(i);
             let slab = g.slab_blocks(l);
+            let (b0, nb) = g.blocks[l];
+            if j as u32 * slab >= nb {
+                // A slab of padding only: nothing to add.
+                continue;
+            }
             let buf = lw.buffer(
                 g.tile(i, j, l),
                 format!("{name}.residual"),
@@ -214,9 +281,13 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
                 Category::Activation,
             );
             residual_bufs.insert((i, j, l), buf);
-            let (b0, nb) = g.blocks[l];
             for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
-                parts.push(block_part(buf, q * rows * AMP_WIDTH * 2, g.rows[i], b0 + j as u32 * slab + q));
+                parts.push(block_part(
+                    buf,
+                    q * rows * AMP_WIDTH * 2,
+                    (r0, rows),
+                    b0 + j as u32 * slab + q,
+                ));
             }
         }
         let dst = DistTensor {
@@ -226,7 +297,9 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
             parts,
         };
         copies.extend(redistribute(res, &dst).map_err(|e| {
-            PlanError::Unsupported(format!("{name}: the residual does not cover the output: {e}"))
+            PlanError::Unsupported(format!(
+                "{name}: the residual does not cover the output: {e}"
+            ))
         })?);
     }
     lw.exchange(&format!("{name}.inputs"), copies);
@@ -239,9 +312,16 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         let rows = g.rows[i].1;
         let (c0, kc) = g.chunks[j];
         let slab = g.slab_blocks(l);
-        let nb_pad = slab * pk;
-        let wbytes = packed_weights(op.w, n, g.chunks[j], g.blocks[l], nb_pad);
-        let wbuf = lw.constant(tile, format!("{name}.w"), wbytes, Category::Weight);
+        let nb_pad = slab * g.reducers(l);
+        let wbuf = match consts.weights.get(&tile) {
+            Some(&b) => b,
+            None => {
+                let wbytes = packed_weights(op.w, n, g.chunks[j], g.blocks[l], nb_pad);
+                let b = lw.constant(tile, format!("{name}.w"), wbytes, Category::Weight);
+                consts.weights.insert(tile, b);
+                b
+            }
+        };
         let cm = a_cm[&(i, j, l)];
         if let Some(&rm) = a_rm.get(&(i, j, l)) {
             let valid = ((c0 + kc) * AMP_WIDTH).min(k) - c0 * AMP_WIDTH;
@@ -267,20 +347,45 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
                 tile,
                 step,
                 re,
-                &[("in", Loc { buf: rm, offset: 0 }), ("out", Loc { buf: cm, offset: 0 })],
+                &[
+                    ("in", Loc { buf: rm, offset: 0 }),
+                    ("out", Loc { buf: cm, offset: 0 }),
+                ],
             );
         }
         let slab_bytes = slab * rows * AMP_WIDTH * 2;
-        let p = lw.buffer(tile, format!("{name}.partials"), slab_bytes * pk, Category::Partial);
+        // Reducing tiles also receive a slab from every other inner group.
+        let slots = if (j as u32) < g.reducers(l) {
+            pk
+        } else {
+            g.reducers(l)
+        };
+        let p = lw.buffer(
+            tile,
+            format!("{name}.partials"),
+            slab_bytes * slots,
+            Category::Partial,
+        );
         let mm = AmpMatmul::new(rows, kc, nb_pad);
         let mut ops = vec![
             ("a", Loc { buf: cm, offset: 0 }),
-            ("w", Loc { buf: wbuf, offset: 0 }),
+            (
+                "w",
+                Loc {
+                    buf: wbuf,
+                    offset: 0,
+                },
+            ),
             ("out", Loc { buf: p, offset: 0 }),
         ];
         for (idx, pname) in ["p0", "p1"].into_iter().enumerate() {
             if mm.partials() > idx as u32 {
-                let pp = lw.buffer(tile, format!("{name}.{pname}"), rows * AMP_WIDTH * 2, Category::Partial);
+                let pp = lw.buffer(
+                    tile,
+                    format!("{name}.{pname}"),
+                    rows * AMP_WIDTH * 2,
+                    Category::Partial,
+                );
                 ops.push((pname, Loc { buf: pp, offset: 0 }));
             }
         }
@@ -293,7 +398,7 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         let mut copies = Vec::new();
         for (i, j, l) in g.cells() {
             let slab_bytes = g.slab_blocks(l) * g.rows[i].1 * AMP_WIDTH * 2;
-            for jj in 0..pk as usize {
+            for jj in 0..g.reducers(l) as usize {
                 if jj == j {
                     continue;
                 }
@@ -313,59 +418,149 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         lw.exchange(&format!("{name}.reduce"), copies);
     }
 
-    // Partials, bias and epilogues, in place in slab 0.
+    // Partials summed into a compact output (the slots die here), then bias and
+    // epilogues in place.
     let step = lw.compute_step();
-    let mut out_parts = Vec::new();
-    for (i, j, l) in g.cells() {
+    for (i, j, l) in g.cells().filter(|&(_, j, l)| (j as u32) < g.reducers(l)) {
         let tile = g.tile(i, j, l);
-        let (r0, rows) = g.rows[i];
+        let (r0, rows) = span(i);
         let slab = g.slab_blocks(l);
         let elems = slab * rows * AMP_WIDTH;
-        let p = p_bufs[&(i, j, l)];
-        let at0 = Loc { buf: p, offset: 0 };
-        if pk > 1 {
-            lw.call(tile, step, ReduceAdd::new(pk, elems), &[("in", at0), ("out", at0)]);
-        }
+        let p = Loc {
+            buf: p_bufs[&(i, j, l)],
+            offset: 0,
+        };
+        let y = if pk > 1 {
+            let y = lw.buffer(tile, format!("{name}.out"), elems * 2, Category::Activation);
+            let y = Loc { buf: y, offset: 0 };
+            lw.call(
+                tile,
+                step,
+                ReduceAdd::new(pk, elems),
+                &[("in", p), ("out", y)],
+            );
+            y
+        } else {
+            p
+        };
         let (b0, nb) = g.blocks[l];
-        let mut bias = Vec::with_capacity(elems as usize);
-        for q in 0..slab {
+        let value = |r: u32, q: u32, c: u32| {
             let local = j as u32 * slab + q;
-            for r in 0..rows {
-                for c in 0..AMP_WIDTH {
-                    bias.push(if local < nb {
-                        (op.bias)(r0 + r, (b0 + local) * AMP_WIDTH + c)
-                    } else {
-                        0.0
-                    });
-                }
+            if local < nb {
+                (op.bias)(r, (b0 + local) * AMP_WIDTH + c)
+            } else {
+                0.0
             }
-        }
-        let bias = lw.constant(tile, format!("{name}.bias"), f16_bytes(bias), Category::Weight);
-        lw.call(
-            tile,
-            step,
-            tessera_kernels::Add::new(elems),
-            &[("a", at0), ("b", Loc { buf: bias, offset: 0 }), ("out", at0)],
-        );
-        if op.gelu {
-            lw.call(tile, step, Gelu::new(elems), &[("in", at0), ("out", at0)]);
-        }
-        if let Some(&res) = residual_bufs.get(&(i, j, l)) {
+        };
+        // A whole-slab bias is one fast `add`; a 16-wide row per block is a call
+        // per block but far fewer bytes. A per-row constant (the position
+        // embedding) needs the whole slab.
+        if op.per_row || elems * 2 <= lw.opts.slab_bias_bytes {
+            let key = (tile, rows, if op.per_row { base } else { 0 });
+            let bias = match consts.bias.get(&key) {
+                Some(&b) => b,
+                None => {
+                    let mut v = Vec::with_capacity(elems as usize);
+                    for q in 0..slab {
+                        for r in 0..rows {
+                            v.extend((0..AMP_WIDTH).map(|c| value(r0 + r, q, c)));
+                        }
+                    }
+                    let b =
+                        lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight);
+                    consts.bias.insert(key, b);
+                    b
+                }
+            };
             lw.call(
                 tile,
                 step,
                 tessera_kernels::Add::new(elems),
-                &[("a", at0), ("b", Loc { buf: res, offset: 0 }), ("out", at0)],
+                &[
+                    ("a", y),
+                    (
+                        "b",
+                        Loc {
+                            buf: bias,
+                            offset: 0,
+                        },
+                    ),
+                    ("out", y),
+                ],
+            );
+        } else {
+            // One 16-wide bias row per block, broadcast over the block's rows.
+            let key = (tile, 0, u32::MAX);
+            let bias = match consts.bias.get(&key) {
+                Some(&b) => b,
+                None => {
+                    let v: Vec<f32> = (0..slab)
+                        .flat_map(|q| (0..AMP_WIDTH).map(move |c| (q, c)))
+                        .map(|(q, c)| value(0, q, c))
+                        .collect();
+                    let b =
+                        lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight);
+                    consts.bias.insert(key, b);
+                    b
+                }
+            };
+            for q in 0..slab {
+                let at = Loc {
+                    buf: y.buf,
+                    offset: y.offset + q * rows * AMP_WIDTH * 2,
+                };
+                lw.call(
+                    tile,
+                    step,
+                    tessera_kernels::AddBias::new(rows, AMP_WIDTH),
+                    &[
+                        ("a", at),
+                        (
+                            "bias",
+                            Loc {
+                                buf: bias,
+                                offset: q * AMP_WIDTH * 2,
+                            },
+                        ),
+                        ("out", at),
+                    ],
+                );
+            }
+        }
+        if op.gelu {
+            lw.call(tile, step, Gelu::new(elems), &[("in", y), ("out", y)]);
+        }
+        // Only the slab's real blocks (a prefix) have residual bytes; padding
+        // blocks are never read downstream.
+        let real = (0..slab).filter(|q| j as u32 * slab + q < nb).count() as u32;
+        if let Some(&res) = residual_bufs.get(&(i, j, l))
+            && real > 0
+        {
+            lw.call(
+                tile,
+                step,
+                tessera_kernels::Add::new(real * rows * AMP_WIDTH),
+                &[
+                    ("a", y),
+                    (
+                        "b",
+                        Loc {
+                            buf: res,
+                            offset: 0,
+                        },
+                    ),
+                    ("out", y),
+                ],
             );
         }
         for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
-            out_parts.push(block_part(p, q * rows * AMP_WIDTH * 2, (r0, rows), b0 + j as u32 * slab + q));
+            out_parts.push(block_part(
+                y.buf,
+                q * rows * AMP_WIDTH * 2,
+                (r0, rows),
+                b0 + j as u32 * slab + q,
+            ));
         }
     }
-    Ok(DistTensor {
-        rows: rows_total,
-        cols: n,
-        elem_bytes: 2,
-        parts: out_parts,
-    })
+    Ok(())
 }

@@ -45,6 +45,10 @@ pub struct LowerOptions {
     pub weight_bytes: u64,
     /// Bytes per tile a matmul may use beyond its weights, for activations.
     pub transient_bytes: u64,
+    /// Largest bias slab (a bias broadcast over a tile's output rows, one `add`)
+    /// per matmul tile; above it the bias is kept as one row per block and added
+    /// block by block (slower, far smaller).
+    pub slab_bias_bytes: u32,
     /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
     /// keeps the kernel's true contract.
     pub rearrange_declared_align: Option<u32>,
@@ -53,8 +57,9 @@ pub struct LowerOptions {
 impl Default for LowerOptions {
     fn default() -> Self {
         LowerOptions {
-            weight_bytes: 300 * 1024,
-            transient_bytes: 240 * 1024,
+            weight_bytes: 380 * 1024,
+            transient_bytes: 160 * 1024,
+            slab_bias_bytes: 16 * 1024,
             rearrange_declared_align: None,
         }
     }
@@ -65,7 +70,11 @@ impl Default for LowerOptions {
 enum Cols {
     Dense,
     /// `heads` runs of `d` columns, each stored in `dp`.
-    Heads { heads: u32, d: u32, dp: u32 },
+    Heads {
+        heads: u32,
+        d: u32,
+        dp: u32,
+    },
 }
 
 impl Cols {
@@ -225,20 +234,38 @@ impl<'g> Walker<'g> {
     ) -> Result<(), PlanError> {
         let xv = self.operand(lw, x)?;
         if xv.cols != Cols::Dense {
-            return Err(unsupported(format!("{}: LayerNorm of a head-split tensor", op.name)));
+            return Err(unsupported(format!(
+                "{}: LayerNorm of a head-split tensor",
+                op.name
+            )));
         }
         let width = xv.t.cols;
         let g = f16_bytes(self.param_data(gamma, width as usize)?.iter().copied());
         let b = f16_bytes(self.param_data(beta, width as usize)?.iter().copied());
-        let rows = lw.to_row_owners(&xv.t, &format!("{}.in", op.name));
+        let rows = lw.gather_rows(&xv.t, &format!("{}.in", op.name));
         let step = lw.compute_step();
         let mut parts = Vec::new();
         for p in &rows.parts {
             let tile = lw.plan.buffer(p.at.buf).tile;
             let n = p.rows.end - p.rows.start;
-            let out = lw.buffer(tile, format!("{}.out", op.name), n * width * 2, Category::Activation);
-            let gb = lw.constant(tile, format!("{}.gamma", op.name), g.clone(), Category::Weight);
-            let bb = lw.constant(tile, format!("{}.beta", op.name), b.clone(), Category::Weight);
+            let out = lw.buffer(
+                tile,
+                format!("{}.out", op.name),
+                n * width * 2,
+                Category::Activation,
+            );
+            let gb = lw.constant(
+                tile,
+                format!("{}.gamma", op.name),
+                g.clone(),
+                Category::Weight,
+            );
+            let bb = lw.constant(
+                tile,
+                format!("{}.beta", op.name),
+                b.clone(),
+                Category::Weight,
+            );
             lw.call(
                 tile,
                 step,
@@ -247,11 +274,20 @@ impl<'g> Walker<'g> {
                     ("in", p.at),
                     ("gamma", Loc { buf: gb, offset: 0 }),
                     ("beta", Loc { buf: bb, offset: 0 }),
-                    ("out", Loc { buf: out, offset: 0 }),
+                    (
+                        "out",
+                        Loc {
+                            buf: out,
+                            offset: 0,
+                        },
+                    ),
                 ],
             );
             parts.push(Part {
-                at: Loc { buf: out, offset: 0 },
+                at: Loc {
+                    buf: out,
+                    offset: 0,
+                },
                 rows: p.rows.clone(),
                 cols: 0..width,
             });
@@ -402,13 +438,9 @@ impl<'g> Walker<'g> {
             n,
         };
         let wbytes = u64::from(kp) * u64::from(n) * 2;
-        let share = (lw.opts.weight_bytes as f64 * wbytes as f64 / self.weight_total.max(1) as f64) as u64;
-        let map = map_matmul_capped(
-            lw.machine,
-            shape,
-            share + lw.opts.transient_bytes,
-            share,
-        )?;
+        let share =
+            (lw.opts.weight_bytes as f64 * wbytes as f64 / self.weight_total.max(1) as f64) as u64;
+        let map = map_linear(lw.machine, shape, share + lw.opts.transient_bytes, share)?;
         let out = linear::linear(
             lw,
             &linear::Linear {
@@ -417,12 +449,16 @@ impl<'g> Walker<'g> {
                 w: &wp,
                 n,
                 bias: &bias_fn,
+                per_row: row_const.is_some(),
                 gelu,
                 residual: residual.as_ref().map(|r| &r.t),
                 map,
             },
         )?;
-        let v = Val { t: out, cols: heads };
+        let v = Val {
+            t: out,
+            cols: heads,
+        };
         self.vals.insert(op.output, v.clone());
         for view in views {
             self.vals.insert(view.output, v.clone());
@@ -442,19 +478,25 @@ impl<'g> Walker<'g> {
         let mut t = op.output;
         let mut scale = 1.0f32;
         let mut chain = Vec::new();
-        let mut next = self.sole(t).ok_or_else(|| fail("scores must have one consumer"))?;
+        let mut next = self
+            .sole(t)
+            .ok_or_else(|| fail("scores must have one consumer"))?;
         if let OpKind::Scale { factor, .. } = next.kind {
             scale = factor;
             chain.push(next);
             t = next.output;
-            next = self.sole(t).ok_or_else(|| fail("scaled scores must have one consumer"))?;
+            next = self
+                .sole(t)
+                .ok_or_else(|| fail("scaled scores must have one consumer"))?;
         }
         let OpKind::Softmax { .. } = next.kind else {
             return Err(fail("scores must feed a softmax"));
         };
         chain.push(next);
         t = next.output;
-        let pv = self.sole(t).ok_or_else(|| fail("probabilities must have one consumer"))?;
+        let pv = self
+            .sole(t)
+            .ok_or_else(|| fail("probabilities must have one consumer"))?;
         let OpKind::MatMul {
             a,
             b: v,
@@ -493,7 +535,9 @@ impl<'g> Walker<'g> {
             }
         };
         let (qv, kv, vv) = (head_val(self, q)?, head_val(self, k)?, head_val(self, v)?);
-        let Cols::Heads { dp, .. } = qv.cols else { unreachable!() };
+        let Cols::Heads { dp, .. } = qv.cols else {
+            unreachable!()
+        };
         if kv.cols != qv.cols || vv.cols != qv.cols {
             return Err(fail("queries, keys and values have different head layouts"));
         }
@@ -534,7 +578,13 @@ impl<'g> Walker<'g> {
                 let cols = *dims.last().unwrap_or(&1);
                 let rows = dims.iter().product::<usize>() / cols.max(1);
                 let t = lw.input(name, to_u32(rows, "rows")?, to_u32(cols, "columns")?);
-                self.vals.insert(op.output, Val { t, cols: Cols::Dense });
+                self.vals.insert(
+                    op.output,
+                    Val {
+                        t,
+                        cols: Cols::Dense,
+                    },
+                );
                 Ok(())
             }
             OpKind::LayerNorm {
@@ -571,8 +621,99 @@ impl<'g> Walker<'g> {
     }
 }
 
+/// The cheapest mapping of a matmul done in row passes (one after another on the
+/// same tiles, weights loaded once): passes trade time for the activation bytes a
+/// tile holds at once, which is what lets the largest matmuls fit. The outputs of
+/// earlier passes stay, so they are taken off the budget first (spread evenly).
+fn map_linear(
+    machine: &Machine,
+    shape: MatmulShape,
+    budget: u64,
+    weight_cap: u64,
+) -> Result<crate::matmul::MatmulMapping, PlanError> {
+    let out_bytes = u64::from(shape.rows) * u64::from(shape.n) * 2 / u64::from(machine.tiles);
+    let mut best: Option<(u64, crate::matmul::MatmulMapping)> = None;
+    let mut first_err = None;
+    for passes in [1u32, 2, 3, 4, 6, 8, 12, 16] {
+        if passes > shape.rows {
+            break;
+        }
+        let per = shape.rows.div_ceil(passes);
+        let kept = if passes > 1 { out_bytes } else { 0 };
+        let pass_shape = MatmulShape { rows: per, ..shape };
+        match map_matmul_capped(machine, pass_shape, budget.saturating_sub(kept), weight_cap) {
+            Ok(m) => {
+                let cost = m.cost.total() * u64::from(shape.rows.div_ceil(per));
+                if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+                    best = Some((cost, m));
+                }
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match (best, first_err) {
+        (Some((_, m)), _) => Ok(m),
+        (None, Some(e)) => Err(e),
+        (None, None) => Err(PlanError::Empty {
+            rows: shape.rows,
+            k: shape.k,
+            n: shape.n,
+        }),
+    }
+}
+
 /// Lowers `graph` to a tile plan for `machine`.
+///
+/// Weights stay resident, so how much of a tile they may take decides how fast
+/// the matmuls can be (replicas save exchange) and whether the activations still
+/// fit. The lowering starts from `opts.weight_bytes` and, while the busiest tile's
+/// live bytes at some step exceed [`FIT_SHARE`] of its SRAM, halves the distance
+/// to a floor; the first plan that fits (or the last tried) is returned, and
+/// placement has the final word.
 pub fn lower(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &LowerOptions,
+) -> Result<TilePlan, PlanError> {
+    let limit = u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1;
+    let mut budget = opts.weight_bytes;
+    loop {
+        let o = LowerOptions {
+            weight_bytes: budget,
+            ..opts.clone()
+        };
+        let plan = lower_with(machine, graph, weights, &o)?;
+        let live = max_live_bytes(&plan);
+        if live <= limit || budget <= MIN_WEIGHT_BYTES {
+            return Ok(plan);
+        }
+        budget = (budget * 3 / 4).max(MIN_WEIGHT_BYTES);
+    }
+}
+
+/// Share of a tile's SRAM the live buffers of a step may take; the rest is for
+/// code, host descriptors and what placement loses to alignment and elements.
+pub const FIT_SHARE: (u64, u64) = (86, 100);
+/// The smallest weight budget [`lower`] tries.
+const MIN_WEIGHT_BYTES: u64 = 96 * 1024;
+
+/// The most bytes of buffers live on one tile at one step: a lower bound of what
+/// placement needs there.
+pub fn max_live_bytes(plan: &TilePlan) -> u64 {
+    let steps = plan.steps.len();
+    let mut live = vec![0u64; plan.tiles as usize * steps];
+    for b in &plan.buffers {
+        for s in b.first..=b.last.min(steps.saturating_sub(1) as Step) {
+            live[b.tile as usize * steps + s as usize] += u64::from(b.bytes);
+        }
+    }
+    live.into_iter().max().unwrap_or(0)
+}
+
+fn lower_with(
     machine: &Machine,
     graph: &Graph,
     weights: &TensorMap,
@@ -593,7 +734,10 @@ pub fn lower(
         .filter_map(|op| match op.kind {
             OpKind::MatMul { b, .. } if w.is_param(b) => {
                 let dims = graph.shape(b).dims();
-                Some((dims[0].next_multiple_of(16) * dims[dims.len() - 1].next_multiple_of(16) * 2) as u64)
+                Some(
+                    (dims[0].next_multiple_of(16) * dims[dims.len() - 1].next_multiple_of(16) * 2)
+                        as u64,
+                )
             }
             _ => None,
         })
@@ -640,6 +784,9 @@ pub fn lower(
         }
     }
     let plan = lw.finish();
+    if std::env::var_os("TESSERA_DUMP_PLAN").is_some() {
+        eprint!("{plan}");
+    }
     // The verifier is the lowering's independent check; release builds skip it
     // for speed, tests and debug builds never do.
     if cfg!(debug_assertions) {

@@ -1,0 +1,64 @@
+//! Prints a layer's plan, or with `stats`, the busiest tile's live bytes by buffer
+//! name at its worst step:
+//! `cargo run -p tessera-plan --example dump_plan -- so400m 2 c600 stats`.
+use std::collections::BTreeMap;
+
+use tessera_graph::{EncoderLayerConfig, encoder_layer, init_weights};
+use tessera_machine::Machine;
+use tessera_plan::{LowerOptions, lower};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let batch: usize = args.get(2).map_or(2, |b| b.parse().expect("batch"));
+    let cfg = match args.get(1).map(String::as_str) {
+        Some("base") => EncoderLayerConfig::base(batch),
+        Some("so400m") => EncoderLayerConfig::so400m(batch),
+        _ => EncoderLayerConfig::tiny(batch),
+    };
+    let machine = Machine::load(args.get(3).map_or("c600", String::as_str)).expect("machine");
+    let graph = encoder_layer(&cfg).expect("graph");
+    let weights = init_weights(&graph, 1);
+    let plan = match lower(&machine, &graph, &weights, &LowerOptions::default()) {
+        Ok(plan) => plan,
+        Err(e) => return eprintln!("{e}"),
+    };
+    if args.get(4).map(String::as_str) != Some("stats") {
+        return print!("{plan}");
+    }
+    // Live bytes per (tile, step).
+    let steps = plan.steps.len();
+    let mut live = vec![vec![0u64; steps]; plan.tiles as usize];
+    for b in &plan.buffers {
+        for s in b.first..=b.last {
+            live[b.tile as usize][s as usize] += u64::from(b.bytes);
+        }
+    }
+    let (tile, step, bytes) = live
+        .iter()
+        .enumerate()
+        .flat_map(|(t, v)| v.iter().enumerate().map(move |(s, &b)| (t, s, b)))
+        .max_by_key(|x| x.2)
+        .unwrap();
+    println!(
+        "busiest: tile {tile} step {step} ({}): {bytes} bytes live",
+        plan.step_ops[step]
+    );
+    let mut by: BTreeMap<String, (u64, u32)> = BTreeMap::new();
+    for b in plan
+        .buffers
+        .iter()
+        .filter(|b| b.tile as usize == tile && b.first as usize <= step && step <= b.last as usize)
+    {
+        let e = by.entry(b.name.clone()).or_default();
+        e.0 += u64::from(b.bytes);
+        e.1 += 1;
+    }
+    let mut v: Vec<_> = by.into_iter().collect();
+    v.sort_by_key(|x| std::cmp::Reverse(x.1.0));
+    for (name, (bytes, n)) in v.iter().take(30) {
+        println!("{bytes:>9} {n:>4} {name}");
+    }
+    for d in &plan.decisions {
+        println!("{d}");
+    }
+}
