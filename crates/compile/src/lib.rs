@@ -90,7 +90,7 @@ pub fn shortfall(d: &Diagnosis) -> String {
 }
 
 /// Compile-time knobs.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CompileOptions {
     pub lower: LowerOptions,
     pub place: PlaceOptions,
@@ -99,6 +99,22 @@ pub struct CompileOptions {
     /// aligned, wherever the placement checker still accepts the tile. The result
     /// is legal under the declared contracts; with the true contracts nothing moves.
     pub exploit_declared_alignment: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            lower: LowerOptions::default(),
+            // A whole chip can have hundreds of tiles that do not fit; the search
+            // rescues near misses only, so a compile keeps its budget small and
+            // reports the shortfall in seconds rather than minutes.
+            place: PlaceOptions {
+                node_budget: 50_000,
+                ..PlaceOptions::default()
+            },
+            exploit_declared_alignment: false,
+        }
+    }
 }
 
 /// Placement figures over all tiles.

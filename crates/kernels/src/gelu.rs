@@ -172,6 +172,7 @@ impl Kernel for Gelu {
         let inp = operand(addrs, &name, "in")?;
         let out = operand(addrs, &name, "out")?;
         let (c1, c2) = Self::constants();
+        let c1 = half::f16::from_f32(c1.to_f32() * crate::mutation::factor("gelu"));
         let half = half::f16::from_f32(0.5);
         let mut buf = StateBuf::default();
         for (i, (g0, g)) in split(self.n / 4).into_iter().enumerate() {

@@ -266,7 +266,7 @@ impl Kernel for LayerNorm {
                 .u32(beta)
                 .u32(r)
                 .u32(self.groups())
-                .f32(1.0 / self.width as f32)
+                .f32(crate::mutation::factor("layernorm") / self.width as f32)
                 .f32(self.eps)
                 .pad_to((i + 1) * usize::from(STRIDE));
         }

@@ -18,7 +18,23 @@ fn main() {
     let machine = Machine::load(args.get(3).map_or("c600", String::as_str)).expect("machine");
     let graph = encoder_layer(&cfg).expect("graph");
     let weights = init_weights(&graph, 1);
-    let plan = match lower(&machine, &graph, &weights, &LowerOptions::default()) {
+    // Knobs from the environment, for exploring the budgets: TW, TT, TB in KiB.
+    let kib = |v: &str| {
+        std::env::var(v)
+            .ok()
+            .map(|x| x.parse::<u64>().expect("KiB") * 1024)
+    };
+    let mut opts = LowerOptions::default();
+    if let Some(v) = kib("TW") {
+        opts.weight_bytes = v;
+    }
+    if let Some(v) = kib("TT") {
+        opts.transient_bytes = v;
+    }
+    if let Some(v) = kib("TB") {
+        opts.slab_bias_bytes = v as u32;
+    }
+    let plan = match lower(&machine, &graph, &weights, &opts) {
         Ok(plan) => plan,
         Err(e) => return eprintln!("{e}"),
     };

@@ -236,6 +236,10 @@ pub struct PlanOp {
     pub kind: String,
     /// Graph operations lowered with it (epilogues, views, the softmax).
     pub fused: Vec<String>,
+    /// A matmul whose inner dimension is split over tiles: 16-wide chunks per
+    /// inner group (each group's f16 partial is rounded before the groups are
+    /// summed), for a reference that rounds where the program does.
+    pub inner_chunks: Option<u32>,
 }
 
 impl TilePlan {

@@ -57,7 +57,7 @@ pub struct LowerOptions {
 impl Default for LowerOptions {
     fn default() -> Self {
         LowerOptions {
-            weight_bytes: 380 * 1024,
+            weight_bytes: 320 * 1024,
             transient_bytes: 160 * 1024,
             slab_bias_bytes: 16 * 1024,
             rearrange_declared_align: None,
@@ -119,6 +119,8 @@ struct Walker<'g> {
     weight_total: u64,
     /// Operations the current rule fused.
     fused: Vec<String>,
+    /// Chunks per inner group of the current matmul, when split.
+    inner_chunks: Option<u32>,
 }
 
 impl<'g> Walker<'g> {
@@ -441,6 +443,9 @@ impl<'g> Walker<'g> {
         let share =
             (lw.opts.weight_bytes as f64 * wbytes as f64 / self.weight_total.max(1) as f64) as u64;
         let map = map_linear(lw.machine, shape, share + lw.opts.transient_bytes, share)?;
+        if map.pk > 1 {
+            self.inner_chunks = Some(map.chunks_per_tile);
+        }
         let out = linear::linear(
             lw,
             &linear::Linear {
@@ -669,7 +674,8 @@ fn map_linear(
 /// Weights stay resident, so how much of a tile they may take decides how fast
 /// the matmuls can be (replicas save exchange) and whether the activations still
 /// fit. The lowering starts from `opts.weight_bytes` and, while the busiest tile's
-/// live bytes at some step exceed [`FIT_SHARE`] of its SRAM, halves the distance
+/// live bytes at some step exceed [`FIT_SHARE`] of its SRAM, first gives up the
+/// whole-slab biases, then shrinks the weight budget by a quarter at a time down
 /// to a floor; the first plan that fits (or the last tried) is returned, and
 /// placement has the final word.
 pub fn lower(
@@ -679,24 +685,25 @@ pub fn lower(
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
     let limit = u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1;
-    let mut budget = opts.weight_bytes;
+    let mut o = opts.clone();
     loop {
-        let o = LowerOptions {
-            weight_bytes: budget,
-            ..opts.clone()
-        };
         let plan = lower_with(machine, graph, weights, &o)?;
         let live = max_live_bytes(&plan);
-        if live <= limit || budget <= MIN_WEIGHT_BYTES {
+        if live <= limit || o.weight_bytes <= MIN_WEIGHT_BYTES {
             return Ok(plan);
         }
-        budget = (budget * 3 / 4).max(MIN_WEIGHT_BYTES);
+        // First give up the fast whole-slab biases, then weight replicas.
+        if o.slab_bias_bytes > 0 {
+            o.slab_bias_bytes = 0;
+        } else {
+            o.weight_bytes = (o.weight_bytes * 3 / 4).max(MIN_WEIGHT_BYTES);
+        }
     }
 }
 
 /// Share of a tile's SRAM the live buffers of a step may take; the rest is for
 /// code, host descriptors and what placement loses to alignment and elements.
-pub const FIT_SHARE: (u64, u64) = (86, 100);
+pub const FIT_SHARE: (u64, u64) = (92, 100);
 /// The smallest weight budget [`lower`] tries.
 const MIN_WEIGHT_BYTES: u64 = 96 * 1024;
 
@@ -727,6 +734,7 @@ fn lower_with(
         done: vec![false; graph.ops().len()],
         weight_total: 0,
         fused: Vec::new(),
+        inner_chunks: None,
     };
     w.weight_total = graph
         .ops()
@@ -764,6 +772,7 @@ fn lower_with(
                 name: op.name.clone(),
                 kind: kind.to_string(),
                 fused,
+                inner_chunks: w.inner_chunks.take(),
             });
         }
     }
@@ -780,6 +789,7 @@ fn lower_with(
                 name: lw.op.clone(),
                 kind: "output".into(),
                 fused: Vec::new(),
+                inner_chunks: None,
             });
         }
     }
