@@ -9,10 +9,8 @@
 //! than `st64step`'s ±1016-byte step). `in` and `out` must be distinct buffers: a
 //! worker's stores land in rows other workers are still reading.
 
-use tessera_isa::{Inst, IntOp};
 use tessera_machine::Timing;
 
-use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
 use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
 use crate::{
     Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
@@ -72,46 +70,11 @@ impl Kernel for BlocksToRows {
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         self.validate()?;
         crate::check_code_base(&self.symbol(), code_base, 8)?;
-        let mut s = Asm::new(code_base);
-        let done = s.label();
-        let block = s.label();
-        s.i(ld32m(m(2), m(0), 0)); // output of the current block
-        s.i(ld32m(m(3), m(0), 1)); // input, linear
-        s.i(ld32m(m(4), m(0), 2)); // rows of this worker
-        s.brz(m(4), done);
-        s.i(ld32m(m(5), m(0), 3)); // blocks left
-        s.i(ld32m(m(6), m(0), 4)); // row bytes - 32
-        s.i(ld32m(m(7), m(0), 5)); // input skip to the next block
-        s.bind(block);
-        s.i(mov(m(8), m(2)));
-        s.rpt(m(4), |b| {
-            for r in 0..4 {
-                b.i(Inst::Ld64Step {
-                    d: a(2 * r),
-                    base: m(3),
-                    inc: 1,
-                });
-            }
-            for r in 0..4 {
-                b.i(Inst::St64Step {
-                    s: a(2 * r),
-                    base: m(8),
-                    inc: 1,
-                });
-            }
-            b.i(int(IntOp::Add, m(8), m(8), m(6)));
-        });
-        s.i(inti(IntOp::Add, m(2), m(2), 32));
-        s.i(int(IntOp::Add, m(3), m(3), m(7)));
-        s.i(inti(IntOp::Sub, m(5), m(5), 1));
-        s.brnz(m(5), block);
-        s.bind(done);
-        s.i(Inst::Exit);
         Ok(KernelCode {
             symbol: self.symbol(),
             code_base,
             entry: code_base,
-            words: s.finish(),
+            words: crate::rearrange::piece_copy(code_base, crate::rearrange::Strided::Destination),
         })
     }
 

@@ -84,46 +84,11 @@ impl Kernel for Rearrange {
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         self.validate()?;
         crate::check_code_base(&self.symbol(), code_base, 8)?;
-        let mut s = Asm::new(code_base);
-        let done = s.label();
-        let chunk = s.label();
-        s.i(ld32m(m(2), m(0), 0)); // input of the current chunk
-        s.i(ld32m(m(3), m(0), 1)); // output, linear
-        s.i(ld32m(m(4), m(0), 2)); // rows of this worker
-        s.brz(m(4), done);
-        s.i(ld32m(m(5), m(0), 3)); // chunks left
-        s.i(ld32m(m(6), m(0), 4)); // row bytes - 32
-        s.i(ld32m(m(7), m(0), 5)); // output skip to the next chunk
-        s.bind(chunk);
-        s.i(mov(m(8), m(2)));
-        s.rpt(m(4), |b| {
-            for r in 0..4 {
-                b.i(Inst::Ld64Step {
-                    d: a(2 * r),
-                    base: m(8),
-                    inc: 1,
-                });
-            }
-            b.i(int(IntOp::Add, m(8), m(8), m(6)));
-            for r in 0..4 {
-                b.i(Inst::St64Step {
-                    s: a(2 * r),
-                    base: m(3),
-                    inc: 1,
-                });
-            }
-        });
-        s.i(inti(IntOp::Add, m(2), m(2), 32));
-        s.i(int(IntOp::Add, m(3), m(3), m(7)));
-        s.i(inti(IntOp::Sub, m(5), m(5), 1));
-        s.brnz(m(5), chunk);
-        s.bind(done);
-        s.i(Inst::Exit);
         Ok(KernelCode {
             symbol: self.symbol(),
             code_base,
             entry: code_base,
-            words: s.finish(),
+            words: piece_copy(code_base, Strided::Source),
         })
     }
 
@@ -172,4 +137,67 @@ impl Kernel for Rearrange {
                 .map(|(_, r)| self.worker_issues(r)),
         )
     }
+}
+
+/// Which side of a piece copy walks rows (a row's 32-byte piece, then the next
+/// row's): the other side runs linearly through one 16-wide chunk after another.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Strided {
+    /// Row-major to chunk-major (the rearrangement).
+    Source,
+    /// Chunk-major to row-major (`blocks_to_rows`).
+    Destination,
+}
+
+/// The worker code both layout conversions share. Record: the strided side's start
+/// for the current chunk, the linear side's pointer, rows, chunks, row bytes minus
+/// 32, and the linear side's skip to the next chunk. Per row: four `ld64step` and
+/// four `st64step` of one 32-byte piece and one pointer add on the strided side
+/// (a register add, since a row can be longer than `ld64step`'s ±1016-byte step).
+pub(crate) fn piece_copy(code_base: u32, strided: Strided) -> Vec<tessera_isa::Word> {
+    let mut s = Asm::new(code_base);
+    let done = s.label();
+    let chunk = s.label();
+    let (src, dst) = match strided {
+        Strided::Source => (m(8), m(3)),
+        Strided::Destination => (m(3), m(8)),
+    };
+    s.i(ld32m(m(2), m(0), 0)); // strided side of the current chunk
+    s.i(ld32m(m(3), m(0), 1)); // linear side
+    s.i(ld32m(m(4), m(0), 2)); // rows of this worker
+    s.brz(m(4), done);
+    s.i(ld32m(m(5), m(0), 3)); // chunks left
+    s.i(ld32m(m(6), m(0), 4)); // row bytes - 32
+    s.i(ld32m(m(7), m(0), 5)); // linear skip to the next chunk
+    s.bind(chunk);
+    s.i(mov(m(8), m(2)));
+    s.rpt(m(4), |b| {
+        for r in 0..4 {
+            b.i(Inst::Ld64Step {
+                d: a(2 * r),
+                base: src,
+                inc: 1,
+            });
+        }
+        if strided == Strided::Source {
+            b.i(int(IntOp::Add, m(8), m(8), m(6)));
+        }
+        for r in 0..4 {
+            b.i(Inst::St64Step {
+                s: a(2 * r),
+                base: dst,
+                inc: 1,
+            });
+        }
+        if strided == Strided::Destination {
+            b.i(int(IntOp::Add, m(8), m(8), m(6)));
+        }
+    });
+    s.i(inti(IntOp::Add, m(2), m(2), 32));
+    s.i(int(IntOp::Add, m(3), m(3), m(7)));
+    s.i(inti(IntOp::Sub, m(5), m(5), 1));
+    s.brnz(m(5), chunk);
+    s.bind(done);
+    s.i(Inst::Exit);
+    s.finish()
 }
