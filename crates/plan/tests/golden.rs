@@ -87,3 +87,27 @@ fn padded_layer_on_eight_tiles() {
     assert_eq!(verify(&plan), vec![]);
     check("layer_padded_b1_8tiles", &plan.to_string());
 }
+
+/// GELU, an add and a softmax as operations of their own (the tower only uses them
+/// fused): parts as they stand, the add's second operand moved beside the first,
+/// the softmax on whole rows.
+#[test]
+fn standalone_elementwise_and_softmax() {
+    let mut b = tessera_graph::GraphBuilder::new();
+    let x = b.input("x", [24, 32], tessera_graph::DType::F16).unwrap();
+    let g = b.gelu(x).unwrap();
+    let s = b.add(g, x).unwrap();
+    let p = b.softmax(s).unwrap();
+    b.output("p", p).unwrap();
+    let graph = b.finish().unwrap();
+    let weights = init_weights(&graph, 1);
+    let plan = lower(
+        &Machine::small().with_tiles(5),
+        &graph,
+        &weights,
+        &LowerOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(verify(&plan), vec![]);
+    check("elementwise_softmax_5tiles", &plan.to_string());
+}

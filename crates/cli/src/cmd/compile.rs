@@ -608,7 +608,17 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let mut f16_opts = tessera_reference::EvalOptions::f16_machine();
     for op in &c.plan_ops {
         if let Some(chunks) = op.inner_chunks {
-            f16_opts = f16_opts.with_matmul_groups(op.name.clone(), chunks);
+            // Sibling projections fused into one matmul share its inner groups.
+            for name in std::iter::once(&op.name).chain(&op.fused) {
+                let is_matmul = p
+                    .graph
+                    .ops()
+                    .iter()
+                    .any(|o| &o.name == name && matches!(o.kind, OpKind::MatMul { .. }));
+                if is_matmul {
+                    f16_opts = f16_opts.with_matmul_groups(name.clone(), chunks);
+                }
+            }
         }
     }
     let want16 = tessera_reference::evaluate_with(&p.graph, &p.weights, &p.inputs, &f16_opts)?;

@@ -30,10 +30,11 @@ pub(crate) struct Attention<'a> {
     pub name: &'a str,
     /// `[q_batch * tq, heads * dp]`; `q_batch` is `batch` or 1 (one query set shared
     /// by every image, as the pooling head's probe).
-    pub q: &'a DistTensor,
-    /// `[batch * t, heads * dp]` each.
-    pub k: &'a DistTensor,
-    pub v: &'a DistTensor,
+    pub q: (&'a DistTensor, u32),
+    /// `[batch * t, heads * dp]` each, as (tensor, first column): sibling
+    /// projections may share one tensor side by side.
+    pub k: (&'a DistTensor, u32),
+    pub v: (&'a DistTensor, u32),
     pub batch: u32,
     pub shared_q: bool,
     pub tq: u32,
@@ -170,19 +171,26 @@ pub(crate) fn attention(
             }
         }
     }
-    let cols = op.heads * op.dp;
-    let tensor = |rows: u32, parts: Vec<Part>| DistTensor {
-        rows,
-        cols,
+    let like = |src: &DistTensor, parts: Vec<Part>| DistTensor {
+        rows: src.rows,
+        cols: src.cols,
         elem_bytes: 2,
         parts,
     };
-    // Chunk `c` of a head's rows `rows` stored as `[rows][16]` at `buf + offset`.
-    let chunk = |buf: BufId, offset: u32, rows: std::ops::Range<u32>, h: u32, c: u32| Part {
-        at: Loc { buf, offset },
-        rows,
-        cols: h * op.dp + c * AMP_WIDTH..h * op.dp + (c + 1) * AMP_WIDTH,
-    };
+    // Chunk `c` of a head's rows `rows` stored as `[rows][16]` at `buf + offset`,
+    // in a tensor whose head columns start at `first`.
+    let chunk =
+        |buf: BufId, offset: u32, rows: std::ops::Range<u32>, first: u32, h: u32, c: u32| {
+            let c0 = first + h * op.dp + c * AMP_WIDTH;
+            Part {
+                at: Loc { buf, offset },
+                rows,
+                cols: c0..c0 + AMP_WIDTH,
+            }
+        };
+    let (q_src, q_first) = op.q;
+    let (k_src, k_first) = op.k;
+    let (v_src, v_first) = op.v;
     let bad = |what: &str, e: crate::dist::DistError| {
         PlanError::Unsupported(format!("{name}: {what} do not cover the head: {e}"))
     };
@@ -192,7 +200,14 @@ pub(crate) fn attention(
     for w in &work {
         let r = if op.shared_q { 0 } else { w.b * op.tq } + w.r0;
         for c in 0..kc {
-            q_parts.push(chunk(w.q_amp, c * w.rows * 32, r..r + w.rows, w.h, c));
+            q_parts.push(chunk(
+                w.q_amp,
+                c * w.rows * 32,
+                r..r + w.rows,
+                q_first,
+                w.h,
+                c,
+            ));
         }
     }
     let mut key_parts = Vec::new();
@@ -204,12 +219,18 @@ pub(crate) fn attention(
         }
         let r = t.b * op.t;
         for c in 0..kc {
-            key_parts.push(chunk(t.kpart, c * t.nbk * 512, r + t0..r + t1, t.h, c));
+            key_parts.push(chunk(
+                t.kpart,
+                c * t.nbk * 512,
+                r + t0..r + t1,
+                k_first,
+                t.h,
+                c,
+            ));
         }
     }
-    let mut copies =
-        redistribute(op.q, &tensor(op.q.rows, q_parts)).map_err(|e| bad("queries", e))?;
-    copies.extend(redistribute(op.k, &tensor(op.k.rows, key_parts)).map_err(|e| bad("keys", e))?);
+    let mut copies = redistribute(q_src, &like(q_src, q_parts)).map_err(|e| bad("queries", e))?;
+    copies.extend(redistribute(k_src, &like(k_src, key_parts)).map_err(|e| bad("keys", e))?);
     lw.exchange(&format!("{name}.qk"), copies);
 
     // K^T in the AMP weight layout, each transposer its blocks (zero rows past the
@@ -316,11 +337,10 @@ pub(crate) fn attention(
     for w in &work {
         let r = w.b * op.t;
         for c in 0..kc {
-            value_parts.push(chunk(w.v_w, c * tp * 32, r..r + op.t, w.h, c));
+            value_parts.push(chunk(w.v_w, c * tp * 32, r..r + op.t, v_first, w.h, c));
         }
     }
-    let copies =
-        redistribute(op.v, &tensor(op.v.rows, value_parts)).map_err(|e| bad("values", e))?;
+    let copies = redistribute(v_src, &like(v_src, value_parts)).map_err(|e| bad("values", e))?;
     lw.exchange(&format!("{name}.v"), copies);
     let pad_rows = tp - op.t;
     let step = lw.compute_step();
@@ -353,10 +373,15 @@ pub(crate) fn attention(
         );
         let r = w.b * op.tq + w.r0;
         for c in 0..kc {
-            out.push(chunk(w.ctx, c * w.rows * 32, r..r + w.rows, w.h, c));
+            out.push(chunk(w.ctx, c * w.rows * 32, r..r + w.rows, 0, w.h, c));
         }
     }
-    Ok(tensor(op.batch * op.tq, out))
+    Ok(DistTensor {
+        rows: op.batch * op.tq,
+        cols: op.heads * op.dp,
+        elem_bytes: 2,
+        parts: out,
+    })
 }
 
 /// One AMP product `(rows, kc, nb)` with its ping-pong partial buffers.

@@ -98,6 +98,9 @@ impl Cols {
 struct Val {
     t: DistTensor,
     cols: Cols,
+    /// First stored column of this tensor in `t` (sibling projections computed
+    /// as one matmul share one distributed tensor side by side).
+    offset: u32,
 }
 
 fn unsupported(message: impl Into<String>) -> PlanError {
@@ -107,6 +110,9 @@ fn unsupported(message: impl Into<String>) -> PlanError {
 fn to_u32(v: usize, what: &str) -> Result<u32, PlanError> {
     u32::try_from(v).map_err(|_| unsupported(format!("{what} {v} is too large")))
 }
+
+/// A projection computed with its siblings: the op, its weights and its bias.
+type Member<'g> = (&'g Op, &'g [f32], Option<&'g [f32]>);
 
 struct Walker<'g> {
     graph: &'g Graph,
@@ -167,6 +173,14 @@ impl<'g> Walker<'g> {
         }
     }
 
+    fn is_done(&self, op: &Op) -> bool {
+        self.graph
+            .ops()
+            .iter()
+            .position(|o| std::ptr::eq(o, op))
+            .is_some_and(|i| self.done[i])
+    }
+
     fn mark(&mut self, op: &Op) {
         self.fused.push(op.name.clone());
         let i = self
@@ -218,6 +232,7 @@ impl<'g> Walker<'g> {
                 parts,
             },
             cols: Cols::Dense,
+            offset: 0,
         })
     }
 
@@ -304,6 +319,7 @@ impl<'g> Walker<'g> {
                     parts,
                 },
                 cols: Cols::Dense,
+                offset: 0,
             },
         );
         Ok(())
@@ -400,10 +416,50 @@ impl<'g> Walker<'g> {
         if residual.is_some() && heads != Cols::Dense {
             return Err(unsupported(format!("{}: residual into heads", op.name)));
         }
-        let n = heads.width(n_log);
+        // Sibling projections of the same input into heads (attention's q, k and
+        // v) are one matmul with their weights side by side: one input exchange,
+        // one rearrangement, a wider output.
+        let mut members: Vec<Member<'g>> = vec![(op, wdata, bdata)];
+        if heads != Cols::Dense && residual.is_none() && !gelu && row_const.is_none() {
+            for sib in self.graph.ops() {
+                if std::ptr::eq(sib, op) || self.is_done(sib) {
+                    continue;
+                }
+                let OpKind::MatMul {
+                    a: sa,
+                    b: sb,
+                    transpose_b: false,
+                    bias: sbias,
+                } = sib.kind
+                else {
+                    continue;
+                };
+                let cons = &self.consumers[sib.output.index()];
+                let splits_alike = !cons.is_empty()
+                    && cons.iter().all(|c| {
+                        matches!(&self.graph.op(*c).kind,
+                            OpKind::SplitHeads { heads: h, .. } if Cols::Heads { heads: *h as u32, d: n_log / (*h as u32).max(1), dp: (n_log / (*h as u32).max(1)).next_multiple_of(AMP_WIDTH) } == heads)
+                    });
+                if sa != a
+                    || !self.is_param(sb)
+                    || self.graph.shape(sb).dims() != wdims
+                    || !splits_alike
+                {
+                    continue;
+                }
+                let sw = self.param_data(sb, (k_log * n_log) as usize)?;
+                let sbd = match sbias {
+                    Some(b) => Some(self.param_data(b, n_log as usize)?),
+                    None => None,
+                };
+                members.push((sib, sw, sbd));
+            }
+        }
+        let per = heads.width(n_log);
+        let n = per * members.len() as u32;
         let k = xv.t.cols;
         let kp = k.next_multiple_of(AMP_WIDTH);
-        if xv.cols.width(k_log) != k {
+        if xv.offset != 0 || xv.cols.width(k_log) != k {
             return Err(unsupported(format!(
                 "{}: input has {k} stored columns, weight expects {k_log}",
                 op.name
@@ -412,22 +468,25 @@ impl<'g> Walker<'g> {
         // The weight in stored coordinates: rows follow the input's columns,
         // columns the output's, zeros in every padding row and column.
         let mut wp = vec![0f32; (kp * n) as usize];
-        for r in 0..k_log {
-            let pr = xv.cols.physical(r);
+        let mut logical_of = vec![(0usize, u32::MAX); n as usize];
+        for (m, (_, wd, _)) in members.iter().enumerate() {
+            let base = m as u32 * per;
+            for r in 0..k_log {
+                let pr = xv.cols.physical(r);
+                for c in 0..n_log {
+                    wp[(pr * n + base + heads.physical(c)) as usize] = wd[(r * n_log + c) as usize];
+                }
+            }
             for c in 0..n_log {
-                wp[(pr * n + heads.physical(c)) as usize] = wdata[(r * n_log + c) as usize];
+                logical_of[(base + heads.physical(c)) as usize] = (m, c);
             }
         }
-        let mut logical_of = vec![u32::MAX; n as usize];
-        for c in 0..n_log {
-            logical_of[heads.physical(c) as usize] = c;
-        }
         let bias_fn = |row: u32, col: u32| -> f32 {
-            let c = logical_of[col as usize];
+            let (m, c) = logical_of[col as usize];
             if c == u32::MAX {
                 return 0.0;
             }
-            let mut v = bdata.map_or(0.0, |b| b[c as usize]);
+            let mut v = members[m].2.map_or(0.0, |b| b[c as usize]);
             if let Some((data, prow)) = row_const {
                 v += data[((row % prow) * n_log + c) as usize];
             }
@@ -463,7 +522,16 @@ impl<'g> Walker<'g> {
         let v = Val {
             t: out,
             cols: heads,
+            offset: 0,
         };
+        for (m, (sib, _, _)) in members.iter().enumerate().skip(1) {
+            self.mark(sib);
+            let sv = Val {
+                offset: m as u32 * per,
+                ..v.clone()
+            };
+            self.vals.insert(sib.output, sv);
+        }
         self.vals.insert(op.output, v.clone());
         for view in views {
             self.vals.insert(view.output, v.clone());
@@ -550,9 +618,9 @@ impl<'g> Walker<'g> {
             lw,
             &attention::Attention {
                 name: &op.name,
-                q: &qv.t,
-                k: &kv.t,
-                v: &vv.t,
+                q: (&qv.t, qv.offset),
+                k: (&kv.t, kv.offset),
+                v: (&vv.t, vv.offset),
                 batch: to_u32(b, "batch")?,
                 shared_q: qb == 1 && b != 1,
                 tq: to_u32(tq, "tokens")?,
@@ -570,6 +638,180 @@ impl<'g> Walker<'g> {
             Val {
                 t: out,
                 cols: qv.cols,
+                offset: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// GELU of `a`, or `a + b` (same shapes), on `a`'s layout as it stands: `b` is
+    /// moved beside each part of `a`, results go to new buffers (the operands may
+    /// have other readers).
+    fn elementwise(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        op: &Op,
+        a: TensorId,
+        b: Option<TensorId>,
+    ) -> Result<(), PlanError> {
+        let av = self.operand(lw, a)?;
+        if av.cols != Cols::Dense || av.offset != 0 {
+            return Err(unsupported(format!(
+                "{}: elementwise op on head-split tensors",
+                op.name
+            )));
+        }
+        let elems = |p: &Part| (p.rows.end - p.rows.start) * (p.cols.end - p.cols.start);
+        if let Some(p) = av.t.parts.iter().find(|p| !elems(p).is_multiple_of(4)) {
+            return Err(unsupported(format!(
+                "{}: a part of {} elements (rows {:?}, columns {:?}); elementwise kernels take groups of 4",
+                op.name,
+                elems(p),
+                p.rows,
+                p.cols
+            )));
+        }
+        let fresh = |lw: &mut Lowering<'_>, what: &str| -> Vec<Part> {
+            av.t.parts
+                .iter()
+                .map(|p| {
+                    let tile = lw.plan.buffer(p.at.buf).tile;
+                    let buf = lw.buffer(
+                        tile,
+                        format!("{}.{what}", op.name),
+                        elems(p) * 2,
+                        Category::Activation,
+                    );
+                    Part {
+                        at: Loc { buf, offset: 0 },
+                        ..p.clone()
+                    }
+                })
+                .collect()
+        };
+        let like = |parts| DistTensor {
+            parts,
+            ..av.t.clone()
+        };
+        let b_parts = match b {
+            Some(b) => {
+                let bv = self.operand(lw, b)?;
+                if bv.cols != Cols::Dense || bv.offset != 0 {
+                    return Err(unsupported(format!(
+                        "{}: elementwise op on head-split tensors",
+                        op.name
+                    )));
+                }
+                // Parts of `b` already beside those of `a` (same rows, columns and
+                // tile) are used where they are.
+                let beside: Option<Vec<Part>> =
+                    av.t.parts
+                        .iter()
+                        .map(|p| {
+                            bv.t.parts
+                                .iter()
+                                .find(|q| {
+                                    q.rows == p.rows
+                                        && q.cols == p.cols
+                                        && lw.plan.buffer(q.at.buf).tile
+                                            == lw.plan.buffer(p.at.buf).tile
+                                })
+                                .cloned()
+                        })
+                        .collect();
+                if let Some(parts) = beside {
+                    Some(parts)
+                } else {
+                    let dst = like(fresh(lw, "b"));
+                    let copies = crate::dist::redistribute(&bv.t, &dst)
+                        .map_err(|e| unsupported(format!("{}: {e}", op.name)))?;
+                    lw.exchange(&format!("{}.b", op.name), copies);
+                    Some(dst.parts)
+                }
+            }
+            None => None,
+        };
+        let out = fresh(lw, "out");
+        let step = lw.compute_step();
+        for (k, (p, o)) in av.t.parts.iter().zip(&out).enumerate() {
+            let tile = lw.plan.buffer(p.at.buf).tile;
+            match &b_parts {
+                Some(bp) => lw.call(
+                    tile,
+                    step,
+                    tessera_kernels::Add::new(elems(p)),
+                    &[("a", p.at), ("b", bp[k].at), ("out", o.at)],
+                ),
+                None => lw.call(
+                    tile,
+                    step,
+                    tessera_kernels::Gelu::new(elems(p)),
+                    &[("in", p.at), ("out", o.at)],
+                ),
+            }
+        }
+        self.vals.insert(
+            op.output,
+            Val {
+                t: like(out),
+                cols: Cols::Dense,
+                offset: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// Softmax over the last axis outside attention: whole rows on their owners,
+    /// f32 with the row maximum subtracted.
+    fn softmax(&mut self, lw: &mut Lowering<'_>, op: &Op, x: TensorId) -> Result<(), PlanError> {
+        let xv = self.operand(lw, x)?;
+        if xv.cols != Cols::Dense || xv.offset != 0 || !xv.t.cols.is_multiple_of(4) {
+            return Err(unsupported(format!(
+                "{}: softmax needs dense rows of a multiple of 4 values, not {}",
+                op.name, xv.t.cols
+            )));
+        }
+        let rows = lw.gather_rows(&xv.t, &format!("{}.in", op.name));
+        let step = lw.compute_step();
+        let mut parts = Vec::new();
+        for p in &rows.parts {
+            let tile = lw.plan.buffer(p.at.buf).tile;
+            let n = p.rows.end - p.rows.start;
+            let out = lw.buffer(
+                tile,
+                format!("{}.out", op.name),
+                n * xv.t.cols * 2,
+                Category::Activation,
+            );
+            lw.call(
+                tile,
+                step,
+                tessera_kernels::Softmax::new(n, xv.t.cols, 1.0),
+                &[
+                    ("in", p.at),
+                    (
+                        "out",
+                        Loc {
+                            buf: out,
+                            offset: 0,
+                        },
+                    ),
+                ],
+            );
+            parts.push(Part {
+                at: Loc {
+                    buf: out,
+                    offset: 0,
+                },
+                ..p.clone()
+            });
+        }
+        self.vals.insert(
+            op.output,
+            Val {
+                t: DistTensor { parts, ..rows },
+                cols: Cols::Dense,
+                offset: 0,
             },
         );
         Ok(())
@@ -588,6 +830,7 @@ impl<'g> Walker<'g> {
                     Val {
                         t,
                         cols: Cols::Dense,
+                        offset: 0,
                     },
                 );
                 Ok(())
@@ -617,6 +860,11 @@ impl<'g> Walker<'g> {
                 self.vals.insert(op.output, v);
                 Ok(())
             }
+            OpKind::Gelu { x } => self.elementwise(lw, op, *x, None),
+            OpKind::Add { a, b } if self.graph.shape(*a).dims() == self.graph.shape(*b).dims() => {
+                self.elementwise(lw, op, *a, Some(*b))
+            }
+            OpKind::Softmax { x } => self.softmax(lw, op, *x),
             other => Err(unsupported(format!(
                 "`{}` ({}) has no lowering rule outside the patterns it fuses into",
                 op.name,
@@ -766,6 +1014,7 @@ fn lower_with(
                     transpose_b: true, ..
                 } => "attention",
                 OpKind::MatMul { .. } => "linear",
+                OpKind::Gelu { .. } | OpKind::Add { .. } => "elementwise",
                 other => other.mnemonic(),
             };
             lw.plan.ops.push(PlanOp {
@@ -779,7 +1028,7 @@ fn lower_with(
     for out in graph.outputs() {
         lw.op = format!("output.{}", out.name);
         let v = w.val(out.tensor)?.clone();
-        if v.cols != Cols::Dense {
+        if v.cols != Cols::Dense || v.offset != 0 {
             return Err(unsupported(format!("output `{}` is head-split", out.name)));
         }
         let steps = lw.plan.steps.len();
