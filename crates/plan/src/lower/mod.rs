@@ -1043,9 +1043,6 @@ fn lower_with(
         }
     }
     let plan = lw.finish();
-    if std::env::var_os("TESSERA_DUMP_PLAN").is_some() {
-        eprint!("{plan}");
-    }
     // The verifier is the lowering's independent check; release builds skip it
     // for speed, tests and debug builds never do.
     if cfg!(debug_assertions) {
