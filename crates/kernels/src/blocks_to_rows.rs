@@ -13,8 +13,7 @@ use tessera_machine::Timing;
 
 use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
 use crate::{
-    Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
-    operand, split,
+    Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, VertexState, invalid, operand,
 };
 
 /// Parameters of one block-to-row conversion.
@@ -37,14 +36,6 @@ impl BlocksToRows {
     /// Bytes of each operand.
     pub fn bytes(&self) -> u32 {
         self.rows * self.nb * 32
-    }
-
-    /// Issues of the worker with `r` rows.
-    fn worker_issues(&self, r: u32) -> u64 {
-        if r == 0 {
-            return 5;
-        }
-        8 + u64::from(self.nb) * (9 * u64::from(r) + 6)
     }
 }
 
@@ -100,26 +91,12 @@ impl Kernel for BlocksToRows {
         let name = self.symbol();
         let inp = operand(addrs, &name, "in")?;
         let out = operand(addrs, &name, "out")?;
-        let row_bytes = self.nb * 32;
-        let mut buf = StateBuf::default();
-        for (i, (r0, r)) in split(self.rows).into_iter().enumerate() {
-            buf.u32(out + r0 * row_bytes)
-                .u32(inp + r0 * 32)
-                .u32(r)
-                .u32(self.nb)
-                .u32(row_bytes - 32)
-                .u32((self.rows - r) * 32)
-                .pad_to((i + 1) * usize::from(STRIDE));
-        }
-        Ok(buf.finish(STRIDE))
+        Ok(crate::rearrange::piece_copy_state(
+            out, inp, self.rows, self.nb,
+        ))
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        crate::single_shot_cycles(
-            t,
-            split(self.rows)
-                .into_iter()
-                .map(|(_, r)| self.worker_issues(r)),
-        )
+        crate::rearrange::piece_copy_cycles(t, self.rows, self.nb)
     }
 }

@@ -45,15 +45,6 @@ impl Rearrange {
     pub fn bytes(&self) -> u32 {
         self.rows * self.k * 2
     }
-
-    /// Issues of the worker with `r` rows.
-    fn worker_issues(&self, r: u32) -> u64 {
-        if r == 0 {
-            return 5;
-        }
-        let chunks = u64::from(self.k / 16);
-        8 + chunks * (9 * u64::from(r) + 6)
-    }
 }
 
 impl Kernel for Rearrange {
@@ -115,27 +106,11 @@ impl Kernel for Rearrange {
         let name = self.symbol();
         let inp = operand(addrs, &name, "in")?;
         let out = operand(addrs, &name, "out")?;
-        let row_bytes = self.k * 2;
-        let mut buf = StateBuf::default();
-        for (i, (r0, r)) in split(self.rows).into_iter().enumerate() {
-            buf.u32(inp + r0 * row_bytes)
-                .u32(out + r0 * 32)
-                .u32(r)
-                .u32(self.k / 16)
-                .u32(row_bytes - 32)
-                .u32((self.rows - r) * 32)
-                .pad_to((i + 1) * usize::from(STRIDE));
-        }
-        Ok(buf.finish(STRIDE))
+        Ok(piece_copy_state(inp, out, self.rows, self.k / 16))
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        crate::single_shot_cycles(
-            t,
-            split(self.rows)
-                .into_iter()
-                .map(|(_, r)| self.worker_issues(r)),
-        )
+        piece_copy_cycles(t, self.rows, self.k / 16)
     }
 }
 
@@ -200,4 +175,36 @@ pub(crate) fn piece_copy(code_base: u32, strided: Strided) -> Vec<tessera_isa::W
     s.bind(done);
     s.i(Inst::Exit);
     s.finish()
+}
+
+/// The vertex state of a piece copy over `rows` rows of `chunks` 16-wide chunks:
+/// worker records with its strided side's start (`strided`, rows `chunks * 32`
+/// bytes apart), its linear side's start (`linear`, chunk-major), rows, chunks,
+/// row bytes minus 32 and the linear side's skip to the next chunk.
+pub(crate) fn piece_copy_state(strided: u32, linear: u32, rows: u32, chunks: u32) -> VertexState {
+    let row_bytes = chunks * 32;
+    let mut buf = StateBuf::default();
+    for (i, (r0, r)) in split(rows).into_iter().enumerate() {
+        buf.u32(strided + r0 * row_bytes)
+            .u32(linear + r0 * 32)
+            .u32(r)
+            .u32(chunks)
+            .u32(row_bytes - 32)
+            .u32((rows - r) * 32)
+            .pad_to((i + 1) * usize::from(STRIDE));
+    }
+    buf.finish(STRIDE)
+}
+
+/// Cycles of a piece copy: each worker's issues are 5 without rows, otherwise 8
+/// plus, per chunk, 9 per row and 6.
+pub(crate) fn piece_copy_cycles(t: &Timing, rows: u32, chunks: u32) -> u64 {
+    let issues = |r: u32| {
+        if r == 0 {
+            5
+        } else {
+            8 + u64::from(chunks) * (9 * u64::from(r) + 6)
+        }
+    };
+    crate::single_shot_cycles(t, split(rows).into_iter().map(|(_, r)| issues(r)))
 }
