@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use tessera_graph::{EncoderLayerConfig, encoder_layer, init_weights};
 use tessera_machine::Machine;
-use tessera_plan::{LowerOptions, lower};
+use tessera_plan::{LowerOptions, busiest, lower};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -41,20 +41,8 @@ fn main() {
     if args.get(4).map(String::as_str) != Some("stats") {
         return print!("{plan}");
     }
-    // Live bytes per (tile, step).
-    let steps = plan.steps.len();
-    let mut live = vec![vec![0u64; steps]; plan.tiles as usize];
-    for b in &plan.buffers {
-        for s in b.first..=b.last {
-            live[b.tile as usize][s as usize] += u64::from(b.bytes);
-        }
-    }
-    let (tile, step, bytes) = live
-        .iter()
-        .enumerate()
-        .flat_map(|(t, v)| v.iter().enumerate().map(move |(s, &b)| (t, s, b)))
-        .max_by_key(|x| x.2)
-        .unwrap();
+    let (tile, step, bytes) = busiest(&plan);
+    let (tile, step) = (tile as usize, step as usize);
     println!(
         "busiest: tile {tile} step {step} ({}): {bytes} bytes live",
         plan.step_ops[step]

@@ -30,19 +30,19 @@ fn check(name: &str, text: &str) {
     );
 }
 
+/// Lowers `graph` for `machine` with the default options and seed-1 weights, checks
+/// the verifier finds nothing, and compares the plan's text with golden `name`.
+fn lower_and_check(name: &str, graph: &tessera_graph::Graph, machine: &Machine) {
+    let weights = init_weights(graph, 1);
+    let plan = lower(machine, graph, &weights, &LowerOptions::default()).unwrap();
+    assert_eq!(verify(&plan), vec![]);
+    check(name, &plan.to_string());
+}
+
 #[test]
 fn tiny_mlp_on_four_tiles() {
     let graph = mlp(&MlpConfig::tiny(2)).unwrap();
-    let weights = init_weights(&graph, 1);
-    let plan = lower(
-        &Machine::small(),
-        &graph,
-        &weights,
-        &LowerOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(verify(&plan), vec![]);
-    check("mlp_tiny_b2_small", &plan.to_string());
+    lower_and_check("mlp_tiny_b2_small", &graph, &Machine::small());
 }
 
 /// Every rule once: the patch projection with the position embedding fused, the
@@ -51,16 +51,7 @@ fn tiny_mlp_on_four_tiles() {
 #[test]
 fn tiny_layer_on_four_tiles() {
     let graph = encoder_layer(&EncoderLayerConfig::tiny(2)).unwrap();
-    let weights = init_weights(&graph, 1);
-    let plan = lower(
-        &Machine::small(),
-        &graph,
-        &weights,
-        &LowerOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(verify(&plan), vec![]);
-    check("layer_tiny_b2_small", &plan.to_string());
+    lower_and_check("layer_tiny_b2_small", &graph, &Machine::small());
 }
 
 /// Padding: 12 values per patch (the inner dimension zero-filled to 16), heads of
@@ -76,16 +67,11 @@ fn padded_layer_on_eight_tiles() {
         ..EncoderLayerConfig::tiny(1)
     };
     let graph = encoder_layer(&cfg).unwrap();
-    let weights = init_weights(&graph, 1);
-    let plan = lower(
-        &Machine::small().with_tiles(8),
+    lower_and_check(
+        "layer_padded_b1_8tiles",
         &graph,
-        &weights,
-        &LowerOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(verify(&plan), vec![]);
-    check("layer_padded_b1_8tiles", &plan.to_string());
+        &Machine::small().with_tiles(8),
+    );
 }
 
 /// GELU, an add and a softmax as operations of their own (the tower only uses them
@@ -100,14 +86,9 @@ fn standalone_elementwise_and_softmax() {
     let p = b.softmax(s).unwrap();
     b.output("p", p).unwrap();
     let graph = b.finish().unwrap();
-    let weights = init_weights(&graph, 1);
-    let plan = lower(
-        &Machine::small().with_tiles(5),
+    lower_and_check(
+        "elementwise_softmax_5tiles",
         &graph,
-        &weights,
-        &LowerOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(verify(&plan), vec![]);
-    check("elementwise_softmax_5tiles", &plan.to_string());
+        &Machine::small().with_tiles(5),
+    );
 }

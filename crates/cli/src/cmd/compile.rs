@@ -425,7 +425,7 @@ fn op_table(
             .find(|n| !n.is_empty())
             .and_then(|n| index.get(n.as_str()).copied())
     };
-    let is_encoder = |i: Option<usize>| i.is_some_and(|i| rows_name_is_layer(&c.plan_ops[i].name));
+    let is_encoder = |i: Option<usize>| i.is_some_and(|i| is_encoder_op(&c.plan_ops[i].name));
     let mut enc = 0u64;
     let last_step = c.step_ops.len() as u32;
     let first_exchange = c.exchange_steps.first().copied().unwrap_or(last_step);
@@ -479,7 +479,7 @@ fn op_table(
     }
     let enc_flop: u64 = rows
         .iter()
-        .filter(|r| rows_name_is_layer(&r.name))
+        .filter(|r| is_encoder_op(&r.name))
         .map(|r| r.flop)
         .sum();
     let encoder = (enc > 0).then(|| Interval {
@@ -490,7 +490,7 @@ fn op_table(
     (rows, encoder)
 }
 
-fn rows_name_is_layer(name: &str) -> bool {
+fn is_encoder_op(name: &str) -> bool {
     name.starts_with("layers.")
 }
 

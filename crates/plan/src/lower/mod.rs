@@ -103,6 +103,43 @@ struct Val {
     offset: u32,
 }
 
+impl Val {
+    fn dense(t: DistTensor) -> Val {
+        Val {
+            t,
+            cols: Cols::Dense,
+            offset: 0,
+        }
+    }
+}
+
+/// A row-wise kernel on whole rows: `x` gathered onto its row owners (an exchange
+/// only when it is not there already), then one `call(lw, tile, step, rows, in,
+/// out)` per owner, writing a new buffer of `x`'s shape.
+fn row_wise(
+    lw: &mut Lowering<'_>,
+    name: &str,
+    x: &DistTensor,
+    mut call: impl FnMut(&mut Lowering<'_>, u32, Step, u32, Loc, Loc),
+) -> DistTensor {
+    let rows = lw.gather_rows(x, &format!("{name}.in"));
+    let step = lw.compute_step();
+    let mut parts = Vec::new();
+    for p in &rows.parts {
+        let tile = lw.plan.buffer(p.at.buf).tile;
+        let n = p.rows.end - p.rows.start;
+        let bytes = n * x.cols * x.elem_bytes;
+        let buf = lw.buffer(tile, format!("{name}.out"), bytes, Category::Activation);
+        let out = Loc { buf, offset: 0 };
+        call(lw, tile, step, n, p.at, out);
+        parts.push(Part {
+            at: out,
+            ..p.clone()
+        });
+    }
+    DistTensor { parts, ..rows }
+}
+
 fn unsupported(message: impl Into<String>) -> PlanError {
     PlanError::Unsupported(message.into())
 }
@@ -224,16 +261,12 @@ impl<'g> Walker<'g> {
                 cols: 0..cols,
             });
         }
-        Ok(Val {
-            t: DistTensor {
-                rows,
-                cols,
-                elem_bytes: 2,
-                parts,
-            },
-            cols: Cols::Dense,
-            offset: 0,
-        })
+        Ok(Val::dense(DistTensor {
+            rows,
+            cols,
+            elem_bytes: 2,
+            parts,
+        }))
     }
 
     fn operand(&mut self, lw: &mut Lowering<'_>, t: TensorId) -> Result<Val, PlanError> {
@@ -259,18 +292,7 @@ impl<'g> Walker<'g> {
         let width = xv.t.cols;
         let g = f16_bytes(self.param_data(gamma, width as usize)?.iter().copied());
         let b = f16_bytes(self.param_data(beta, width as usize)?.iter().copied());
-        let rows = lw.gather_rows(&xv.t, &format!("{}.in", op.name));
-        let step = lw.compute_step();
-        let mut parts = Vec::new();
-        for p in &rows.parts {
-            let tile = lw.plan.buffer(p.at.buf).tile;
-            let n = p.rows.end - p.rows.start;
-            let out = lw.buffer(
-                tile,
-                format!("{}.out", op.name),
-                n * width * 2,
-                Category::Activation,
-            );
+        let t = row_wise(lw, &op.name, &xv.t, |lw, tile, step, n, input, out| {
             let gb = lw.constant(
                 tile,
                 format!("{}.gamma", op.name),
@@ -288,40 +310,14 @@ impl<'g> Walker<'g> {
                 step,
                 LayerNorm::new(n, width, eps),
                 &[
-                    ("in", p.at),
+                    ("in", input),
                     ("gamma", Loc { buf: gb, offset: 0 }),
                     ("beta", Loc { buf: bb, offset: 0 }),
-                    (
-                        "out",
-                        Loc {
-                            buf: out,
-                            offset: 0,
-                        },
-                    ),
+                    ("out", out),
                 ],
             );
-            parts.push(Part {
-                at: Loc {
-                    buf: out,
-                    offset: 0,
-                },
-                rows: p.rows.clone(),
-                cols: 0..width,
-            });
-        }
-        self.vals.insert(
-            op.output,
-            Val {
-                t: DistTensor {
-                    rows: rows.rows,
-                    cols: width,
-                    elem_bytes: 2,
-                    parts,
-                },
-                cols: Cols::Dense,
-                offset: 0,
-            },
-        );
+        });
+        self.vals.insert(op.output, Val::dense(t));
         Ok(())
     }
 
@@ -750,14 +746,7 @@ impl<'g> Walker<'g> {
                 ),
             }
         }
-        self.vals.insert(
-            op.output,
-            Val {
-                t: like(out),
-                cols: Cols::Dense,
-                offset: 0,
-            },
-        );
+        self.vals.insert(op.output, Val::dense(like(out)));
         Ok(())
     }
 
@@ -771,49 +760,16 @@ impl<'g> Walker<'g> {
                 op.name, xv.t.cols
             )));
         }
-        let rows = lw.gather_rows(&xv.t, &format!("{}.in", op.name));
-        let step = lw.compute_step();
-        let mut parts = Vec::new();
-        for p in &rows.parts {
-            let tile = lw.plan.buffer(p.at.buf).tile;
-            let n = p.rows.end - p.rows.start;
-            let out = lw.buffer(
-                tile,
-                format!("{}.out", op.name),
-                n * xv.t.cols * 2,
-                Category::Activation,
-            );
+        let cols = xv.t.cols;
+        let t = row_wise(lw, &op.name, &xv.t, |lw, tile, step, n, input, out| {
             lw.call(
                 tile,
                 step,
-                tessera_kernels::Softmax::new(n, xv.t.cols, 1.0),
-                &[
-                    ("in", p.at),
-                    (
-                        "out",
-                        Loc {
-                            buf: out,
-                            offset: 0,
-                        },
-                    ),
-                ],
+                tessera_kernels::Softmax::new(n, cols, 1.0),
+                &[("in", input), ("out", out)],
             );
-            parts.push(Part {
-                at: Loc {
-                    buf: out,
-                    offset: 0,
-                },
-                ..p.clone()
-            });
-        }
-        self.vals.insert(
-            op.output,
-            Val {
-                t: DistTensor { parts, ..rows },
-                cols: Cols::Dense,
-                offset: 0,
-            },
-        );
+        });
+        self.vals.insert(op.output, Val::dense(t));
         Ok(())
     }
 
@@ -825,14 +781,7 @@ impl<'g> Walker<'g> {
                 let cols = *dims.last().unwrap_or(&1);
                 let rows = dims.iter().product::<usize>() / cols.max(1);
                 let t = lw.input(name, to_u32(rows, "rows")?, to_u32(cols, "columns")?);
-                self.vals.insert(
-                    op.output,
-                    Val {
-                        t,
-                        cols: Cols::Dense,
-                        offset: 0,
-                    },
-                );
+                self.vals.insert(op.output, Val::dense(t));
                 Ok(())
             }
             OpKind::LayerNorm {
@@ -958,6 +907,11 @@ const MIN_WEIGHT_BYTES: u64 = 96 * 1024;
 /// The most bytes of buffers live on one tile at one step: a lower bound of what
 /// placement needs there.
 pub fn max_live_bytes(plan: &TilePlan) -> u64 {
+    busiest(plan).2
+}
+
+/// The tile and step with the most bytes of buffers live, and those bytes.
+pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
     let steps = plan.steps.len();
     let mut live = vec![0u64; plan.tiles as usize * steps];
     for b in &plan.buffers {
@@ -965,7 +919,12 @@ pub fn max_live_bytes(plan: &TilePlan) -> u64 {
             live[b.tile as usize * steps + s as usize] += u64::from(b.bytes);
         }
     }
-    live.into_iter().max().unwrap_or(0)
+    live.into_iter()
+        .enumerate()
+        .max_by_key(|&(i, bytes)| (bytes, std::cmp::Reverse(i)))
+        .map_or((0, 0, 0), |(i, bytes)| {
+            ((i / steps) as u32, (i % steps) as Step, bytes)
+        })
 }
 
 fn lower_with(
