@@ -96,6 +96,8 @@ pub mod opcode {
     pub const F_BCAST: u8 = 0x47;
     pub const AMP: u8 = 0x48;
     pub const F16V2_TANH: u8 = 0x49;
+    pub const F16_ACC: u8 = 0x4a;
+    pub const F32V2_GINA: u8 = 0x4b;
 }
 
 /// First aux-pipe opcode.
@@ -223,6 +225,9 @@ pub fn inst_name(inst: &Inst) -> &'static str {
         Inst::F16v2ToF32 { .. } => "f16v2tof32",
         Inst::F32v2ToF16 { .. } => "f32v2tof16",
         Inst::FSum { .. } => "fsum",
+        Inst::F16Acc { quad: false, .. } => "f16v4acc",
+        Inst::F16Acc { quad: true, .. } => "f16v8acc",
+        Inst::F32v2Gina { .. } => "f32v2gina",
         Inst::FMov { .. } => "fmov",
         Inst::FBcast { .. } => "fbcast",
         Inst::Amp { .. } => "amp",
@@ -459,6 +464,15 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
         Inst::F16v2Tanh { d, a } => word(F16V2_TANH, r0(c.a("d", d)?) | r1(c.a("a", a)?)),
         Inst::F16v2ToF32 { d, a } => word(F16V2_TO_F32, r0(c.pair("d", d)?) | r1(c.a("a", a)?)),
         Inst::F32v2ToF16 { d, a } => word(F32V2_TO_F16, r0(c.a("d", d)?) | r1(c.pair("a", a)?)),
+        Inst::F16Acc { a, quad } => {
+            let r = if quad {
+                c.quad("a", a)?
+            } else {
+                c.pair("a", a)?
+            };
+            word(F16_ACC, r1(r) | u32::from(quad))
+        }
+        Inst::F32v2Gina { d } => word(F32V2_GINA, r0(c.pair("d", d)?)),
         Inst::FSum { vec, d, a } => word(
             F_SUM,
             r0(c.a("d", d)?) | r1(c.a_vec("a", a, vec.is_pair())?) | vec.code(),
@@ -850,6 +864,14 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
             },
             0xff0000,
         ),
+        F16_ACC => (
+            Inst::F16Acc {
+                a: AReg(f1),
+                quad: w & 1 == 1,
+            },
+            0x0f0001,
+        ),
+        F32V2_GINA => (Inst::F32v2Gina { d: AReg(f0) }, 0xf00000),
         F_SUM => (
             Inst::FSum {
                 vec: FVec::ALL[field(w, 0, 2) as usize],

@@ -343,6 +343,18 @@ pub enum Inst {
         d: AReg,
         a: AReg,
     },
+    /// `f16v4acc` (a pair) or `f16v8acc` (`quad`): the four or eight f16 lanes of
+    /// `$aA`, widened, added into accumulators `0..4` or `0..8` of this worker's
+    /// engine (the sixteen f32 accumulators the AMP also uses).
+    F16Acc {
+        a: AReg,
+        quad: bool,
+    },
+    /// `f32v2gina`: accumulators 0 and 1 into the pair `$aD`; accumulators `2..16`
+    /// move down by two and zeros enter at 14 and 15.
+    F32v2Gina {
+        d: AReg,
+    },
     /// Sum of the lanes, as f32 into a single register (F16V4 and F32V2 read pairs).
     FSum {
         vec: FVec,
@@ -402,6 +414,8 @@ impl Inst {
             | Inst::F16v2ToF32 { .. }
             | Inst::F32v2ToF16 { .. }
             | Inst::FSum { .. }
+            | Inst::F16Acc { .. }
+            | Inst::F32v2Gina { .. }
             | Inst::FMov { .. }
             | Inst::FBcast { .. }
             | Inst::Amp { .. } => Pipe::Aux,

@@ -804,6 +804,9 @@ fn known_mnemonic(mn: &str) -> bool {
         || mn == "f16v2tof32"
         || mn == "f32v2tof16"
         || mn == "f16v2tanh"
+        || mn == "f16v4acc"
+        || mn == "f16v8acc"
+        || mn == "f32v2gina"
         || INT_OPS.iter().any(|(n, _)| *n == mn)
     {
         return true;
@@ -1151,6 +1154,24 @@ pub(crate) fn lower_inst(
                 a: o.a(1)?,
             })
         }
+        "f16v4acc" => {
+            o.count(1, "$aA:pair")?;
+            one(Inst::F16Acc {
+                a: o.pair(0)?,
+                quad: false,
+            })
+        }
+        "f16v8acc" => {
+            o.count(1, "$aA:quad")?;
+            one(Inst::F16Acc {
+                a: o.quad(0)?,
+                quad: true,
+            })
+        }
+        "f32v2gina" => {
+            o.count(1, "$aD:pair")?;
+            one(Inst::F32v2Gina { d: o.pair(0)? })
+        }
         "f16v2tof32" => {
             o.count(2, "$aD:pair, $aA")?;
             one(Inst::F16v2ToF32 {
@@ -1402,6 +1423,9 @@ impl fmt::Display for Inst {
             Inst::F16v2Tanh { d, a } => write!(f, "f16v2tanh {}, {}", A(d), A(a)),
             Inst::F16v2ToF32 { d, a } => write!(f, "f16v2tof32 {}, {}", P(d), A(a)),
             Inst::F32v2ToF16 { d, a } => write!(f, "f32v2tof16 {}, {}", A(d), P(a)),
+            Inst::F16Acc { a, quad: false } => write!(f, "f16v4acc {}", P(a)),
+            Inst::F16Acc { a, quad: true } => write!(f, "f16v8acc {}", Q(a)),
+            Inst::F32v2Gina { d } => write!(f, "f32v2gina {}", P(d)),
             Inst::FSum { vec, d, a } => {
                 write!(f, "{}sum {}, {}", fvec_name(vec), A(d), V(a, vec.is_pair()))
             }

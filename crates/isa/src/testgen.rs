@@ -130,6 +130,9 @@ pub fn aux_inst() -> BoxedStrategy<Inst> {
         (fun_op(), areg(), areg()).prop_map(|(op, d, a)| Inst::FUn { op, d, a }),
         (areg(), areg()).prop_map(|(d, a)| Inst::F16v2Tanh { d, a }),
         (apair(), areg()).prop_map(|(d, a)| Inst::F16v2ToF32 { d, a }),
+        apair().prop_map(|a| Inst::F16Acc { a, quad: false }),
+        aquad().prop_map(|a| Inst::F16Acc { a, quad: true }),
+        apair().prop_map(|d| Inst::F32v2Gina { d }),
         (areg(), apair()).prop_map(|(d, a)| Inst::F32v2ToF16 { d, a }),
         fvec().prop_flat_map(|vec| {
             (areg(), avec(vec.is_pair())).prop_map(move |(d, a)| Inst::FSum { vec, d, a })

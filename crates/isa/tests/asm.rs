@@ -463,6 +463,9 @@ fn single_words_parse_and_print() {
         "f32tanh $a0, $a1",
         "f16v2tanh $a2, $azero",
         "{ ld64step $a0:1, $m2+=, 1 ; f16v2tanh $a2, $a3 }",
+        "f16v4acc $a2:3",
+        "{ ld64 $a0:1, $m5, 0 ; f16v8acc $a0:3 }",
+        "f32v2gina $a4:5",
     ] {
         assert_eq!(parse_word(text).unwrap().to_string(), text);
     }
@@ -488,6 +491,9 @@ fn single_words_parse_and_print() {
         )
     );
     assert!(parse_word("li $m1, 5").is_err());
+    // A quad must start at a multiple of 4, a pair at an even register.
+    assert!(parse_word("f16v8acc $a2:5").is_err());
+    assert!(parse_word("f32v2gina $a3:4").is_err());
     assert_eq!(
         parse_word_with("bri x+8", &|s| (s == "x").then_some(0x4c000)).unwrap(),
         Word::Single(Inst::Bri { target: 0x4c008 })

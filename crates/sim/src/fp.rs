@@ -71,9 +71,12 @@ pub(crate) fn unpack4(v: u64) -> [f32; 4] {
         .iter()
         .all(|l| ((l >> 10) & 0x1f).wrapping_sub(1) < 30)
     {
-        return lanes.map(|b| {
+        // Written out: `lanes.map` is not always inlined, and this is the AMP's
+        // hottest path.
+        let w = |b: u32| {
             f32::from_bits(((b & 0x8000) << 16) | (((b & 0x7fff) << 13) + ((127 - 15) << 23)))
-        });
+        };
+        return [w(lanes[0]), w(lanes[1]), w(lanes[2]), w(lanes[3])];
     }
     [
         f16_to_f32(v as u16),
@@ -86,11 +89,10 @@ pub(crate) fn unpack4(v: u64) -> [f32; 4] {
 /// Four f32 rounded to f16 lanes (lane 0 in the low bits).
 #[inline(always)]
 pub(crate) fn pack4(x: &[f32]) -> u64 {
-    let mut out = 0u64;
-    for (l, v) in x.iter().take(4).enumerate() {
-        out |= u64::from(f32_to_f16(*v)) << (16 * l);
-    }
-    out
+    u64::from(f32_to_f16(x[0]))
+        | (u64::from(f32_to_f16(x[1])) << 16)
+        | (u64::from(f32_to_f16(x[2])) << 32)
+        | (u64::from(f32_to_f16(x[3])) << 48)
 }
 
 #[cfg(test)]

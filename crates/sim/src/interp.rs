@@ -31,13 +31,6 @@ pub(crate) struct Ctx {
     pub ready: [u64; 32],
     pub issues: u64,
     pub instructions: u64,
-    /// The aux-pipe result of the current issue, written after the main pipe has
-    /// read its operands: register, count (0..=2) and values. Kept in the context
-    /// with fixed 32-bit fields so that the write-back reads exactly what was
-    /// stored.
-    pub(crate) pend_d: u32,
-    pub(crate) pend_n: u32,
-    pub(crate) pend_v: [u32; 2],
 }
 
 /// One worker's AMP engine.
@@ -353,8 +346,8 @@ pub(crate) fn run<const SUP: bool>(
                     if SUP {
                         Err(sup_aux())
                     } else {
-                        exec_aux(ctx, amp, sh, env, i).map(|()| {
-                            apply(ctx);
+                        exec_aux(ctx, amp, sh, env, i).map(|out| {
+                            apply(ctx, out);
                             Flow::Next
                         })
                     }
@@ -377,8 +370,8 @@ pub(crate) fn run<const SUP: bool>(
                     // Both pipes read before either writes: the aux result waits
                     // until the main instruction has executed.
                     match exec_aux(ctx, amp, sh, env, a) {
-                        Ok(()) => exec_main::<SUP>(sh, ctx, env, m, pc, len).inspect(|_| {
-                            apply(ctx);
+                        Ok(out) => exec_main::<SUP>(sh, ctx, env, m, pc, len).inspect(|_| {
+                            apply(ctx, out);
                         }),
                         Err(e) => Err(e),
                     }
@@ -745,10 +738,9 @@ fn exec_main<const SUP: bool>(
             let next = bump(p, 16)?;
             let row = (quad as usize / 2) & 15;
             let col = (quad as usize % 2) * 8;
-            for k in 0..8 {
-                let bits = u16::from_le_bytes([sh.mem[off + 2 * k], sh.mem[off + 2 * k + 1]]);
-                sh.weights[row][col + k] = fp::f16_to_f32(bits);
-            }
+            let w = &mut sh.weights[row][col..col + 8];
+            w[..4].copy_from_slice(&fp::unpack4(rd64(&sh.mem, off)));
+            w[4..].copy_from_slice(&fp::unpack4(rd64(&sh.mem, off + 8)));
             set_m(ctx, base, next);
         }
         Inst::Br { a } => return check_target(mr(ctx, a)),
@@ -800,12 +792,12 @@ fn exec_main<const SUP: bool>(
 }
 
 #[inline(always)]
-fn apply(ctx: &mut Ctx) {
-    let d = (ctx.pend_d & 15) as usize;
-    if ctx.pend_n > 0 {
-        ctx.a[d] = ctx.pend_v[0];
-        if ctx.pend_n > 1 {
-            ctx.a[(d + 1) & 15] = ctx.pend_v[1];
+fn apply(ctx: &mut Ctx, out: AuxOut) {
+    let d = usize::from(out.d & 15);
+    if out.n > 0 {
+        ctx.a[d] = out.v[0];
+        if out.n > 1 {
+            ctx.a[(d + 1) & 15] = out.v[1];
         }
     }
 }
@@ -997,7 +989,9 @@ fn feeder_bundle(
 }
 
 #[inline(always)]
-fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> Res<()> {
+/// Executes an aux-pipe instruction and returns its register result, which the
+/// caller writes back once the main pipe has read its operands.
+fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> Res<AuxOut> {
     let out = match *i {
         Inst::Amp {
             out,
@@ -1036,6 +1030,28 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             let lo = fp::f32_to_f16(fp::h(x).tanh());
             let hi = fp::f32_to_f16(fp::h(x >> 16).tanh());
             one(d, u32::from(lo) | (u32::from(hi) << 16))
+        }
+        Inst::F16Acc { a, quad } => {
+            let (lanes, base) = if quad {
+                (8, (a.0 & 12) as usize)
+            } else {
+                (4, (a.0 & 14) as usize)
+            };
+            for (j, acc) in amp.acc[..lanes].iter_mut().enumerate() {
+                let word = ctx.a[base + j / 2];
+                *acc += fp::h(word >> (16 * (j % 2)));
+            }
+            AuxOut {
+                d: 0,
+                n: 0,
+                v: [0, 0],
+            }
+        }
+        Inst::F32v2Gina { d } => {
+            let (lo, hi) = (amp.acc[0], amp.acc[1]);
+            amp.acc.copy_within(2.., 0);
+            amp.acc[14..].fill(0.0);
+            two(d, u64::from(lo.to_bits()) | (u64::from(hi.to_bits()) << 32))
         }
         Inst::F16v2ToF32 { d, a } => {
             let x = ar(ctx, a);
@@ -1093,8 +1109,5 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             ));
         }
     };
-    ctx.pend_d = u32::from(out.d);
-    ctx.pend_n = u32::from(out.n);
-    ctx.pend_v = out.v;
-    Ok(())
+    Ok(out)
 }

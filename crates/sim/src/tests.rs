@@ -1019,3 +1019,40 @@ fn amp_step_semantics() {
         assert_eq!(got, f16::from_f32(acc).to_f32(), "column {j}");
     }
 }
+
+#[test]
+fn accumulators_sum_f16_lanes_and_shift_out_in_pairs() {
+    let acc = |a, quad| s(Inst::F16Acc { a: AReg(a), quad });
+    let gina = |d| s(Inst::F32v2Gina { d: AReg(d) });
+    // Lanes 0..7 of $a0:3 are 1..8; $a4:5 holds 0.5 in every lane. Two f16v8acc and
+    // one f16v4acc: accumulators 0..4 = 2*(1..4) + 0.5, 4..8 = 2*(5..8), then four
+    // gina read them out two by two, and the fifth reads the zeros shifted in.
+    let r = exec_with::<false>(
+        &[
+            acc(0, true),
+            acc(0, true),
+            acc(4, false),
+            gina(6),
+            gina(8),
+            gina(10),
+            gina(12),
+            gina(14),
+        ],
+        |c, _, _| {
+            for (i, w) in c.a[..4].iter_mut().enumerate() {
+                let lo = 2 * i as u32 + 1;
+                *w = hbits(lo as f32) | (hbits((lo + 1) as f32) << 16);
+            }
+            c.a[4] = hbits(0.5) | (hbits(0.5) << 16);
+            c.a[5] = c.a[4];
+        },
+    );
+    r.ok();
+    let f = |i: u8| f32::from_bits(r.a(i));
+    let got: Vec<f32> = (6..14).map(f).collect();
+    assert_eq!(got, [2.5, 4.5, 6.5, 8.5, 10.0, 12.0, 14.0, 16.0]);
+    // ($a15 is the zero register.)
+    assert_eq!(r.a(14), 0);
+    // One issue each, plus the exit.
+    assert_eq!(r.ctx.clock, 54);
+}

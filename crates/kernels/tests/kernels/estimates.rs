@@ -64,8 +64,8 @@ fn estimates_track_simulation() {
     for (r, n) in [(2, 24), (5, 100)] {
         check(&AddBias::new(r, n));
     }
-    for (k, n) in [(2, 8), (3, 100), (6, 96)] {
-        check(&ReduceAdd::new(k, n));
+    for (k, n) in [(2, 8), (2, 4), (3, 100), (6, 96), (17, 2224), (9, 3344)] {
+        check_exact(&ReduceAdd::new(k, n));
     }
     for (r, n, ld) in [
         (1, 1, 4),
