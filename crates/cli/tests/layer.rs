@@ -70,3 +70,61 @@ fn config_files_are_checked() {
     assert_ne!(code, 0);
     assert!(text.contains("cannot fit"), "{text}");
 }
+
+/// `--finalists`: every finalist reported, the selected one feasible and the best
+/// estimated of the feasible ones, and the same finalists and choice on a second
+/// run and on one thread.
+#[test]
+fn finalists_are_reported_and_selection_is_deterministic() {
+    let run = |threads: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+        cmd.args([
+            "compile",
+            "--size",
+            "tiny",
+            "--tiles",
+            "8",
+            "--finalists",
+            "4",
+            "--json",
+            "-o",
+        ]);
+        let path = std::env::temp_dir().join(format!("finalists-{}.pkg", std::process::id()));
+        cmd.arg(&path);
+        if let Some(t) = threads {
+            cmd.env("RAYON_NUM_THREADS", t);
+        }
+        let out = cmd.output().expect("run tessera");
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let f = v["finalists"].as_array().unwrap().clone();
+        assert_eq!(f.len(), 4);
+        let selected = v["selected"].as_u64().unwrap();
+        let best = f
+            .iter()
+            .filter(|x| x["feasible"] == true)
+            .min_by_key(|x| (x["estimated_cycles"].as_u64(), x["rank"].as_u64()))
+            .unwrap();
+        assert_eq!(best["rank"].as_u64(), Some(selected));
+        // Timings differ between runs; everything else may not.
+        let stable: Vec<(serde_json::Value, serde_json::Value, serde_json::Value)> = f
+            .iter()
+            .map(|x| {
+                (
+                    x["rank"].clone(),
+                    x["choices"].clone(),
+                    x["estimated_cycles"].clone(),
+                )
+            })
+            .collect();
+        (stable, selected)
+    };
+    let first = run(None);
+    assert_eq!(first, run(None));
+    assert_eq!(first, run(Some("1")));
+}

@@ -10,6 +10,7 @@
 
 mod emit;
 mod exploit;
+pub mod finalists;
 mod requests;
 
 use std::time::Instant;
@@ -160,11 +161,19 @@ pub struct CompileReport {
     pub placement: PlacementSummary,
     pub host: HostReport,
     pub decisions: Vec<String>,
+    /// The plan's cycle estimate (tile work, host transfers excluded).
+    pub estimated: tessera_plan::PlanEstimate,
     pub exchange_copies: usize,
     pub kernel_calls: usize,
     /// Size of the written package; 0 until someone writes it (`tessera compile`).
     pub package_bytes: usize,
     pub compile_ms: f64,
+    /// Every finalist of the search, when there was one (`finalists::select`).
+    pub finalists: Vec<finalists::FinalistReport>,
+    /// Rank of the selected finalist.
+    pub selected: Option<usize>,
+    /// The whole search: the default lowering, the beam, every finalist's build.
+    pub selection_ms: Option<f64>,
 }
 
 /// A package and its report.
@@ -338,10 +347,14 @@ fn compile_plan_with(
         placement: summary,
         host,
         decisions: plan.decisions.clone(),
+        estimated: tessera_plan::estimate(machine, plan),
         exchange_copies: plan.exchanges.iter().map(|x| x.copies.len()).sum(),
         kernel_calls: plan.calls.len(),
         package_bytes: 0,
         compile_ms: start.elapsed().as_secs_f64() * 1e3,
+        finalists: Vec::new(),
+        selected: None,
+        selection_ms: None,
     };
     Ok(Compiled {
         package,

@@ -225,6 +225,29 @@ pub struct TilePlan {
     pub decisions: Vec<String>,
     /// The operations as lowered, in order: what each rule covered.
     pub ops: Vec<PlanOp>,
+    /// The strategies each operation with a choice was offered, in lowering order.
+    pub candidates: Vec<OpCandidates>,
+}
+
+/// One strategy a rule offered for an operation: what the finalist search chooses
+/// among.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Candidate {
+    /// The rule's own estimate of the operation's cycles.
+    pub estimated_cycles: u64,
+    /// Tensor bytes on the operation's busiest tile.
+    pub bytes_per_tile: u64,
+    /// The grid, as `passes x (rows, inner, columns)`.
+    pub grid: String,
+}
+
+/// The strategies an operation was offered (none dominated by another on both
+/// cycles and bytes; the first is the rule's default) and the one the plan used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OpCandidates {
+    pub op: String,
+    pub candidates: Vec<Candidate>,
+    pub chosen: usize,
 }
 
 /// One lowered operation: the graph operation a rule matched and the ones it fused.

@@ -5,6 +5,7 @@
 //! emission do); its figures are estimates, the simulator's cycles are the truth.
 
 pub mod dist;
+pub mod estimate;
 pub mod ir;
 mod lower;
 pub mod matmul;
@@ -12,6 +13,7 @@ mod text;
 pub mod verify;
 
 pub use dist::{DistError, DistTensor, Part, redistribute};
+pub use estimate::{PlanEstimate, estimate};
 pub use ir::*;
 pub use lower::{FIT_SHARE, LowerOptions, busiest, lower, max_live_bytes};
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};

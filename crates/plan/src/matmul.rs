@@ -224,6 +224,58 @@ pub fn map_matmul_capped(
     })
 }
 
+/// The mappings of `shape` within `budget` bytes and `weight_cap` weight bytes per
+/// tile that no other mapping beats on both estimated cycles and busiest-tile bytes,
+/// fastest first (ties: fewer tiles, then fewer bytes, then the grid). Empty when
+/// nothing fits.
+pub fn matmul_front(
+    machine: &Machine,
+    shape: MatmulShape,
+    budget: u64,
+    weight_cap: u64,
+) -> Vec<MatmulMapping> {
+    let tiles = machine.tiles;
+    let mut all = Vec::new();
+    if shape.rows == 0 || shape.k == 0 || shape.n == 0 {
+        return all;
+    }
+    for pk in 1..=shape.k_chunks().min(tiles) {
+        for pn in 1..=shape.n_blocks().min(tiles / pk) {
+            let pr_max = (tiles / (pk * pn)).min(shape.rows);
+            let mut pr = 1;
+            while pr <= pr_max {
+                let rows_t = shape.rows.div_ceil(pr);
+                let m = MatmulMapping::evaluate(machine, shape, pr, pk, pn);
+                if m.bytes_per_tile <= budget && m.weight_bytes <= weight_cap {
+                    all.push(m);
+                }
+                let next_rows = rows_t - 1;
+                if next_rows == 0 {
+                    break;
+                }
+                pr = shape.rows.div_ceil(next_rows).max(pr + 1);
+            }
+        }
+    }
+    pareto(all, |m| (m.cost.total(), m.bytes_per_tile))
+}
+
+/// The members of `items` not dominated on both keys of `key` (lower is better),
+/// ordered by the first key, then the second, then the order given.
+pub(crate) fn pareto<T>(mut items: Vec<T>, key: impl Fn(&T) -> (u64, u64)) -> Vec<T> {
+    items.sort_by_key(|a| key(a));
+    let mut front = Vec::new();
+    let mut best_second = u64::MAX;
+    for m in items {
+        let (_, b) = key(&m);
+        if b < best_second {
+            best_second = b;
+            front.push(m);
+        }
+    }
+    front
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

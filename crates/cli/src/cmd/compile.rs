@@ -70,6 +70,11 @@ pub struct ModelArgs {
     /// mismatch.
     #[arg(long, hide = true)]
     pub mutate_kernel: Option<String>,
+    /// Whole-model plans to build completely before selecting one (1: the rules'
+    /// defaults, no search; the search is opt-in until a finalist builds in a few
+    /// seconds)
+    #[arg(long, default_value_t = 1)]
+    pub finalists: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -177,14 +182,73 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
         opts.lower.rearrange_declared_align = Some(2);
         opts.exploit_declared_alignment = true;
     }
-    let r = compile_model(&p.machine, &p.graph, &p.weights, &opts);
+    if a.finalists <= 1 {
+        let r = compile_model(&p.machine, &p.graph, &p.weights, &opts);
+        pb.finish_and_clear();
+        return Ok(r?);
+    }
     pb.finish_and_clear();
-    Ok(r?)
+    let bar = if a.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(a.finalists as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{msg} {pos}/{len} ({elapsed})").expect("valid template"),
+    );
+    bar.set_message("building finalists");
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let r = tessera_compile::finalists::select(
+        &p.machine,
+        &p.graph,
+        &p.weights,
+        &opts,
+        a.finalists,
+        &|done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        },
+    );
+    bar.finish_and_clear();
+    Ok(r?.compiled)
 }
 
 fn print_report(r: &CompileReport) {
     for d in &r.decisions {
         eprintln!("  {d}");
+    }
+    if !r.finalists.is_empty() {
+        eprintln!(
+            "  finalists ({} built in {:.0} ms; selected rank {}):",
+            r.finalists.len(),
+            r.selection_ms.unwrap_or(0.0),
+            r.selected.unwrap_or(0)
+        );
+        eprintln!(
+            "    rank feasible failing missing_bytes peak_bytes estimated_cycles build_ms  choices"
+        );
+        for f in &r.finalists {
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+            let choices: Vec<String> = f.choices.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            eprintln!(
+                "    {:>4} {:>8} {:>7} {:>13} {:>10} {:>16} {:>8.0}  {}{}",
+                f.rank,
+                if f.feasible { "yes" } else { "no" },
+                f.failing_tiles,
+                opt(f.missing_bytes),
+                opt(f.peak_bytes),
+                opt(f.estimated_cycles),
+                f.build_ms,
+                if choices.is_empty() {
+                    "defaults".to_string()
+                } else {
+                    choices.join(" ")
+                },
+                f.error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" ({e})"))
+            );
+        }
     }
     eprintln!(
         "  host: {} weight phases, {} in, {} out; {} packets; bound {} bytes/tile before deduplication, reserved {} bytes/tile at {:#x}..{:#x}, final at most {} bytes/tile ({} packets deduplicated)",
@@ -278,6 +342,12 @@ struct RunJson<'a> {
     /// The encoder layers' operations (`layers.*`), as the seed's encoder interval.
     encoder: Option<Interval>,
     ops: &'a [OpRow],
+    /// The plan's cycle estimate (tile work without host transfers: compare with
+    /// `cycles - host_transfer_cycles`).
+    estimated: tessera_plan::PlanEstimate,
+    finalists: &'a [tessera_compile::finalists::FinalistReport],
+    selected: Option<usize>,
+    selection_ms: Option<f64>,
     compile_ms: f64,
     /// Final tensor placement of every tile.
     placement_ms: f64,
@@ -689,6 +759,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             outputs: &outputs,
             encoder,
             ops: &ops,
+            estimated: c.report.estimated,
+            finalists: &c.report.finalists,
+            selected: c.report.selected,
+            selection_ms: c.report.selection_ms,
             compile_ms: c.report.compile_ms,
             placement_ms: c.report.placement.place_ms,
             simulate_ms,
@@ -852,6 +926,8 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         seed: 1,
         weaken_rearrange_contract: false,
         mutate_kernel: None,
+        // Each variant keeps the rules' defaults, so that only the assumption moves.
+        finalists: 1,
         json: true,
     };
     let total = 1 + 2 * ASSUMPTIONS.len();

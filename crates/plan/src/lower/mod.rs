@@ -24,7 +24,7 @@ mod attention;
 mod ctx;
 mod linear;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use tessera_graph::{Graph, Op, OpKind, TensorId, TensorMap};
 use tessera_kernels::LayerNorm;
@@ -52,6 +52,9 @@ pub struct LowerOptions {
     /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
     /// keeps the kernel's true contract.
     pub rearrange_declared_align: Option<u32>,
+    /// The strategy to use per operation name, as an index into the operation's
+    /// candidates (`TilePlan::candidates`); operations not named take their first.
+    pub choices: BTreeMap<String, usize>,
 }
 
 impl Default for LowerOptions {
@@ -61,6 +64,7 @@ impl Default for LowerOptions {
             transient_bytes: 160 * 1024,
             slab_bias_bytes: 16 * 1024,
             rearrange_declared_align: None,
+            choices: BTreeMap::new(),
         }
     }
 }
@@ -497,7 +501,20 @@ impl<'g> Walker<'g> {
         let wbytes = u64::from(kp) * u64::from(n) * 2;
         let share =
             (lw.opts.weight_bytes as f64 * wbytes as f64 / self.weight_total.max(1) as f64) as u64;
-        let map = map_linear(lw.machine, shape, share + lw.opts.transient_bytes, share)?;
+        let choice = lw.opts.choices.get(&op.name).copied().unwrap_or(0);
+        let (map, candidates) = map_linear(
+            lw.machine,
+            shape,
+            share + lw.opts.transient_bytes,
+            share,
+            choice,
+        )?;
+        let chosen = choice.min(candidates.len() - 1);
+        lw.plan.candidates.push(OpCandidates {
+            op: op.name.clone(),
+            candidates,
+            chosen,
+        });
         if map.pk > 1 {
             self.inner_chunks = Some(map.chunks_per_tile);
         }
@@ -832,10 +849,12 @@ fn map_linear(
     shape: MatmulShape,
     budget: u64,
     weight_cap: u64,
-) -> Result<crate::matmul::MatmulMapping, PlanError> {
+    choice: usize,
+) -> Result<(crate::matmul::MatmulMapping, Vec<Candidate>), PlanError> {
     let out_bytes = u64::from(shape.rows) * u64::from(shape.n) * 2 / u64::from(machine.tiles);
     let mut best: Option<(u64, crate::matmul::MatmulMapping)> = None;
     let mut first_err = None;
+    let mut others = Vec::new();
     for passes in [1u32, 2, 3, 4, 6, 8, 12, 16] {
         if passes > shape.rows {
             break;
@@ -843,9 +862,11 @@ fn map_linear(
         let per = shape.rows.div_ceil(passes);
         let kept = if passes > 1 { out_bytes } else { 0 };
         let pass_shape = MatmulShape { rows: per, ..shape };
-        match map_matmul_capped(machine, pass_shape, budget.saturating_sub(kept), weight_cap) {
+        let runs = u64::from(shape.rows.div_ceil(per));
+        let pass_budget = budget.saturating_sub(kept);
+        match map_matmul_capped(machine, pass_shape, pass_budget, weight_cap) {
             Ok(m) => {
-                let cost = m.cost.total() * u64::from(shape.rows.div_ceil(per));
+                let cost = m.cost.total() * runs;
                 if best.as_ref().is_none_or(|(c, _)| cost < *c) {
                     best = Some((cost, m));
                 }
@@ -854,17 +875,53 @@ fn map_linear(
                 first_err.get_or_insert(e);
             }
         }
+        for m in crate::matmul::matmul_front(machine, pass_shape, pass_budget, weight_cap) {
+            others.push((m.cost.total() * runs, m));
+        }
     }
-    match (best, first_err) {
-        (Some((_, m)), _) => Ok(m),
-        (None, Some(e)) => Err(e),
-        (None, None) => Err(PlanError::Empty {
-            rows: shape.rows,
-            k: shape.k,
-            n: shape.n,
-        }),
+    let (cost, m) = match (best, first_err) {
+        (Some(b), _) => b,
+        (None, Some(e)) => return Err(e),
+        (None, None) => {
+            return Err(PlanError::Empty {
+                rows: shape.rows,
+                k: shape.k,
+                n: shape.n,
+            });
+        }
+    };
+    // The default first, then the other strategies no one beats on both cycles
+    // and bytes.
+    let front = crate::matmul::pareto(others, |(c, m)| (*c, m.bytes_per_tile));
+    let mut list = vec![(cost, m)];
+    for o in front {
+        if list.len() == MAX_CANDIDATES {
+            break;
+        }
+        if !list.iter().any(|l| l.1 == o.1) {
+            list.push(o);
+        }
     }
+    let cands = list
+        .iter()
+        .map(|(c, m)| Candidate {
+            estimated_cycles: *c,
+            bytes_per_tile: m.bytes_per_tile,
+            grid: format!(
+                "{} x ({}, {}, {})",
+                shape.rows.div_ceil(m.shape.rows),
+                m.pr,
+                m.pk,
+                m.pn
+            ),
+        })
+        .collect();
+    let chosen = list.swap_remove(choice.min(list.len() - 1)).1;
+    Ok((chosen, cands))
 }
+
+/// Strategies a linear offers the finalist search.
+const MAX_CANDIDATES: usize = 6;
 
 /// Lowers `graph` to a tile plan for `machine`.
 ///
