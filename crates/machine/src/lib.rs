@@ -7,6 +7,9 @@
 //! format) or policies (mapping, allocator order): those change freely, facts change
 //! only with evidence. Each number is sourced in `docs/machine.md`.
 
+mod exchange;
+pub use exchange::ExchangeLoad;
+
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

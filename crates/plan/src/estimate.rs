@@ -53,31 +53,14 @@ pub fn estimate(machine: &Machine, plan: &TilePlan) -> PlanEstimate {
 }
 
 fn exchange_cycles(machine: &Machine, plan: &TilePlan, copies: &[crate::ir::Copy]) -> u64 {
-    let rate = u64::from(machine.timing.exchange_bytes_per_cycle.max(1));
-    let group = machine.timing.tiles_per_shared_exchange_bus.max(1);
-    let g = u64::from(group);
-    let mut sent: HashMap<u32, u64> = HashMap::new();
-    let mut received: HashMap<u32, u64> = HashMap::new();
-    let mut dsts: Vec<u32> = Vec::new();
+    let mut load = tessera_machine::ExchangeLoad::new(machine);
     for c in copies {
-        let bytes = u64::from(c.bytes);
-        *sent.entry(plan.buffer(c.src.buf).tile).or_default() += bytes * g;
-        dsts.clear();
-        dsts.extend(c.dsts.iter().map(|d| plan.buffer(d.buf).tile));
-        dsts.sort_unstable();
-        dsts.dedup();
-        for &d in &dsts {
-            let first = d - d % group;
-            let whole =
-                (first..first.saturating_add(group)).all(|t| dsts.binary_search(&t).is_ok());
-            *received.entry(d).or_default() += if whole { bytes } else { bytes * g };
-        }
+        let src = plan.buffer(c.src.buf).tile;
+        load.add(
+            src,
+            u64::from(c.bytes),
+            c.dsts.iter().map(|d| plan.buffer(d.buf).tile),
+        );
     }
-    let busiest = sent
-        .values()
-        .chain(received.values())
-        .copied()
-        .max()
-        .unwrap_or(0);
-    u64::from(machine.timing.exchange_overhead_cycles) + busiest.div_ceil(rate * g)
+    load.cycles()
 }

@@ -930,39 +930,13 @@ struct HostRecord {
     len: u32,
 }
 
-/// Cycles of one exchange phase: its fixed overhead, then the busiest tile's send
-/// or receive time. Every tile sends and receives `exchange_bytes_per_cycle`; a
-/// transfer that all tiles of a shared-bus group receive arrives on each of them at
-/// group-size times that rate (poplibs' exchange estimators), so it costs each
-/// receiver its bytes divided by the group size.
+/// Cycles of one exchange phase, by the machine's rule ([`ExchangeLoad`]).
 fn exchange_cycles(machine: &Machine, transfers: &[tessera_package::Transfer]) -> u64 {
-    let rate = u64::from(machine.timing.exchange_bytes_per_cycle.max(1));
-    let group = u64::from(machine.timing.tiles_per_shared_exchange_bus.max(1));
-    let mut sent: HashMap<u32, u64> = HashMap::new();
-    // Received bytes in units of 1/group byte, so that sums stay exact integers.
-    let mut received: HashMap<u32, u64> = HashMap::new();
-    let mut dsts: Vec<u32> = Vec::new();
+    let mut load = tessera_machine::ExchangeLoad::new(machine);
     for x in transfers {
-        let bytes = u64::from(x.bytes);
-        *sent.entry(x.src_tile).or_default() += bytes * group;
-        dsts.clear();
-        dsts.extend(x.dsts.iter().map(|d| d.0));
-        dsts.sort_unstable();
-        dsts.dedup();
-        for &d in &dsts {
-            let first = d - d % group as u32;
-            let whole_group =
-                (first..first.saturating_add(group as u32)).all(|t| dsts.binary_search(&t).is_ok());
-            *received.entry(d).or_default() += if whole_group { bytes } else { bytes * group };
-        }
+        load.add(x.src_tile, u64::from(x.bytes), x.dsts.iter().map(|d| d.0));
     }
-    let busiest = sent
-        .values()
-        .chain(received.values())
-        .copied()
-        .max()
-        .unwrap_or(0);
-    u64::from(machine.timing.exchange_overhead_cycles) + busiest.div_ceil(rate * group)
+    load.cycles()
 }
 
 /// Cycles an `amp` step (64 f16 MACs, one issue) holds its worker beyond the issue.
