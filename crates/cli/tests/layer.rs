@@ -128,3 +128,45 @@ fn finalists_are_reported_and_selection_is_deterministic() {
     assert_eq!(first, run(None));
     assert_eq!(first, run(Some("1")));
 }
+
+/// When no finalist fits, the run stops with the best-ranked finalist's
+/// out-of-memory report and exit 1 (a result, not a tool error). The machine is the
+/// `small` preset with its interleaved region cut to 7 elements, too few for the
+/// weights of a 128-wide layer.
+#[test]
+fn no_finalist_fits_exits_1_with_the_out_of_memory_report() {
+    let (code, small) = tessera(&["machine", "show", "small"]);
+    assert_eq!(code, 0, "{small}");
+    let end = 524_288 + 7 * 32_768;
+    let machine = small
+        .replace("end = 950272", &format!("end = {end}"))
+        .replace(
+            "loader_limit = 949168",
+            &format!("loader_limit = {}", end - 1104),
+        );
+    assert_ne!(machine, small, "the preset changed: update this test");
+    let dir = std::env::temp_dir().join(format!("no-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (m, c, o) = (dir.join("m.toml"), dir.join("c.toml"), dir.join("out.pkg"));
+    std::fs::write(&m, machine).unwrap();
+    std::fs::write(
+        &c,
+        "image_size = 112\nchannels = 3\npatch = 14\nwidth = 128\nheads = 2\nmlp_hidden = 512\nlayers = 1\neps = 1e-6\n",
+    )
+    .unwrap();
+    let (code, text) = tessera(&[
+        "compile",
+        "--config",
+        c.to_str().unwrap(),
+        "--machine",
+        m.to_str().unwrap(),
+        "--finalists",
+        "3",
+        "-o",
+        o.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("tile(s) do not fit"), "{text}");
+    assert!(text.contains("first request refused"), "{text}");
+}

@@ -13,7 +13,7 @@
 //! the exchange then sends once. It never chooses addresses or steps: the caller
 //! places the copies in an exchange phase.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::ops::Range;
 
 use crate::ir::{BufId, Copy, Loc};
@@ -92,8 +92,9 @@ pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, Dis
     dst.check()?;
     let eb = src.elem_bytes;
     let cover = row_covers(src);
-    // (source loc, bytes) -> destinations, in first-seen order for determinism.
-    let mut merged: BTreeMap<(BufId, u32, u32), Vec<Loc>> = BTreeMap::new();
+    // (source loc, bytes) -> destinations; `order` keeps first-seen order, so the
+    // map's own order never shows.
+    let mut merged: HashMap<(BufId, u32, u32), Vec<Loc>> = HashMap::new();
     let mut order: Vec<(BufId, u32, u32)> = Vec::new();
     for d in &dst.parts {
         for row in d.rows.clone() {

@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tessera_compile::{CompileOptions, CompileReport, Compiled, compile_model};
+use tessera_compile::{CompileError, CompileOptions, CompileReport, Compiled, compile_model};
 use tessera_graph::{
     EncoderLayerConfig, Graph, HostTensor, Inputs, MlpConfig, OpKind, Weights, encoder_layer,
     init_weights, mlp, random_inputs,
@@ -282,9 +282,25 @@ struct CompileJson<'a> {
     report: &'a CompileReport,
 }
 
+/// A compile that did not fit (no finalist did, with `--finalists`) is a result,
+/// not a tool error: its out-of-memory report, then exit 1, as `tessera place`.
+fn compile_or_report(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Result<Compiled, Outcome>> {
+    match do_compile(a, p) {
+        Ok(c) => Ok(Ok(c)),
+        Err(e) if matches!(e.downcast_ref(), Some(CompileError::DoesNotFit(_))) => {
+            eprintln!("error: {e:#}");
+            Ok(Err(Outcome::Failed))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 pub fn compile(a: CompileArgs) -> anyhow::Result<Outcome> {
     let p = prepare(&a.model)?;
-    let mut c = do_compile(&a.model, &p)?;
+    let mut c = match compile_or_report(&a.model, &p)? {
+        Ok(c) => c,
+        Err(outcome) => return Ok(outcome),
+    };
     let bytes = tessera_package::write_package(&c.package);
     c.report.package_bytes = bytes.len();
     std::fs::write(&a.output, &bytes).with_context(|| format!("writing {}", a.output.display()))?;
@@ -651,7 +667,10 @@ fn simulate(json: bool, p: &Prepared, c: &Compiled) -> anyhow::Result<Simulated>
 pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let a = a.model;
     let p = prepare(&a)?;
-    let c = do_compile(&a, &p)?;
+    let c = match compile_or_report(&a, &p)? {
+        Ok(c) => c,
+        Err(outcome) => return Ok(outcome),
+    };
     if !a.json {
         eprintln!(
             "compiled in {:.0} ms on {} tiles",
