@@ -52,6 +52,8 @@ enum BenchCmd {
     Place(cmd::place::BenchPlaceArgs),
     /// The MLP block's cycles with each timing assumption halved and doubled.
     Sensitivity(cmd::compile::BenchSensitivityArgs),
+    /// Every finalist built and simulated: estimated against simulated cycles
+    Select(cmd::compile::BenchSelectArgs),
 }
 
 /// What a command reports back to `main`: success, or a result that is not an error
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
             BenchCmd::Sim(a) => cmd::sim::bench(a),
             BenchCmd::Place(a) => cmd::place::bench(a),
             BenchCmd::Sensitivity(a) => cmd::compile::sensitivity(a),
+            BenchCmd::Select(a) => cmd::compile::bench_select(a),
         },
     };
     match result {

@@ -170,3 +170,35 @@ fn no_finalist_fits_exits_1_with_the_out_of_memory_report() {
     assert!(text.contains("tile(s) do not fit"), "{text}");
     assert!(text.contains("first request refused"), "{text}");
 }
+
+/// `bench select` simulates every feasible finalist and reports the estimate's
+/// median absolute error; `run --simulate-finalists` selects the fewest simulated
+/// cycles among those it simulated.
+#[test]
+fn bench_select_simulates_every_finalist() {
+    let (code, text) = tessera(&[
+        "bench",
+        "select",
+        "--size",
+        "tiny",
+        "--tiles",
+        "8",
+        "--finalists",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let f = v["finalists"].as_array().unwrap();
+    assert_eq!(f.len(), 3);
+    for x in f {
+        assert!(x["simulated_cycles"].as_u64().unwrap() > 0, "{x}");
+    }
+    let fewest = f
+        .iter()
+        .min_by_key(|x| (x["simulated_cycles"].as_u64(), x["rank"].as_u64()))
+        .unwrap();
+    assert_eq!(v["selected"], fewest["rank"]);
+    let e = v["median_abs_error"].as_f64().unwrap();
+    assert!((0.0..0.5).contains(&e), "{e}");
+}

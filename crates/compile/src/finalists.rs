@@ -55,8 +55,30 @@ pub struct Selection {
     pub finalists: Vec<FinalistReport>,
     /// Index into `finalists` of the selected one.
     pub selected: usize,
-    pub compiled: Compiled,
+    /// Every finalist's package, `None` where it did not fit (same order as
+    /// `finalists`), for a caller that simulates them.
+    pub built: Vec<Option<Compiled>>,
     pub selection_ms: f64,
+}
+
+impl Selection {
+    /// Feasible finalists' indices, fewest estimated cycles first (ties: rank).
+    pub fn feasible_by_estimate(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = (0..self.finalists.len())
+            .filter(|&i| self.finalists[i].feasible)
+            .collect();
+        v.sort_by_key(|&i| (self.finalists[i].estimated_cycles, i));
+        v
+    }
+
+    /// Takes finalist `i`'s package as the result, its report carrying the search's.
+    pub fn take(mut self, i: usize) -> Compiled {
+        let mut c = self.built[i].take().expect("a feasible finalist");
+        c.report.selected = Some(self.finalists[i].rank);
+        c.report.selection_ms = Some(self.selection_ms);
+        c.report.finalists = self.finalists;
+        c
+    }
 }
 
 /// The `k` assignments of strategies to operations with the smallest sum of
@@ -122,32 +144,33 @@ pub fn select(
         })
         .collect();
     let (finalists, results): (Vec<FinalistReport>, Vec<_>) = built.into_iter().unzip();
-    let selected = finalists
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.feasible)
-        .min_by_key(|(i, r)| (r.estimated_cycles, *i))
-        .map(|(i, _)| i);
-    let mut results = results.into_iter();
-    let Some(selected) = selected else {
-        // None fits: the best-ranked finalist's error is the report.
-        return match results.next() {
-            Some(Err(e)) => Err(e),
-            _ => Err(CompileError::Host("no finalist was built".into())),
-        };
-    };
-    // Feasible finalists compiled, so this is `Ok`.
-    let mut compiled = results.nth(selected).expect("one result per finalist")?;
-    let selection_ms = start.elapsed().as_secs_f64() * 1e3;
-    compiled.report.selected = Some(finalists[selected].rank);
-    compiled.report.selection_ms = Some(selection_ms);
-    compiled.report.finalists = finalists.clone();
-    Ok(Selection {
+    let mut built = Vec::with_capacity(results.len());
+    let mut first_err = None;
+    for r in results {
+        match r {
+            Ok(c) => built.push(Some(c)),
+            Err(e) => {
+                first_err.get_or_insert(e);
+                built.push(None);
+            }
+        }
+    }
+    let mut sel = Selection {
         finalists,
-        selected,
-        compiled,
-        selection_ms,
-    })
+        selected: 0,
+        built,
+        selection_ms: start.elapsed().as_secs_f64() * 1e3,
+    };
+    match sel.feasible_by_estimate().first() {
+        Some(&i) => {
+            sel.selected = i;
+            Ok(sel)
+        }
+        // None fits: the best-ranked finalist's error is the report.
+        None => {
+            Err(first_err.unwrap_or_else(|| CompileError::Host("no finalist was built".into())))
+        }
+    }
 }
 
 fn report(

@@ -75,6 +75,10 @@ pub struct ModelArgs {
     /// seconds)
     #[arg(long, default_value_t = 1)]
     pub finalists: usize,
+    /// Simulate the N best-estimated feasible finalists and select the fewest
+    /// simulated cycles among them (with `--finalists`)
+    #[arg(long, default_value_t = 0)]
+    pub simulate_finalists: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -210,7 +214,46 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
         },
     );
     bar.finish_and_clear();
-    Ok(r?.compiled)
+    let mut sel = r?;
+    simulate_finalists(a, p, &mut sel, a.simulate_finalists)?;
+    let i = sel.selected;
+    Ok(sel.take(i))
+}
+
+/// Simulates the `n` best-estimated feasible finalists, records each one's
+/// simulated cycles (tile work, as the estimate counts them) and selects the
+/// fewest among those that ran without a fault.
+fn simulate_finalists(
+    a: &ModelArgs,
+    p: &Prepared,
+    sel: &mut tessera_compile::finalists::Selection,
+    n: usize,
+) -> anyhow::Result<()> {
+    let order: Vec<usize> = sel.feasible_by_estimate().into_iter().take(n).collect();
+    let mut best: Option<(u64, usize)> = None;
+    for (j, &i) in order.iter().enumerate() {
+        let c = sel.built[i].as_ref().expect("feasible finalists are built");
+        let s = simulate(a.json, p, c)?;
+        let cycles = s.run_cycles.saturating_sub(s.host_cycles);
+        let f = &mut sel.finalists[i];
+        f.simulated_cycles = Some(cycles);
+        f.simulate_ms = Some(s.simulate_ms);
+        if !a.json {
+            eprintln!(
+                "simulated finalist {}/{} (rank {}): {cycles} cycles",
+                j + 1,
+                order.len(),
+                f.rank
+            );
+        }
+        if s.report.status == Status::Ok && best.is_none_or(|(b, _)| cycles < b) {
+            best = Some((cycles, i));
+        }
+    }
+    if let Some((_, i)) = best {
+        sel.selected = i;
+    }
+    Ok(())
 }
 
 fn print_report(r: &CompileReport) {
@@ -225,19 +268,20 @@ fn print_report(r: &CompileReport) {
             r.selected.unwrap_or(0)
         );
         eprintln!(
-            "    rank feasible failing missing_bytes peak_bytes estimated_cycles build_ms  choices"
+            "    rank feasible failing missing_bytes peak_bytes estimated_cycles simulated_cycles build_ms  choices"
         );
         for f in &r.finalists {
             let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             let choices: Vec<String> = f.choices.iter().map(|(k, v)| format!("{k}={v}")).collect();
             eprintln!(
-                "    {:>4} {:>8} {:>7} {:>13} {:>10} {:>16} {:>8.0}  {}{}",
+                "    {:>4} {:>8} {:>7} {:>13} {:>10} {:>16} {:>16} {:>8.0}  {}{}",
                 f.rank,
                 if f.feasible { "yes" } else { "no" },
                 f.failing_tiles,
                 opt(f.missing_bytes),
                 opt(f.peak_bytes),
                 opt(f.estimated_cycles),
+                opt(f.simulated_cycles),
                 f.build_ms,
                 if choices.is_empty() {
                     "defaults".to_string()
@@ -947,6 +991,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         mutate_kernel: None,
         // Each variant keeps the rules' defaults, so that only the assumption moves.
         finalists: 1,
+        simulate_finalists: 0,
         json: true,
     };
     let total = 1 + 2 * ASSUMPTIONS.len();
@@ -1019,6 +1064,69 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
                 r.doubled.value,
                 cell(&r.doubled)
             );
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
+#[derive(Args)]
+pub struct BenchSelectArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+#[derive(Serialize)]
+struct SelectJson<'a> {
+    finalists: &'a [tessera_compile::finalists::FinalistReport],
+    selected: Option<usize>,
+    selection_ms: Option<f64>,
+    /// Median over the simulated finalists of |estimated - simulated| / simulated.
+    median_abs_error: Option<f64>,
+}
+
+/// `tessera bench select`: builds the finalists (`--finalists`, 8 when not given
+/// more than 1), simulates every feasible one, and reports each one's estimated and
+/// simulated cycles and the median absolute estimation error.
+pub fn bench_select(a: BenchSelectArgs) -> anyhow::Result<Outcome> {
+    let mut m = a.model;
+    if m.finalists <= 1 {
+        m.finalists = 8;
+    }
+    m.simulate_finalists = m.finalists;
+    let p = prepare(&m)?;
+    let c = match compile_or_report(&m, &p)? {
+        Ok(c) => c,
+        Err(outcome) => return Ok(outcome),
+    };
+    let r = &c.report;
+    let mut errors: Vec<f64> = r
+        .finalists
+        .iter()
+        .filter_map(|f| match (f.estimated_cycles, f.simulated_cycles) {
+            (Some(e), Some(s)) if s > 0 => Some((e as f64 - s as f64).abs() / s as f64),
+            _ => None,
+        })
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    let median = (!errors.is_empty()).then(|| {
+        let n = errors.len();
+        if n % 2 == 1 {
+            errors[n / 2]
+        } else {
+            (errors[n / 2 - 1] + errors[n / 2]) / 2.0
+        }
+    });
+    if m.json {
+        super::print_json(&SelectJson {
+            finalists: &r.finalists,
+            selected: r.selected,
+            selection_ms: r.selection_ms,
+            median_abs_error: median,
+        })?;
+    } else {
+        print_report(r);
+        if let Some(e) = median {
+            eprintln!("median absolute estimation error: {:.2} %", e * 100.0);
         }
     }
     Ok(Outcome::Ok)
