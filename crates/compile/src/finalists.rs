@@ -7,7 +7,9 @@
 //! in lowering order, keeps the `k` assignments with the smallest sum of the rules'
 //! estimates (ties: the assignment closer to the defaults, then the lexicographic
 //! order of the choices, so the same inputs give the same finalists). Each finalist
-//! is then lowered and compiled completely, in parallel: host sizing and the common
+//! is then lowered under the budgets the default lowering's fit loop settled on
+//! (without a fit loop of its own: a finalist that does not fit is reported as
+//! such) and compiled completely, in parallel: host sizing and the common
 //! reservation, placement of every tile, emission and package validation. Its
 //! redistributions are charged there, by the plan estimate of the whole plan
 //! (`tessera_plan::estimate`), which is what selection compares.
@@ -22,9 +24,9 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
-use tessera_plan::{OpCandidates, lower};
+use tessera_plan::{OpCandidates, lower_exact, lower_fitted};
 
-use crate::{CompileError, CompileOptions, Compiled, compile_model};
+use crate::{CompileError, CompileOptions, Compiled, compile_lowered};
 
 /// One finalist's outcome.
 #[derive(Debug, Clone, Serialize)]
@@ -122,9 +124,10 @@ pub fn select(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Selection, CompileError> {
     let start = Instant::now();
-    let base = lower(machine, graph, weights, &opts.lower)?;
+    // The defaults, lowered with the fit loop; every finalist keeps the budgets it
+    // settled on, so that the recorded strategies are the ones a choice picks.
+    let (base, fitted) = lower_fitted(machine, graph, weights, &opts.lower)?;
     let assignments = beam(&base.candidates, k);
-    drop(base);
     let total = assignments.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let built: Vec<(FinalistReport, Result<Compiled, CompileError>)> = assignments
@@ -132,10 +135,21 @@ pub fn select(
         .enumerate()
         .map(|(i, choices)| {
             let t = Instant::now();
-            let mut o = opts.clone();
-            o.lower.choices = choices.clone();
-            let result = compile_model(machine, graph, weights, &o);
-            let report = report(i + 1, choices, &result, t.elapsed().as_secs_f64() * 1e3);
+            let result = if choices.is_empty() {
+                compile_lowered(machine, &base, opts)
+            } else {
+                let mut o = fitted.clone();
+                o.choices = choices.clone();
+                lower_exact(machine, graph, weights, &o)
+                    .map_err(CompileError::from)
+                    .and_then(|plan| compile_lowered(machine, &plan, opts))
+            };
+            let build_ms = t.elapsed().as_secs_f64() * 1e3;
+            let result = result.map(|mut c| {
+                c.report.compile_ms = build_ms;
+                c
+            });
+            let report = report(i + 1, choices, &result, build_ms);
             progress(
                 done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
                 total,

@@ -203,6 +203,16 @@ pub fn compile_model(
     Ok(compiled)
 }
 
+/// Compiles a plan already lowered (the finalist search lowers its own), with
+/// `opts`' placement and alignment settings.
+pub fn compile_lowered(
+    machine: &Machine,
+    plan: &TilePlan,
+    opts: &CompileOptions,
+) -> Result<Compiled, CompileError> {
+    compile_plan_with(machine, plan, &opts.place, opts.exploit_declared_alignment)
+}
+
 /// Places and emits a tile plan.
 pub fn compile_plan(
     machine: &Machine,

@@ -15,7 +15,9 @@ pub mod verify;
 pub use dist::{DistError, DistTensor, Part, redistribute};
 pub use estimate::{PlanEstimate, estimate};
 pub use ir::*;
-pub use lower::{FIT_SHARE, LowerOptions, busiest, lower, max_live_bytes};
+pub use lower::{
+    FIT_SHARE, LowerOptions, busiest, lower, lower_exact, lower_fitted, max_live_bytes,
+};
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};
 pub use verify::{Site, VerifyError, verify};
 

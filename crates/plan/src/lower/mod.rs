@@ -938,13 +938,25 @@ pub fn lower(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
+    lower_fitted(machine, graph, weights, opts).map(|(plan, _)| plan)
+}
+
+/// [`lower`], also returning the options the fit loop settled on: what
+/// [`lower_exact`] takes to lower the same model with other strategies under the
+/// same budgets (the candidate lists the plan records belong to those options).
+pub fn lower_fitted(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &LowerOptions,
+) -> Result<(TilePlan, LowerOptions), PlanError> {
     let limit = u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1;
     let mut o = opts.clone();
     loop {
         let plan = lower_with(machine, graph, weights, &o)?;
         let live = max_live_bytes(&plan);
         if live <= limit || o.weight_bytes <= MIN_WEIGHT_BYTES {
-            return Ok(plan);
+            return Ok((plan, o));
         }
         // First give up the fast whole-slab biases, then weight replicas.
         if o.slab_bias_bytes > 0 {
@@ -982,6 +994,17 @@ pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
         .map_or((0, 0, 0), |(i, bytes)| {
             ((i / steps) as u32, (i % steps) as Step, bytes)
         })
+}
+
+/// One lowering with exactly `opts` (no fit loop): the plan may not fit, and
+/// placement says so.
+pub fn lower_exact(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &LowerOptions,
+) -> Result<TilePlan, PlanError> {
+    lower_with(machine, graph, weights, opts)
 }
 
 fn lower_with(
