@@ -202,3 +202,32 @@ fn bench_select_simulates_every_finalist() {
     let e = v["median_abs_error"].as_f64().unwrap();
     assert!((0.0..0.5).contains(&e), "{e}");
 }
+
+/// `run --trace` writes a trace-event file a viewer can open: the format checked
+/// event by event, slices nesting on every track, chip and tile tracks named.
+#[test]
+fn run_writes_a_well_formed_chrome_trace() {
+    let path = std::env::temp_dir().join(format!("trace-{}.json", std::process::id()));
+    let (code, text) = tessera(&[
+        "run",
+        "--size",
+        "tiny",
+        "--machine",
+        "small",
+        "--trace",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let json = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let events = tessera_profile::check_trace(&json).unwrap();
+    assert!(events > 50, "{events} events");
+    for name in [
+        "supersteps",
+        "operations",
+        "tile 0: all workers",
+        "layers.0.mlp.fc1",
+    ] {
+        assert!(json.contains(name), "no `{name}` in the trace");
+    }
+}

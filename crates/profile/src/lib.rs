@@ -3,6 +3,9 @@
 //! per superstep, and their totals. It must never run anything or change a trace:
 //! it reads what the simulator recorded, so its figures are the simulator's.
 
+mod chrome;
+
+pub use chrome::{TILE_TRACKS, check_trace, chrome_trace};
 use serde::Serialize;
 use tessera_sim::{TraceEvent, TraceKind};
 

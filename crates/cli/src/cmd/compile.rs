@@ -75,6 +75,9 @@ pub struct ModelArgs {
     /// seconds)
     #[arg(long, default_value_t = 1)]
     pub finalists: usize,
+    /// Write the run as a Chrome trace-event file (Perfetto UI, chrome://tracing)
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Simulate the N best-estimated feasible finalists and select the fewest
     /// simulated cycles among them (with `--finalists`)
     #[arg(long, default_value_t = 0)]
@@ -519,7 +522,7 @@ fn op_table(
     c: &Compiled,
     profile: &tessera_profile::Profile,
     peak: f64,
-) -> (Vec<OpRow>, Option<Interval>) {
+) -> (Vec<OpRow>, Option<Interval>, Vec<Option<String>>) {
     let index: std::collections::HashMap<&str, usize> = c
         .plan_ops
         .iter()
@@ -560,6 +563,8 @@ fn op_table(
     let last_step = c.step_ops.len() as u32;
     let first_exchange = c.exchange_steps.first().copied().unwrap_or(last_step);
     let mut seen_exchange = false;
+    // Per superstep, the operation its compute (else its exchange) is charged to.
+    let mut labels = Vec::with_capacity(profile.supersteps.len());
     for (k, ss) in profile.supersteps.iter().enumerate() {
         // A superstep runs an exchange, then compute until the next sync: the
         // plan's compute steps up to the next exchange.
@@ -585,6 +590,7 @@ fn op_table(
             None if !seen_exchange && ss.compute > 0 => (compute_op(1, first_exchange), None),
             None => (None, None),
         };
+        labels.push(cop.or(xop).map(|i| c.plan_ops[i].name.clone()));
         if let Some(i) = cop {
             rows[i].compute += ss.compute;
         }
@@ -617,7 +623,7 @@ fn op_table(
         flop: enc_flop,
         peak_share: enc_flop as f64 / (enc as f64 * peak),
     });
-    (rows, encoder)
+    (rows, encoder, labels)
 }
 
 fn is_encoder_op(name: &str) -> bool {
@@ -797,7 +803,16 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let fpc = flop as f64 / run_cycles.max(1) as f64;
     let peak = p.machine.peak_f16_flop_per_cycle() as f64;
     let share = fpc / peak;
-    let (ops, encoder) = op_table(&p.graph, &c, &profile, peak);
+    let (ops, encoder, labels) = op_table(&p.graph, &c, &profile, peak);
+    if let Some(path) = &a.trace {
+        let json = tessera_profile::chrome_trace(
+            &report.trace,
+            &profile,
+            &labels,
+            p.machine.clock_hz as f64,
+        );
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
     if a.json {
         super::print_json(&RunJson {
             status: if passed {
@@ -992,6 +1007,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         // Each variant keeps the rules' defaults, so that only the assumption moves.
         finalists: 1,
         simulate_finalists: 0,
+        trace: None,
         json: true,
     };
     let total = 1 + 2 * ASSUMPTIONS.len();
