@@ -16,6 +16,7 @@ mod flat;
 mod model;
 pub mod problem;
 mod search;
+pub mod svg;
 
 pub use alloc::BlockingRule;
 pub use check::{Violation, check_flat, check_placement};

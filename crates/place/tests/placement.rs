@@ -463,3 +463,43 @@ fn minimalloc_instances_fit_when_available() {
         assert_eq!(r.mode_used, Some(Mode::Search));
     }
 }
+
+/// The SVG picture of a placed tile draws one rectangle per placed buffer and
+/// sequence member (aliases share their target's bytes and are not drawn again), one
+/// per reservation, and names each on hover.
+#[test]
+fn svg_draws_every_buffer_and_reservation() {
+    let p = Problem::from_json(&data("example.json")).unwrap();
+    let m = Machine::c600();
+    let r = place_tiles(&m, &p.tiles, &Options::default())
+        .into_iter()
+        .next()
+        .unwrap()
+        .unwrap();
+    let t = &p.tiles[0];
+    let pl = r.placement.unwrap();
+    let svg = tessera_place::svg::render_svg(&m, t, &pl);
+    assert!(svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"));
+    let members: u64 = t.sequences.iter().map(|s| s.count).sum();
+    let placed = t
+        .requests
+        .iter()
+        .filter(|q| pl.offset_of(&q.name).is_some())
+        .count() as u64;
+    assert_eq!(
+        svg.matches(r#"class="buffer""#).count() as u64,
+        placed + members
+    );
+    assert_eq!(
+        svg.matches(r#"class="reservation""#).count(),
+        t.reservations.len()
+    );
+    for q in &t.requests {
+        assert!(svg.contains(&format!("<title>{} @ ", q.name)), "{}", q.name);
+    }
+    // Every opened element is closed: a crude well-formedness check.
+    assert_eq!(
+        svg.matches("<title>").count(),
+        svg.matches("</title>").count()
+    );
+}

@@ -34,6 +34,9 @@ pub struct PlaceArgs {
     /// Search nodes per search order.
     #[arg(long, default_value_t = 2_000_000)]
     pub node_budget: u64,
+    /// Draw the placed tile with the highest peak as an SVG picture (JSON problems)
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -139,6 +142,18 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
         tiles.push(r?);
     }
     let fits = tiles.iter().all(|t| t.fits);
+    if let Some(path) = &a.svg {
+        let drawn = tiles
+            .iter()
+            .zip(&problem.tiles)
+            .filter_map(|(t, p)| t.placement.as_ref().map(|pl| (pl, p)))
+            .max_by_key(|(pl, p)| (pl.peak, std::cmp::Reverse(p.tile)));
+        let Some((pl, p)) = drawn else {
+            anyhow::bail!("no tile was placed: nothing to draw in {}", path.display());
+        };
+        let svg = tessera_place::svg::render_svg(&machine, p, pl);
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+    }
     let worst_mode = tiles
         .iter()
         .filter_map(|t| t.mode_used)
