@@ -13,7 +13,9 @@
 //! the exchange then sends once. It never chooses addresses or steps: the caller
 //! places the copies in an exchange phase.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use foldhash::fast::FixedState;
 use std::ops::Range;
 
 use crate::ir::{BufId, Copy, Loc};
@@ -92,11 +94,31 @@ pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, Dis
     dst.check()?;
     let eb = src.elem_bytes;
     let cover = row_covers(src);
-    // (source loc, bytes) -> destinations; `order` keeps first-seen order, so the
-    // map's own order never shows.
-    let mut merged: HashMap<(BufId, u32, u32), Vec<Loc>> = HashMap::new();
-    let mut order: Vec<(BufId, u32, u32)> = Vec::new();
-    for d in &dst.parts {
+    // A replicated consumer holds the same block on many tiles: the pieces of a
+    // block are found once per distinct block (a group of parts), and every
+    // member takes its copy. The result is what walking the parts one by one
+    // gives: pieces in first-seen order (a group's first member is the first part
+    // that sees them) and each piece's destinations in part order.
+    let src_bufs: HashSet<BufId, FixedState> = src.parts.iter().map(|p| p.at.buf).collect();
+    let mut group_of: HashMap<(u32, u32, u32, u32), usize, FixedState> = HashMap::default();
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, d) in dst.parts.iter().enumerate() {
+        let key = (d.rows.start, d.rows.end, d.cols.start, d.cols.end);
+        let g = *group_of.entry(key).or_insert_with(|| {
+            groups.push(Group::default());
+            groups.len() - 1
+        });
+        groups[g].members.push((i, d.at));
+        // Only a destination in a source buffer can already hold its bytes.
+        groups[g].in_src |= src_bufs.contains(&d.at.buf);
+    }
+    // Every piece of source bytes gets an index in first-seen order (so the map's
+    // own order never shows); `sends` lists (piece, group, offset in the block).
+    let mut index: HashMap<(BufId, u32, u32), u32, FixedState> = HashMap::default();
+    let mut pieces: Vec<(BufId, u32, u32)> = Vec::new();
+    let mut sends: Vec<(u32, u32, u32)> = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
+        let d = &dst.parts[group.members[0].0];
         for row in d.rows.clone() {
             let segs = &cover[row as usize];
             let mut col = d.cols.start;
@@ -118,34 +140,118 @@ pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, Dis
                     buf: s.at.buf,
                     offset: s.at.offset + src_off,
                 };
-                let to = Loc {
-                    buf: d.at.buf,
-                    offset: d.at.offset + dst_off,
-                };
-                if from != to {
+                if group.sends_any(from, dst_off) {
                     let key = (from.buf, from.offset, bytes);
-                    let dsts = merged.entry(key).or_default();
-                    if dsts.is_empty() {
-                        order.push(key);
+                    let next = pieces.len() as u32;
+                    let k = *index.entry(key).or_insert(next);
+                    if k == next {
+                        pieces.push(key);
                     }
-                    dsts.push(to);
+                    sends.push((k, g as u32, dst_off));
                 }
                 col = end;
             }
         }
     }
-    let copies: Vec<Copy> = order
-        .into_iter()
-        .map(|key| Copy {
-            src: Loc {
-                buf: key.0,
-                offset: key.1,
-            },
-            bytes: key.2,
-            dsts: merged.remove(&key).unwrap_or_default(),
-        })
-        .collect();
-    Ok(coalesce(copies))
+    // In piece order; a piece seen by one group only (the usual case) is already.
+    if !sends.is_sorted_by_key(|s| s.0) {
+        sends.sort_by_key(|s| s.0);
+    }
+    Ok(coalesce(&pieces, &sends, &groups))
+}
+
+/// Destination parts holding the same block: (part index, place), in part order.
+#[derive(Default)]
+struct Group {
+    members: Vec<(usize, Loc)>,
+    /// Some member is in a buffer of the source.
+    in_src: bool,
+}
+
+impl Group {
+    /// Whether some member needs the piece at `from` copied to block offset `off`.
+    fn sends_any(&self, from: Loc, off: u32) -> bool {
+        !self.in_src || self.members.iter().any(|&(_, at)| at.plus(off) != from)
+    }
+}
+
+impl Loc {
+    fn plus(self, by: u32) -> Loc {
+        Loc {
+            buf: self.buf,
+            offset: self.offset + by,
+        }
+    }
+}
+
+/// The copies of `pieces` (in order) to their destinations (`sends`, by piece),
+/// joining a piece to the copy before it when its source and every destination
+/// continue that copy's (rows of row-contiguous blocks), so that a whole block
+/// moves as one copy.
+fn coalesce(
+    pieces: &[(BufId, u32, u32)],
+    sends: &[(u32, u32, u32)],
+    groups: &[Group],
+) -> Vec<Copy> {
+    let mut out: Vec<Copy> = Vec::new();
+    // When the last copy goes to exactly the members of one group that holds no
+    // source bytes, that group and the block offset where the copy ends: a piece
+    // for the same group at that offset continues every destination at once.
+    let mut last_run: Option<(u32, u32)> = None;
+    let mut dsts: Vec<(usize, Loc)> = Vec::new();
+    let mut rest = sends;
+    for (k, &(buf, offset, bytes)) in pieces.iter().enumerate() {
+        let n = rest.partition_point(|s| s.0 as usize == k);
+        let (mine, after) = rest.split_at(n);
+        rest = after;
+        let from = Loc { buf, offset };
+        let src_follows =
+            |last: &Copy| last.src.buf == buf && last.src.offset + last.bytes == offset;
+        let run = match mine {
+            [(_, g, off)] if !groups[*g as usize].in_src => Some((*g, *off)),
+            _ => None,
+        };
+        if let (Some(last), Some((g, off))) = (out.last_mut(), run)
+            && last_run == Some((g, off))
+            && src_follows(last)
+        {
+            last.bytes += bytes;
+            last_run = Some((g, off + bytes));
+            continue;
+        }
+        dsts.clear();
+        for &(_, g, off) in mine {
+            dsts.extend(
+                groups[g as usize]
+                    .members
+                    .iter()
+                    .map(|&(m, at)| (m, at.plus(off)))
+                    .filter(|&(_, to)| to != from),
+            );
+        }
+        if mine.len() > 1 {
+            dsts.sort_by_key(|d| d.0);
+        }
+        last_run = run.map(|(g, off)| (g, off + bytes));
+        if let Some(last) = out.last_mut()
+            && src_follows(last)
+            && last.dsts.len() == dsts.len()
+            && last
+                .dsts
+                .iter()
+                .zip(&dsts)
+                .all(|(a, b)| a.buf == b.1.buf && a.offset + last.bytes == b.1.offset)
+        {
+            last.bytes += bytes;
+            continue;
+        }
+        out.push(Copy {
+            src: from,
+            bytes,
+            dsts: dsts.iter().map(|d| d.1).collect(),
+        });
+    }
+    out
 }
 
 /// For every row, the source parts that serve it as disjoint column segments
@@ -193,24 +299,4 @@ fn row_covers(src: &DistTensor) -> Vec<Vec<(u32, u32, usize)>> {
             out
         })
         .collect()
-}
-
-/// Joins copies whose sources and every destination continue each other (rows of
-/// row-contiguous blocks), so that a whole block moves as one copy.
-fn coalesce(copies: Vec<Copy>) -> Vec<Copy> {
-    let mut out: Vec<Copy> = Vec::with_capacity(copies.len());
-    for c in copies {
-        if let Some(last) = out.last_mut() {
-            let follows = |a: Loc, b: Loc| a.buf == b.buf && a.offset + last.bytes == b.offset;
-            if follows(last.src, c.src)
-                && last.dsts.len() == c.dsts.len()
-                && last.dsts.iter().zip(&c.dsts).all(|(a, b)| follows(*a, *b))
-            {
-                last.bytes += c.bytes;
-                continue;
-            }
-        }
-        out.push(c);
-    }
-    out
 }
