@@ -138,6 +138,33 @@ fn random_layouts_against_the_oracle() {
     }
 }
 
+/// Destinations that include the source's own blocks (a consumer reading in
+/// place, beside replicas elsewhere): the blocks in place take no copy, the rest
+/// are filled as usual.
+#[test]
+fn destinations_already_in_place_take_no_copy() {
+    let mut rng = Rng(11);
+    for case in 0..200 {
+        let (rows, cols) = (1 + rng.below(40), 1 + rng.below(40));
+        let src = layout(&mut rng, rows, cols, 0, 0);
+        let mut dst = layout(&mut rng, rows, cols, 1000, 2);
+        // The source's blocks interleaved with the others, so that groups of equal
+        // blocks mix parts in and out of the source.
+        for (i, p) in src.parts.iter().enumerate() {
+            let at = (i * 3).min(dst.parts.len());
+            dst.parts.insert(at, p.clone());
+        }
+        let copies = redistribute(&src, &dst).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        check(&src, &dst, &copies);
+        for c in &copies {
+            assert!(
+                c.dsts.iter().all(|d| d.buf.0 >= 1000),
+                "case {case}: a copy into the source itself: {c:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn whole_blocks_move_as_one_copy_and_shared_data_is_sent_once() {
     let part = |buf: u32, rows: std::ops::Range<u32>| Part {
