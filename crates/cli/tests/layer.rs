@@ -129,6 +129,64 @@ fn finalists_are_reported_and_selection_is_deterministic() {
     assert_eq!(first, run(Some("1")));
 }
 
+/// Squeezed by `--capacity`: the rules' defaults (rank 1) need 480 bytes more on
+/// their worst tiles, so a lower-ranked finalist that keeps fewer bytes per tile is
+/// selected, and it runs and validates. Every infeasible finalist reports its
+/// failing tiles and missing bytes.
+#[test]
+fn a_squeezed_compile_selects_a_lower_ranked_finalist_that_runs() {
+    let (code, text) = tessera(&[
+        "run",
+        "--size",
+        "tiny",
+        "--tiles",
+        "16",
+        "--machine",
+        "small",
+        "--capacity",
+        "224800",
+        "--finalists",
+        "6",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["status"], "ok", "{text}");
+    let f = v["finalists"].as_array().expect("finalists").clone();
+    assert_eq!(f.len(), 6);
+    assert_eq!(f[0]["feasible"], false, "{:?}", f[0]);
+    assert_eq!(f[0]["missing_bytes"].as_u64(), Some(480), "{:?}", f[0]);
+    for x in f.iter().filter(|x| x["feasible"] == false) {
+        assert!(x["failing_tiles"].as_u64().unwrap() > 0, "{x}");
+        assert!(x["missing_bytes"].as_u64().unwrap() > 0, "{x}");
+    }
+    let selected = v["selected"].as_u64().expect("selected");
+    assert!(selected > 1, "selected rank {selected}");
+    let best = f
+        .iter()
+        .filter(|x| x["feasible"] == true)
+        .min_by_key(|x| (x["estimated_cycles"].as_u64(), x["rank"].as_u64()))
+        .unwrap();
+    assert_eq!(best["rank"].as_u64(), Some(selected));
+    // The machine's SRAM bounds the capacity.
+    let (code, text) = tessera(&[
+        "compile",
+        "--size",
+        "tiny",
+        "--machine",
+        "small",
+        "--capacity",
+        "99999999",
+        "-o",
+        "/dev/null",
+    ]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("--capacity 99999999 is out of range"),
+        "{text}"
+    );
+}
+
 /// When no finalist fits, the run stops with the best-ranked finalist's
 /// out-of-memory report and exit 1 (a result, not a tool error). The machine is the
 /// `small` preset with its interleaved region cut to 7 elements, too few for the

@@ -168,12 +168,29 @@ pub struct CompileReport {
     /// Size of the written package; 0 until someone writes it (`tessera compile`).
     pub package_bytes: usize,
     pub compile_ms: f64,
+    /// Where `compile_ms` went, stage by stage.
+    pub stage_ms: StageTimes,
     /// Every finalist of the search, when there was one (`finalists::select`).
     pub finalists: Vec<finalists::FinalistReport>,
     /// Rank of the selected finalist.
     pub selected: Option<usize>,
     /// The whole search: the default lowering, the beam, every finalist's build.
     pub selection_ms: Option<f64>,
+}
+
+/// Wall time of each compile stage, in milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StageTimes {
+    /// Lowering the graph to the tile plan (0 when the plan came lowered).
+    pub lower: f64,
+    /// Provisional host sizing, code sizing and the placement problems.
+    pub prepare: f64,
+    pub place: f64,
+    /// Final host planning and the host descriptors of every tile.
+    pub host: f64,
+    pub emit: f64,
+    /// Package validation and the plan estimate.
+    pub check: f64,
 }
 
 /// A package and its report.
@@ -197,8 +214,10 @@ pub fn compile_model(
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
     let plan = lower(machine, graph, weights, &opts.lower)?;
+    let lower_ms = start.elapsed().as_secs_f64() * 1e3;
     let mut compiled =
         compile_plan_with(machine, &plan, &opts.place, opts.exploit_declared_alignment)?;
+    compiled.report.stage_ms.lower = lower_ms;
     compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(compiled)
 }
@@ -249,6 +268,7 @@ fn compile_plan_with(
             });
         }
     }
+    let prepare_ms = start.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
     let outcomes = tessera_place::place_tiles(machine, &problems.problems, place);
     let place_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -265,19 +285,19 @@ fn compile_plan_with(
         })?;
         match (outcome.placement, outcome.diagnosis) {
             (Some(mut p), _) => {
+                // Every placement `place_tiles` returns has passed the independent
+                // checker; one moved afterwards is checked again.
                 if exploit {
                     summary.exploited_buffers +=
                         exploit::exploit_alignment(machine, problem, &mut p, place.capacity);
-                }
-                // The allocator already ran the checker; this is the independent
-                // second reading every compile promises.
-                let violations =
-                    tessera_place::check_placement(machine, problem, &p, place.capacity);
-                if let Some(v) = violations.first() {
-                    return Err(CompileError::Place {
-                        tile: problem.tile,
-                        message: format!("checker rejected the placement: {v}"),
-                    });
+                    let violations =
+                        tessera_place::check_placement(machine, problem, &p, place.capacity);
+                    if let Some(v) = violations.first() {
+                        return Err(CompileError::Place {
+                            tile: problem.tile,
+                            message: format!("checker rejected the placement: {v}"),
+                        });
+                    }
                 }
                 let used = p.peak - u64::from(machine.sram_start());
                 if used > summary.peak_bytes {
@@ -303,7 +323,9 @@ fn compile_plan_with(
     if !failures.is_empty() {
         return Err(CompileError::DoesNotFit(failures));
     }
+    let place_ms = t.elapsed().as_secs_f64() * 1e3;
     // Final host planning at the placed addresses, into the reservation.
+    let t = Instant::now();
     let addrs = emit::addresses(plan, &problems, &placements);
     let final_plan = HostPlan::new(
         machine,
@@ -341,6 +363,8 @@ fn compile_plan_with(
             .len(),
         link_cycles: final_plan.link_cycles(machine, 0..final_plan.phases().len()),
     };
+    let host_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
     let package = emit::emit(
         machine,
         plan,
@@ -351,17 +375,28 @@ fn compile_plan_with(
             tiles: hosts,
         },
     )?;
+    let emit_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
     tessera_package::validate(&package).map_err(|e| CompileError::Package(e.to_string()))?;
+    let estimated = tessera_plan::estimate(machine, plan);
     let report = CompileReport {
         tiles_used: plan.tiles,
         placement: summary,
         host,
         decisions: plan.decisions.clone(),
-        estimated: tessera_plan::estimate(machine, plan),
+        estimated,
         exchange_copies: plan.exchanges.iter().map(|x| x.copies.len()).sum(),
         kernel_calls: plan.calls.len(),
         package_bytes: 0,
         compile_ms: start.elapsed().as_secs_f64() * 1e3,
+        stage_ms: StageTimes {
+            lower: 0.0,
+            prepare: prepare_ms,
+            place: place_ms,
+            host: host_ms,
+            emit: emit_ms,
+            check: t.elapsed().as_secs_f64() * 1e3,
+        },
         finalists: Vec::new(),
         selected: None,
         selection_ms: None,

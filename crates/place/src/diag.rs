@@ -101,10 +101,15 @@ pub(crate) fn diagnose(
             live: live_at(inst, u.lo),
         }
     });
-    let hopeless = matches!(
-        first_failure.as_ref().map(|f| f.rule),
-        Some(BlockingRule::Class | BlockingRule::Tail | BlockingRule::LoaderLimit)
-    );
+    // A class or tail rule blocks for good on the whole machine; under a capacity
+    // narrower than the machine the cut may be what starved a region, and more
+    // capacity can help, so the search finds out.
+    let narrowed = opts.capacity.is_some_and(|c| c < u64::from(m.sram_bytes()));
+    let hopeless = match first_failure.as_ref().map(|f| f.rule) {
+        Some(BlockingRule::LoaderLimit) => true,
+        Some(BlockingRule::Class | BlockingRule::Tail) => !narrowed,
+        _ => false,
+    };
     let missing_bytes = if opts.diagnose && !hopeless {
         missing_capacity(
             m,

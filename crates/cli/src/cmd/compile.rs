@@ -57,6 +57,10 @@ pub struct ModelArgs {
     pub tiles: Option<u32>,
     #[arg(long, default_value_t = 2)]
     pub batch: usize,
+    /// Usable SRAM bytes per tile from the first SRAM address, for placement (at
+    /// most the machine's): squeezes a compile without editing the machine.
+    #[arg(long)]
+    pub capacity: Option<u64>,
     /// Seed of the weights (inputs use seed + 1).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -185,6 +189,16 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
 fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
     let pb = progress(a.json, "compiling (plan, place, emit)");
     let mut opts = CompileOptions::default();
+    if let Some(c) = a.capacity {
+        let sram = u64::from(p.machine.sram_bytes());
+        if c == 0 || c > sram {
+            anyhow::bail!(
+                "--capacity {c} is out of range: the machine `{}` has {sram} bytes of SRAM per tile (accepted: 1 to {sram})",
+                p.machine.name
+            );
+        }
+        opts.place.capacity = Some(c);
+    }
     if a.weaken_rearrange_contract {
         opts.lower.rearrange_declared_align = Some(2);
         opts.exploit_declared_alignment = true;
@@ -1001,6 +1015,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         machine: a.machine.clone(),
         tiles: None,
         batch: a.batch,
+        capacity: None,
         seed: 1,
         weaken_rearrange_contract: false,
         mutate_kernel: None,
