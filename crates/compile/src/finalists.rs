@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
-use tessera_plan::{OpCandidates, lower_exact, lower_fitted};
+use tessera_plan::{Candidate, OpCandidates, lower_exact, lower_fitted};
 
 use crate::{CompileError, CompileOptions, Compiled, compile_lowered};
 
@@ -83,18 +83,43 @@ impl Selection {
     }
 }
 
-/// The `k` assignments of strategies to operations with the smallest sum of
-/// estimated cycles, best first.
-pub fn beam(ops: &[OpCandidates], k: usize) -> Vec<BTreeMap<String, usize>> {
-    // (summed estimate, strategies off their default, choices)
-    let mut states: Vec<(u64, usize, Vec<usize>)> = vec![(0, 0, Vec::new())];
-    for op in ops {
-        let mut next = Vec::with_capacity(states.len() * op.candidates.len());
+/// The `k` assignments of strategies to operations with the smallest estimated
+/// cycles, best first: each operation's own estimate plus, where an operation
+/// reads another's output directly (`input_from`), what the producer's layout adds
+/// to that redistribution (see [`layout_cost`]). Operations linked that way are
+/// searched together, every combination of their strategies as one choice, so
+/// the beam over the groups stays exact: every cost depends on one group only.
+pub fn beam(
+    ops: &[OpCandidates],
+    k: usize,
+    exchange_bytes_per_cycle: u32,
+) -> Vec<BTreeMap<String, usize>> {
+    let groups = linked_groups(ops);
+    // (summed estimate, strategies off their default, choices per operation)
+    let mut states: Vec<(u64, usize, Vec<usize>)> = vec![(0, 0, vec![0; ops.len()])];
+    for members in &groups {
+        let combos = combinations(ops, members);
+        let mut next = Vec::with_capacity(states.len() * combos.len());
         for (cost, off, ch) in &states {
-            for (i, c) in op.candidates.iter().enumerate() {
+            for combo in &combos {
                 let mut ch = ch.clone();
-                ch.push(i);
-                next.push((cost + c.estimated_cycles, off + usize::from(i > 0), ch));
+                let mut c = *cost;
+                let mut o = *off;
+                for (&op, &i) in members.iter().zip(combo) {
+                    ch[op] = i;
+                    c += ops[op].candidates[i].estimated_cycles;
+                    o += usize::from(i > 0);
+                }
+                for (&op, &i) in members.iter().zip(combo) {
+                    if let Some(p) = producer(ops, op) {
+                        c += layout_cost(
+                            &ops[p].candidates[ch[p]],
+                            &ops[op].candidates[i],
+                            exchange_bytes_per_cycle,
+                        );
+                    }
+                }
+                next.push((c, o, ch));
             }
         }
         next.sort();
@@ -113,6 +138,77 @@ pub fn beam(ops: &[OpCandidates], k: usize) -> Vec<BTreeMap<String, usize>> {
         .collect()
 }
 
+/// Cycles a producer's layout adds to its consumer's input redistribution, per
+/// pass: the consumer's estimate already counts receiving its input, and an
+/// exchange lasts as long as its busiest sender or receiver, so only the bytes the
+/// producer's busiest tile sends beyond what the consumer's busiest tile receives
+/// cost more.
+pub fn layout_cost(
+    producer: &Candidate,
+    consumer: &Candidate,
+    exchange_bytes_per_cycle: u32,
+) -> u64 {
+    let excess = producer
+        .out_bytes_per_tile
+        .saturating_sub(consumer.in_bytes_per_tile);
+    u64::from(consumer.passes.max(1)) * excess.div_ceil(u64::from(exchange_bytes_per_cycle.max(1)))
+}
+
+fn producer(ops: &[OpCandidates], op: usize) -> Option<usize> {
+    let from = ops[op].input_from.as_ref()?;
+    ops[..op].iter().position(|o| &o.op == from)
+}
+
+/// Operations joined by `input_from` links, each group in lowering order, groups
+/// in the order of their first operation.
+fn linked_groups(ops: &[OpCandidates]) -> Vec<Vec<usize>> {
+    // A group's combinations are its members' strategy counts multiplied; past
+    // this many a link is still charged but its operations are searched apart
+    // (the beam is then no longer exact for them).
+    const MAX_COMBINATIONS: usize = 4096;
+    let mut group_of: Vec<usize> = (0..ops.len()).collect();
+    let mut size: Vec<usize> = ops.iter().map(|o| o.candidates.len().max(1)).collect();
+    for i in 0..ops.len() {
+        if let Some(p) = producer(ops, i) {
+            let g = group_of[p];
+            let joined = size[g].saturating_mul(ops[i].candidates.len().max(1));
+            if joined <= MAX_COMBINATIONS {
+                group_of[i] = g;
+                size[g] = joined;
+            }
+        }
+    }
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut index: BTreeMap<usize, usize> = BTreeMap::new();
+    for (i, &g) in group_of.iter().enumerate() {
+        let slot = *index.entry(g).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[slot].push(i);
+    }
+    groups
+}
+
+/// Every combination of the members' strategies, in lexicographic order.
+fn combinations(ops: &[OpCandidates], members: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = vec![Vec::new()];
+    for &m in members {
+        let n = ops[m].candidates.len().max(1);
+        out = out
+            .into_iter()
+            .flat_map(|c| {
+                (0..n).map(move |i| {
+                    let mut c = c.clone();
+                    c.push(i);
+                    c
+                })
+            })
+            .collect();
+    }
+    out
+}
+
 /// Builds `k` finalists and selects the feasible one with the fewest estimated
 /// cycles. `progress` is called after each build with (built, total).
 pub fn select(
@@ -127,7 +223,7 @@ pub fn select(
     // The defaults, lowered with the fit loop; every finalist keeps the budgets it
     // settled on, so that the recorded strategies are the ones a choice picks.
     let (base, fitted) = lower_fitted(machine, graph, weights, &opts.lower)?;
-    let assignments = beam(&base.candidates, k);
+    let assignments = beam(&base.candidates, k, machine.timing.exchange_bytes_per_cycle);
     let total = assignments.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let built: Vec<(FinalistReport, Result<Compiled, CompileError>)> = assignments
@@ -224,7 +320,17 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_plan::Candidate;
+
+    fn cand(cycles: u64, in_bytes: u64, out_bytes: u64) -> Candidate {
+        Candidate {
+            estimated_cycles: cycles,
+            bytes_per_tile: 0,
+            grid: String::new(),
+            passes: 1,
+            in_bytes_per_tile: in_bytes,
+            out_bytes_per_tile: out_bytes,
+        }
+    }
 
     fn ops(costs: &[Vec<u64>]) -> Vec<OpCandidates> {
         costs
@@ -232,14 +338,8 @@ mod tests {
             .enumerate()
             .map(|(i, c)| OpCandidates {
                 op: format!("op{i}"),
-                candidates: c
-                    .iter()
-                    .map(|&e| Candidate {
-                        estimated_cycles: e,
-                        bytes_per_tile: 0,
-                        grid: String::new(),
-                    })
-                    .collect(),
+                input_from: None,
+                candidates: c.iter().map(|&e| cand(e, 0, 0)).collect(),
                 chosen: 0,
             })
             .collect()
@@ -275,7 +375,7 @@ mod tests {
                 .map(|_| (0..1 + next(4)).map(|_| next(50)).collect())
                 .collect();
             let k = 1 + next(10) as usize;
-            let finalists = beam(&ops(&costs), k);
+            let finalists = beam(&ops(&costs), k, 4);
             let sum = |ch: &BTreeMap<String, usize>| -> u64 {
                 costs
                     .iter()
@@ -290,14 +390,85 @@ mod tests {
             let mut uniq = finalists.clone();
             uniq.dedup();
             assert_eq!(uniq.len(), finalists.len());
-            assert_eq!(finalists, beam(&ops(&costs), k));
+            assert_eq!(finalists, beam(&ops(&costs), k, 4));
         }
     }
 
     #[test]
     fn ties_prefer_the_defaults() {
-        let f = beam(&ops(&[vec![10, 10], vec![5, 5]]), 2);
+        let f = beam(&ops(&[vec![10, 10], vec![5, 5]]), 2, 4);
         assert_eq!(f[0], BTreeMap::new());
         assert_eq!(f[1].len(), 1);
+    }
+
+    /// With layout costs between linked operations, the beam still keeps the `k`
+    /// cheapest whole assignments: brute force over every assignment, charging
+    /// each link its producer's excess bytes, agrees on 200 fixed-seed problems.
+    #[test]
+    fn layout_costs_between_linked_operations_against_brute_force() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        };
+        for _ in 0..200 {
+            let n_ops = 1 + next(5) as usize;
+            let mut list: Vec<OpCandidates> = Vec::new();
+            for i in 0..n_ops {
+                let n = 1 + next(4) as usize;
+                list.push(OpCandidates {
+                    op: format!("op{i}"),
+                    input_from: (i > 0 && next(2) == 0).then(|| format!("op{}", next(i as u64))),
+                    candidates: (0..n)
+                        .map(|_| cand(next(50), next(200), next(200)))
+                        .collect(),
+                    chosen: 0,
+                });
+            }
+            let total = |ch: &[usize]| -> u64 {
+                let mut c = 0;
+                for (i, op) in list.iter().enumerate() {
+                    c += op.candidates[ch[i]].estimated_cycles;
+                    if let Some(from) = &op.input_from {
+                        let p = list.iter().position(|o| &o.op == from).unwrap();
+                        let excess = list[p].candidates[ch[p]]
+                            .out_bytes_per_tile
+                            .saturating_sub(op.candidates[ch[i]].in_bytes_per_tile);
+                        c += excess.div_ceil(4);
+                    }
+                }
+                c
+            };
+            let mut all: Vec<Vec<usize>> = vec![Vec::new()];
+            for op in &list {
+                all = all
+                    .into_iter()
+                    .flat_map(|c| {
+                        (0..op.candidates.len()).map(move |i| {
+                            let mut c = c.clone();
+                            c.push(i);
+                            c
+                        })
+                    })
+                    .collect();
+            }
+            let mut sums: Vec<u64> = all.iter().map(|c| total(c)).collect();
+            sums.sort();
+            let k = 1 + next(10) as usize;
+            let got: Vec<u64> = beam(&list, k, 4)
+                .iter()
+                .map(|m| {
+                    let ch: Vec<usize> = list
+                        .iter()
+                        .map(|o| m.get(&o.op).copied().unwrap_or(0))
+                        .collect();
+                    total(&ch)
+                })
+                .collect();
+            let want: Vec<u64> = sums.into_iter().take(k).collect();
+            assert_eq!(got, want);
+        }
     }
 }

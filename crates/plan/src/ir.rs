@@ -239,6 +239,13 @@ pub struct Candidate {
     pub bytes_per_tile: u64,
     /// The grid, as `passes x (rows, inner, columns)`.
     pub grid: String,
+    /// Row passes; each pass receives its input and sends its output once.
+    pub passes: u32,
+    /// Input bytes the busiest tile receives per pass (the AMP operand blocks).
+    pub in_bytes_per_tile: u64,
+    /// Output bytes the busiest tile holds per pass, which a consumer's
+    /// redistribution sends from it.
+    pub out_bytes_per_tile: u64,
 }
 
 /// The strategies an operation was offered (none dominated by another on both
@@ -246,6 +253,9 @@ pub struct Candidate {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OpCandidates {
     pub op: String,
+    /// The operation with strategies whose output this one reads directly (its
+    /// layout then decides this input's redistribution).
+    pub input_from: Option<String>,
     pub candidates: Vec<Candidate>,
     pub chosen: usize,
 }

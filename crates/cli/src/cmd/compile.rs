@@ -75,9 +75,8 @@ pub struct ModelArgs {
     #[arg(long, hide = true)]
     pub mutate_kernel: Option<String>,
     /// Whole-model plans to build completely before selecting one (1: the rules'
-    /// defaults, no search; the search is opt-in until a finalist builds in a few
-    /// seconds)
-    #[arg(long, default_value_t = 1)]
+    /// defaults, no search)
+    #[arg(long, default_value_t = 8)]
     pub finalists: usize,
     /// Write the run as a Chrome trace-event file (Perfetto UI, chrome://tracing)
     #[arg(long)]

@@ -168,6 +168,9 @@ struct Walker<'g> {
     fused: Vec<String>,
     /// Chunks per inner group of the current matmul, when split.
     inner_chunks: Option<u32>,
+    /// The operation with strategies that produced a value (its name), for the
+    /// finalist search's layout costs.
+    made_by: HashMap<TensorId, String>,
 }
 
 impl<'g> Walker<'g> {
@@ -512,6 +515,7 @@ impl<'g> Walker<'g> {
         let chosen = choice.min(candidates.len() - 1);
         lw.plan.candidates.push(OpCandidates {
             op: op.name.clone(),
+            input_from: self.made_by.get(&a).cloned(),
             candidates,
             chosen,
         });
@@ -544,12 +548,16 @@ impl<'g> Walker<'g> {
                 ..v.clone()
             };
             self.vals.insert(sib.output, sv);
+            self.made_by.insert(sib.output, op.name.clone());
         }
         self.vals.insert(op.output, v.clone());
         for view in views {
             self.vals.insert(view.output, v.clone());
+            self.made_by.insert(view.output, op.name.clone());
         }
         self.vals.insert(end, v);
+        self.made_by.insert(op.output, op.name.clone());
+        self.made_by.insert(end, op.name.clone());
         Ok(())
     }
 
@@ -907,6 +915,15 @@ fn map_linear(
         .map(|(c, m)| Candidate {
             estimated_cycles: *c,
             bytes_per_tile: m.bytes_per_tile,
+            passes: shape.rows.div_ceil(m.shape.rows),
+            in_bytes_per_tile: u64::from(m.rows_per_tile)
+                * u64::from(m.chunks_per_tile)
+                * u64::from(crate::matmul::AMP_WIDTH)
+                * 2,
+            out_bytes_per_tile: u64::from(m.rows_per_tile)
+                * u64::from(m.blocks_per_tile / m.pk.max(1))
+                * u64::from(crate::matmul::AMP_WIDTH)
+                * 2,
             grid: format!(
                 "{} x ({}, {}, {})",
                 shape.rows.div_ceil(m.shape.rows),
@@ -1022,6 +1039,7 @@ fn lower_with(
         weight_total: 0,
         fused: Vec::new(),
         inner_chunks: None,
+        made_by: HashMap::new(),
     };
     w.weight_total = graph
         .ops()
