@@ -16,6 +16,7 @@ mod flat;
 mod model;
 pub mod problem;
 mod search;
+mod shape;
 pub mod svg;
 
 pub use alloc::BlockingRule;
@@ -30,6 +31,7 @@ pub use problem::{
 use model::{Instance, SpaceLimit};
 use rayon::prelude::*;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::time::Instant;
 use tessera_machine::Machine;
 
@@ -245,13 +247,77 @@ pub fn place_tile(m: &Machine, t: &TileProblem, opts: &Options) -> Result<TileOu
     Ok(out)
 }
 
-/// Places every tile, in parallel; results keep the input order.
+/// Places every tile, in parallel; results keep the input order. A tile with the
+/// same shape as an earlier one (the same problem but for names, see `shape`)
+/// takes that tile's addresses under its own names, which the checker then
+/// verifies on the tile itself; a shape that does not fit is placed and diagnosed
+/// tile by tile, so every report names its own tile and buffers.
 pub fn place_tiles(
     m: &Machine,
     tiles: &[TileProblem],
     opts: &Options,
 ) -> Vec<Result<TileOutcome, PlaceError>> {
-    tiles.par_iter().map(|t| place_tile(m, t, opts)).collect()
+    let keys: Vec<Option<Vec<u64>>> = tiles.par_iter().map(shape::shape_key).collect();
+    let mut first_of: HashMap<&[u64], usize> = HashMap::new();
+    let rep: Vec<usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| match k {
+            Some(k) => *first_of.entry(k.as_slice()).or_insert(i),
+            None => i,
+        })
+        .collect();
+    let reps: Vec<usize> = (0..tiles.len()).filter(|&i| rep[i] == i).collect();
+    let placed: Vec<(usize, Result<TileOutcome, PlaceError>)> = reps
+        .par_iter()
+        .map(|&i| (i, place_tile(m, &tiles[i], opts)))
+        .collect();
+    let by_rep: HashMap<usize, &Result<TileOutcome, PlaceError>> =
+        placed.iter().map(|(i, r)| (*i, r)).collect();
+    let others: Vec<(usize, Result<TileOutcome, PlaceError>)> = (0..tiles.len())
+        .into_par_iter()
+        .filter(|&i| rep[i] != i)
+        .map(|i| {
+            let r = rep[i];
+            let shared = match by_rep[&r] {
+                Ok(o) if o.fits => same_shape(m, &tiles[r], o, &tiles[i], opts),
+                _ => None,
+            };
+            (i, shared.unwrap_or_else(|| place_tile(m, &tiles[i], opts)))
+        })
+        .collect();
+    let mut out: Vec<Option<Result<TileOutcome, PlaceError>>> =
+        (0..tiles.len()).map(|_| None).collect();
+    for (i, r) in placed.into_iter().chain(others) {
+        out[i] = Some(r);
+    }
+    out.into_iter().flatten().collect()
+}
+
+/// `rep`'s outcome for `t`, a tile of the same shape, checked on `t` itself.
+fn same_shape(
+    m: &Machine,
+    rep: &TileProblem,
+    outcome: &TileOutcome,
+    t: &TileProblem,
+    opts: &Options,
+) -> Option<Result<TileOutcome, PlaceError>> {
+    let start = Instant::now();
+    let placement = shape::rename(outcome.placement.as_ref()?, rep, t)?;
+    let violations = check_placement(m, t, &placement, opts.capacity);
+    if let Some(v) = violations.first() {
+        return Some(Err(PlaceError::Invalid(format!(
+            "internal error: tile {}'s placement, shared with tile {} of the same shape, is rejected by the checker: {v}",
+            t.tile, rep.tile
+        ))));
+    }
+    Some(Ok(TileOutcome {
+        tile: t.tile,
+        peak: Some(placement.peak),
+        placement: Some(placement),
+        time_ms: start.elapsed().as_secs_f64() * 1e3,
+        ..outcome.clone()
+    }))
 }
 
 /// The result of a flat (CSV) problem.

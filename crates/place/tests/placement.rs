@@ -319,6 +319,64 @@ fn random_tiles_under_pressure_are_diagnosed() {
     assert!(failures > 0);
 }
 
+/// `t` under other names: every request, sequence and reservation renamed, and
+/// every reference to them.
+fn renamed(t: &TileProblem, tile: u32) -> TileProblem {
+    let n = |s: &str| format!("t{tile}.{s}");
+    let mut u = t.clone();
+    u.tile = tile;
+    u.requests.iter_mut().for_each(|r| r.name = n(&r.name));
+    u.sequences.iter_mut().for_each(|q| q.name = n(&q.name));
+    u.reservations.iter_mut().for_each(|r| r.name = n(&r.name));
+    u.separation
+        .iter_mut()
+        .for_each(|g| g.iter_mut().for_each(|x| *x = n(x)));
+    u.aliases.iter_mut().for_each(|a| {
+        a.name = n(&a.name);
+        a.of = n(&a.of);
+    });
+    u
+}
+
+/// Tiles that differ only in names share one placement (each checked on its own
+/// tile) and get exactly what placing them alone gives, under their own names;
+/// a shared shape that does not fit is diagnosed tile by tile.
+#[test]
+fn tiles_of_one_shape_place_alike_under_their_own_names() {
+    let m = Machine::c600();
+    for (capacity, seeds) in [(None, 0..30u64), (Some(64 * 1024), 100..112)] {
+        let opts = Options {
+            capacity,
+            node_budget: 5_000,
+            ..Options::default()
+        };
+        for seed in seeds {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let t = random_tile(&mut rng, 0);
+            let other = random_tile(&mut rng, 1);
+            let tiles = vec![t.clone(), other, renamed(&t, 2), renamed(&t, 3)];
+            let together = place_tiles(&m, &tiles, &opts);
+            for (i, (r, tp)) in together.iter().zip(&tiles).enumerate() {
+                let r = r.as_ref().unwrap();
+                let alone = place_tile(&m, tp, &opts).unwrap();
+                assert_eq!(r.tile, tp.tile);
+                assert_eq!(r.placement, alone.placement, "seed {seed} tile {i}");
+                assert_eq!(r.fits, alone.fits, "seed {seed} tile {i}");
+                if let Some(d) = &r.diagnosis {
+                    assert!(
+                        d.summary.starts_with(&format!("tile {}", tp.tile)),
+                        "{}",
+                        d.summary
+                    );
+                }
+                if let Some(pl) = &r.placement {
+                    assert!(check_placement(&m, tp, pl, capacity).is_empty());
+                }
+            }
+        }
+    }
+}
+
 fn random_flat(rng: &mut ChaCha8Rng, n: usize, max_size: u64, aligned: bool) -> FlatProblem {
     FlatProblem {
         buffers: (0..n)
