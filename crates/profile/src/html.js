@@ -214,10 +214,11 @@
     });
     var y = rows * cell + 10;
     var grad = svg('defs', {}, s);
-    var lg = svg('linearGradient', { id: 'g' + title.length }, grad);
+    var gid = 'ramp' + box.parentNode.childNodes.length;
+    var lg = svg('linearGradient', { id: gid }, grad);
     svg('stop', { offset: '0', 'stop-color': ramp(lo, hi, 0) }, lg);
     svg('stop', { offset: '1', 'stop-color': ramp(lo, hi, 1) }, lg);
-    svg('rect', { x: 1, y: y, width: 120, height: 10, fill: 'url(#g' + title.length + ')', stroke: '#888' }, s);
+    svg('rect', { x: 1, y: y, width: 120, height: 10, fill: 'url(#' + gid + ')', stroke: '#888' }, s);
     svg('text', { x: 1, y: y + 24 }, s, '0');
     svg('text', { x: 121, y: y + 24, 'text-anchor': 'end' }, s, fmt(max));
     svg('text', { x: 132, y: y + 9 }, s, 'grey: unused');
@@ -229,15 +230,23 @@
       }
     });
   }
+  // Min, median and max over the tiles the plan uses: the spread is the imbalance.
+  function spread(values) {
+    var v = values.filter(function (x) { return x !== null; }).sort(function (p, q) { return p - q; });
+    if (!v.length) return 'no tile used';
+    return 'min ' + fmt(v[0]) + ', median ' + fmt(v[v.length >> 1]) + ', max ' + fmt(v[v.length - 1]);
+  }
   function drawTiles() {
     var box = document.getElementById('heatmaps');
+    var used = D.tiles.filter(function (t) { return t.peak_bytes !== null || t.busy; });
     var maxBusy = Math.max.apply(null, D.tiles.map(function (t) { return t.busy; }).concat([1]));
-    heatmap(box, 'busy cycles (max ' + fmt(maxBusy) + ')', function (t) {
+    heatmap(box, 'busy cycles (' + spread(used.map(function (t) { return t.busy; })) + ')', function (t) {
       return t.peak_bytes === null && !t.busy ? null : t.busy;
     }, maxBusy, [247, 251, 255], [8, 48, 107], function (t) {
       return fmt(t.busy) + ' busy cycles (' + pct(t.busy / Math.max(1, D.run_cycles)) + ' of the cropped span)';
     });
-    heatmap(box, 'SRAM high-water mark (of ' + fmt(sramBytes) + ' bytes)', function (t) {
+    heatmap(box, 'SRAM high-water mark in bytes (' + spread(used.map(function (t) { return t.peak_bytes; })) +
+      '; SRAM ' + fmt(sramBytes) + ')', function (t) {
       return t.peak_bytes;
     }, sramBytes, [255, 245, 235], [127, 39, 4], function (t) {
       return t.peak_bytes === null ? 'unused' : fmt(t.peak_bytes) + ' bytes (' + pct(t.peak_bytes / sramBytes) + ' of SRAM)';
@@ -441,6 +450,10 @@
   }
   try {
     drawTimeline(0, D.total_cycles);
+    need('#timeline-svg rect.ss', D.profile.supersteps.length, 'timeline supersteps');
+    need('#timeline-svg rect.op', D.op_spans.length, 'timeline operations');
+    // Weight streaming can dwarf the inference; open on the cropped span.
+    drawTimeline(D.init_cycles, D.total_cycles);
     drawOps();
     drawTiles();
     showTile(firstFault !== null ? firstFault : peakTile);
@@ -448,8 +461,7 @@
     ['summary', 'timeline', 'ops', 'tiles', 'sram', 'faults'].forEach(function (id) {
       if (!document.getElementById(id)) fail('missing section #' + id);
     });
-    need('#timeline-svg rect.ss', D.profile.supersteps.length, 'timeline supersteps');
-    need('#timeline-svg rect.op', D.op_spans.length, 'timeline operations');
+    need('#timeline-svg rect.ss', 1, 'timeline supersteps of the cropped span');
     need('#timeline-svg .mark', 1, 'cropped span mark');
     need('#op-table tbody tr.op', D.ops.length, 'operation rows');
     need('#heatmaps rect.tile', 2 * D.tiles.length, 'heat-map cells');

@@ -395,6 +395,7 @@ table.grid td.name,table.grid th.name{text-align:left}
 .legend{margin-left:18px}#sram-legend{margin-left:0}.legend i{display:inline-block;width:11px;height:11px;margin:0 4px 0 10px;vertical-align:-1px;border:1px solid #888}
 .plot svg{display:block;font:11px system-ui,Helvetica,Arial,sans-serif}
 #heatmaps{display:flex;flex-wrap:wrap;gap:28px}
+.heatmap h3{font-size:14px;margin:4px 0;max-width:640px}
 #sram-detail{background:#f7f7f7;padding:6px;min-height:3em;white-space:pre-wrap}
 #errors:empty{display:none}#errors{color:#b00;background:#fee;padding:6px}
 .status-ok{color:#070}.status-fault,.status-mismatch{color:#b00;font-weight:600}
