@@ -197,3 +197,28 @@ fn the_profile_of_a_faulted_run_lists_its_faults() {
     // Faulting tiles are outlined in both heat maps.
     assert!(dom.matches(r##"stroke="#e00""##).count() >= 2);
 }
+
+/// Same run, same bytes: no timestamps, no hash-map order in the page.
+#[test]
+fn the_same_run_gives_a_byte_identical_profile() {
+    let dir = tempdir("profile-twice");
+    let pages: Vec<Vec<u8>> = (0..2)
+        .map(|i| {
+            let page = dir.join(format!("{i}.html"));
+            let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+                .args(["run", "--size", "tiny", "--machine", "small", "--json"])
+                .arg("--profile")
+                .arg(&page)
+                .output()
+                .expect("run tessera");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::read(&page).expect("the profile was written")
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(pages[0] == pages[1], "two runs wrote different pages");
+}
