@@ -448,6 +448,36 @@
     var k = document.querySelectorAll(sel).length;
     if (k < n) fail('missing ' + what + ': ' + k + ' of ' + n + ' (' + sel + ')');
   }
+  // Clicks as a reader would make them, then back to the opening state.
+  function checkInteraction() {
+    var shown = view.tile;
+    if (D.ops.length) {
+      document.querySelector('#op-table th[data-key="cycles"]').click();
+      var top = Math.max.apply(null, D.ops.map(function (o) { return o.cycles; }));
+      var first = document.querySelector('#op-table tbody tr.op td:nth-child(4)').textContent;
+      if (first !== fmt(top)) fail('sorting by cycles put ' + first + ' first, not ' + fmt(top));
+      sortKey = 'index';
+      sortDir = 1;
+      drawOps();
+    }
+    var cells = document.querySelectorAll('#heatmaps rect.tile');
+    if (cells.length) {
+      var cell = cells[cells.length - 1];
+      var t = cell.getAttribute('data-tile');
+      cell.dispatchEvent(new MouseEvent('click', { bubbles: true }));
+      var cap = document.getElementById('sram-caption').textContent;
+      if (cap.indexOf('tile ' + t + ':') !== 0 && cap.indexOf('tile ' + t + ' ') !== 0) {
+        fail('clicking tile ' + t + ' showed: ' + cap);
+      }
+      showTile(shown);
+      window.scrollTo(0, 0);
+    }
+    if (zooms.encoder) {
+      drawTimeline(zooms.encoder[0], zooms.encoder[1]);
+      need('#timeline-svg .mark', 2, 'marks of the encoder interval view');
+      drawTimeline(D.init_cycles, D.total_cycles);
+    }
+  }
   try {
     drawTimeline(0, D.total_cycles);
     need('#timeline-svg rect.ss', D.profile.supersteps.length, 'timeline supersteps');
@@ -467,6 +497,7 @@
     need('#heatmaps rect.tile', 2 * D.tiles.length, 'heat-map cells');
     if (D.packed.length) need('#sram-svg rect.buf', 1, 'SRAM viewer buffers');
     need('#fault-list tr.fault', Math.min(D.faults.length, FAULT_ROWS), 'fault rows');
+    checkInteraction();
   } catch (e) {
     fail('exception: ' + e.message + '\n' + (e.stack || ''));
   }
