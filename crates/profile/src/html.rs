@@ -45,7 +45,9 @@ pub struct HtmlReport {
     /// Every tile of the machine, in tile order.
     pub tiles: Vec<TileRow>,
     pub sram: SramMap,
-    /// Distinct tile layouts; tiles refer to them by index.
+    /// Distinct tile layouts; tiles refer to them by index. Embedded packed
+    /// (`Embedded::packed`), not by name.
+    #[serde(skip)]
     pub layouts: Vec<Layout>,
     pub faults: Vec<Fault>,
 }
@@ -238,12 +240,8 @@ pub fn render_html(r: &HtmlReport) -> Result<String, HtmlError> {
             .collect();
         packed.push((l.steps, l.peak, bufs, res));
     }
-    let stripped = HtmlReport {
-        layouts: Vec::new(),
-        ..r.clone()
-    };
     let data = serde_json::to_string(&Embedded {
-        report: &stripped,
+        report: r,
         op_spans,
         strings,
         packed,
