@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 fn chromium() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("TESSERA_CHROMIUM") {
-        return Some(PathBuf::from(p));
+        return Some(PathBuf::from(p)).filter(|p| p.exists());
     }
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
         .iter()
