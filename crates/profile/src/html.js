@@ -179,7 +179,18 @@
       el('td', {}, tr, o.flop && o.cycles ? pct(o.peak_share) : '-');
       el('td', {}, tr, fmt(o.exchange_bytes));
       el('td', {}, tr, fmt(o.tiles));
+      tr.addEventListener('click', function () { zoomToOp(o.name); });
     });
+  }
+  // A row opens the timeline on the supersteps charged to its operation.
+  function zoomToOp(name) {
+    var spans = D.op_spans.filter(function (s) { return s[0] === name; });
+    if (!spans.length) return;
+    var a = Math.min.apply(null, spans.map(function (s) { return s[1]; }));
+    var b = Math.max.apply(null, spans.map(function (s) { return s[2]; }));
+    var pad = Math.max(1, (b - a) / 20);
+    drawTimeline(Math.max(0, a - pad), Math.min(D.total_cycles, b + pad));
+    document.getElementById('timeline').scrollIntoView();
   }
 
   // Tiles ---------------------------------------------------------------------

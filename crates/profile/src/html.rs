@@ -345,7 +345,7 @@ fn page(r: &HtmlReport, data: &str) -> String {
 <div id="timeline-plot" class="plot"></div>
 </section>
 <section id="ops"><h2>Operations</h2>
-<p>Cycles charged to each lowered operation (a superstep's exchange to the operation of its exchange program, its compute to the operation of the compute steps after it); FLOP of its matrix products; share of the f16 peak over its own cycles; bytes its exchanges deliver; tiles that run its kernels. Click a column header to sort.</p>
+<p>Cycles charged to each lowered operation (a superstep's exchange to the operation of its exchange program, its compute to the operation of the compute steps after it); FLOP of its matrix products; share of the f16 peak over its own cycles; bytes its exchanges deliver; tiles that run its kernels. Click a column header to sort, a row to see the operation on the timeline.</p>
 <table id="op-table" class="grid"><thead><tr></tr></thead><tbody></tbody></table>
 </section>
 <section id="tiles"><h2>Tiles</h2>
@@ -388,6 +388,7 @@ table.grid th,table.grid td{border-bottom:1px solid #e4e4e4;padding:2px 8px;text
 table.grid th{cursor:pointer;background:#f5f5f5;position:sticky;top:44px}
 table.grid th.sorted-asc:after{content:" \25B2"}table.grid th.sorted-desc:after{content:" \25BC"}
 table.grid td.name,table.grid th.name{text-align:left}
+tr.op,tr.fault{cursor:pointer}tr.op:hover,tr.fault:hover{background:#eef3fa}
 .def{max-width:1100px;margin:4px 0}
 .controls{margin:6px 0}.controls button{font:inherit;padding:1px 8px}
 .legend{margin-left:18px}#sram-legend{margin-left:0}.legend i{display:inline-block;width:11px;height:11px;margin:0 4px 0 10px;vertical-align:-1px;border:1px solid #888}
