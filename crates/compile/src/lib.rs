@@ -100,6 +100,9 @@ pub struct CompileOptions {
     /// aligned, wherever the placement checker still accepts the tile. The result
     /// is legal under the declared contracts; with the true contracts nothing moves.
     pub exploit_declared_alignment: bool,
+    /// Keep every tile's placement problem and result in [`Compiled::layouts`], for
+    /// an SRAM viewer; off by default, since a whole chip's layouts cost memory.
+    pub keep_layouts: bool,
 }
 
 impl Default for CompileOptions {
@@ -114,6 +117,7 @@ impl Default for CompileOptions {
                 ..PlaceOptions::default()
             },
             exploit_declared_alignment: false,
+            keep_layouts: false,
         }
     }
 }
@@ -203,6 +207,67 @@ pub struct Compiled {
     pub plan_ops: Vec<PlanOp>,
     pub step_ops: Vec<String>,
     pub exchange_steps: Vec<u32>,
+    /// Per entry of `plan_ops`: what the plan moves and where it runs.
+    pub op_stats: Vec<OpStats>,
+    /// Every tile's placement problem and placement, in tile order, when
+    /// [`CompileOptions::keep_layouts`] asked for them.
+    pub layouts: Option<Vec<TileLayout>>,
+}
+
+/// What one lowered operation moves and where it runs, read off the plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OpStats {
+    /// Bytes its exchanges deliver (a copy to several tiles counts once per
+    /// destination).
+    pub exchange_bytes: u64,
+    /// Distinct tiles that run one of its kernel calls.
+    pub tiles: u32,
+}
+
+/// One tile's placement problem and the placement the package was emitted at.
+#[derive(Debug, Clone)]
+pub struct TileLayout {
+    pub problem: tessera_place::TileProblem,
+    pub placement: tessera_place::TilePlacement,
+}
+
+/// Charges every exchange and kernel call to the plan operation of its step (or
+/// the operation that fused the step's graph operation).
+fn op_stats(plan: &TilePlan) -> Vec<OpStats> {
+    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, o) in plan.ops.iter().enumerate() {
+        for f in &o.fused {
+            index.entry(f.as_str()).or_insert(i);
+        }
+    }
+    for (i, o) in plan.ops.iter().enumerate() {
+        index.insert(o.name.as_str(), i);
+    }
+    let op_of = |step: u32| {
+        plan.step_ops
+            .get(step as usize)
+            .and_then(|n| index.get(n.as_str()).copied())
+    };
+    let mut stats = vec![OpStats::default(); plan.ops.len()];
+    for x in &plan.exchanges {
+        if let Some(i) = op_of(x.step) {
+            stats[i].exchange_bytes += x
+                .copies
+                .iter()
+                .map(|c| u64::from(c.bytes) * c.dsts.len() as u64)
+                .sum::<u64>();
+        }
+    }
+    let mut tiles = vec![std::collections::BTreeSet::new(); plan.ops.len()];
+    for c in &plan.calls {
+        if let Some(i) = op_of(c.step) {
+            tiles[i].insert(c.tile);
+        }
+    }
+    for (s, t) in stats.iter_mut().zip(tiles) {
+        s.tiles = t.len() as u32;
+    }
+    stats
 }
 
 /// Lowers `graph` with the per-operation rules and compiles it.
@@ -215,8 +280,7 @@ pub fn compile_model(
     let start = Instant::now();
     let plan = lower(machine, graph, weights, &opts.lower)?;
     let lower_ms = start.elapsed().as_secs_f64() * 1e3;
-    let mut compiled =
-        compile_plan_with(machine, &plan, &opts.place, opts.exploit_declared_alignment)?;
+    let mut compiled = compile_lowered(machine, &plan, opts)?;
     compiled.report.stage_ms.lower = lower_ms;
     compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(compiled)
@@ -229,7 +293,13 @@ pub fn compile_lowered(
     plan: &TilePlan,
     opts: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
-    compile_plan_with(machine, plan, &opts.place, opts.exploit_declared_alignment)
+    compile_plan_with(
+        machine,
+        plan,
+        &opts.place,
+        opts.exploit_declared_alignment,
+        opts.keep_layouts,
+    )
 }
 
 /// Places and emits a tile plan.
@@ -238,7 +308,7 @@ pub fn compile_plan(
     plan: &TilePlan,
     place: &PlaceOptions,
 ) -> Result<Compiled, CompileError> {
-    compile_plan_with(machine, plan, place, false)
+    compile_plan_with(machine, plan, place, false, false)
 }
 
 fn compile_plan_with(
@@ -246,6 +316,7 @@ fn compile_plan_with(
     plan: &TilePlan,
     place: &PlaceOptions,
     exploit: bool,
+    keep_layouts: bool,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
     let host_err = |e: tessera_host::HostError| CompileError::Host(e.to_string());
@@ -407,5 +478,14 @@ fn compile_plan_with(
         plan_ops: plan.ops.clone(),
         step_ops: plan.step_ops.clone(),
         exchange_steps: plan.exchanges.iter().map(|x| x.step).collect(),
+        op_stats: op_stats(plan),
+        layouts: keep_layouts.then(|| {
+            problems
+                .problems
+                .into_iter()
+                .zip(placements)
+                .map(|(problem, placement)| TileLayout { problem, placement })
+                .collect()
+        }),
     })
 }

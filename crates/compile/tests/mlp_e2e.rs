@@ -122,6 +122,54 @@ fn same_inputs_give_byte_identical_packages() {
     );
 }
 
+/// Per-operation exchange bytes and tiles are read off the plan: every exchange
+/// copy is charged to one operation, once per destination; the layouts kept for a
+/// viewer are the placements the package was emitted at, and only on request.
+#[test]
+fn op_stats_and_kept_layouts_match_the_plan() {
+    let machine = Machine::small().with_tiles(16);
+    let graph = mlp(&MlpConfig::tiny(2)).unwrap();
+    let weights = init_weights(&graph, 1);
+    let opts = CompileOptions::default();
+    let plain = compile_model(&machine, &graph, &weights, &opts).unwrap();
+    assert!(plain.layouts.is_none());
+    let plan = tessera_plan::lower(&machine, &graph, &weights, &opts.lower).unwrap();
+    let delivered: u64 = plan
+        .exchanges
+        .iter()
+        .flat_map(|x| &x.copies)
+        .map(|c| u64::from(c.bytes) * c.dsts.len() as u64)
+        .sum();
+    assert_eq!(plain.op_stats.len(), plain.plan_ops.len());
+    assert_eq!(
+        plain.op_stats.iter().map(|s| s.exchange_bytes).sum::<u64>(),
+        delivered
+    );
+    for (op, s) in plain.plan_ops.iter().zip(&plain.op_stats) {
+        assert!(s.tiles <= plan.tiles, "{}: {} tiles", op.name, s.tiles);
+        if op.kind == "linear" {
+            assert!(s.tiles > 0, "{} runs nowhere", op.name);
+        }
+    }
+
+    let kept = CompileOptions {
+        keep_layouts: true,
+        ..CompileOptions::default()
+    };
+    let c = compile_model(&machine, &graph, &weights, &kept).unwrap();
+    assert_eq!(
+        tessera_package::write_package(&c.package),
+        tessera_package::write_package(&plain.package)
+    );
+    let layouts = c.layouts.unwrap();
+    assert_eq!(layouts.len(), plan.tiles as usize);
+    for (t, l) in layouts.iter().enumerate() {
+        assert_eq!((l.problem.tile, l.placement.tile), (t as u32, t as u32));
+        let peak = u64::from(machine.sram_start()) + c.report.placement.peak_bytes;
+        assert!(l.placement.peak <= peak);
+    }
+}
+
 /// Tensors that fit alone but not beside the host descriptor reservation: the
 /// error gives the bytes missing for the whole tile, descriptors included, and what
 /// was live, not the size of the last request.

@@ -4,6 +4,7 @@
 //! it reads what the simulator recorded, so its figures are the simulator's.
 
 mod chrome;
+pub mod html;
 
 pub use chrome::{TILE_TRACKS, check_trace, chrome_trace};
 use serde::Serialize;
@@ -96,6 +97,89 @@ fn close(p: &mut Profile, open: &mut Option<Superstep>, end: u64) {
     }
 }
 
+/// One exchange or host-transfer phase, chip-wide, as the simulator recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Phase {
+    /// `exchange` or `host`.
+    pub kind: &'static str,
+    pub start: u64,
+    pub end: u64,
+    /// The exchange program's id, or the bytes a host transfer moved.
+    pub detail: u64,
+}
+
+/// Every exchange and host-transfer phase of a run, in order.
+pub fn phases(trace: &[TraceEvent]) -> Vec<Phase> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for e in trace.iter().filter(|e| e.tile.is_none()) {
+        match &e.kind {
+            TraceKind::ExchangeStart { .. } | TraceKind::HostTransferStart { .. } => {
+                start = Some(e.cycle);
+            }
+            TraceKind::ExchangeEnd { id } => {
+                if let Some(s) = start.take() {
+                    out.push(Phase {
+                        kind: "exchange",
+                        start: s,
+                        end: e.cycle.max(s),
+                        detail: u64::from(*id),
+                    });
+                }
+            }
+            TraceKind::HostTransferEnd { bytes } => {
+                if let Some(s) = start.take() {
+                    out.push(Phase {
+                        kind: "host",
+                        start: s,
+                        end: e.cycle.max(s),
+                        detail: *bytes,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Per tile `0..tiles`: cycles during which at least one of its workers ran a
+/// kernel (overlapping kernels count once). A kernel still running when the trace
+/// ends (a fault stopped the run) counts up to the tile's last event.
+pub fn tile_busy(trace: &[TraceEvent], tiles: u32) -> Vec<u64> {
+    let n = tiles as usize;
+    let mut busy = vec![0u64; n];
+    let mut open = vec![(0u32, 0u64); n];
+    let mut last = vec![0u64; n];
+    for e in trace {
+        let Some(t) = e.tile.map(|t| t as usize).filter(|&t| t < n) else {
+            continue;
+        };
+        last[t] = last[t].max(e.cycle);
+        match &e.kind {
+            TraceKind::KernelStart { .. } => {
+                if open[t].0 == 0 {
+                    open[t].1 = e.cycle;
+                }
+                open[t].0 += 1;
+            }
+            TraceKind::KernelEnd { .. } if open[t].0 > 0 => {
+                open[t].0 -= 1;
+                if open[t].0 == 0 {
+                    busy[t] += e.cycle.saturating_sub(open[t].1);
+                }
+            }
+            _ => {}
+        }
+    }
+    for t in 0..n {
+        if open[t].0 > 0 {
+            busy[t] += last[t].saturating_sub(open[t].1);
+        }
+    }
+    busy
+}
+
 /// A fixed-width text table of the supersteps and the totals.
 pub fn render(p: &Profile) -> String {
     let mut out =
@@ -159,6 +243,49 @@ mod tests {
         assert_eq!(p.supersteps[0].host_bytes, 64);
         assert_eq!(p.host_phases, vec![(0, 1500)]);
         assert!(render(&p).contains("total 6000 cycles"));
+    }
+
+    #[test]
+    fn busy_cycles_count_overlapping_kernels_once() {
+        let k = |cycle, tile, start: bool| TraceEvent {
+            cycle,
+            tile: Some(tile),
+            context: None,
+            kind: if start {
+                TraceKind::KernelStart {
+                    symbol: "k".into(),
+                    workers: 1,
+                }
+            } else {
+                TraceKind::KernelEnd {
+                    symbol: "k".into(),
+                    workers: 1,
+                }
+            },
+        };
+        let trace = vec![
+            chip(0, TraceKind::ExchangeStart { id: 2 }),
+            k(5, 0, true),
+            k(10, 0, true),
+            chip(12, TraceKind::ExchangeEnd { id: 2 }),
+            k(20, 0, false),
+            k(30, 0, false),
+            k(40, 1, true),
+            k(50, 0, true),
+            k(55, 0, false),
+            k(70, 1, false),
+            k(80, 2, true),
+            k(90, 2, false),
+            k(95, 2, true),
+            k(99, 9, true),
+        ];
+        assert_eq!(tile_busy(&trace, 3), vec![25 + 5, 30, 10]);
+        let ph = phases(&trace);
+        assert_eq!(ph.len(), 1);
+        assert_eq!(
+            (ph[0].kind, ph[0].start, ph[0].end, ph[0].detail),
+            ("exchange", 0, 12, 2)
+        );
     }
 
     #[test]

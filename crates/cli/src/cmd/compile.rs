@@ -81,6 +81,10 @@ pub struct ModelArgs {
     /// Write the run as a Chrome trace-event file (Perfetto UI, chrome://tracing)
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Write the run as one self-contained HTML page: timeline, per-operation table,
+    /// per-tile heat maps, SRAM viewer, faults (docs/profile.md)
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
     /// Simulate the N best-estimated feasible finalists and select the fewest
     /// simulated cycles among them (with `--finalists`)
     #[arg(long, default_value_t = 0)]
@@ -202,6 +206,7 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
         opts.lower.rearrange_declared_align = Some(2);
         opts.exploit_declared_alignment = true;
     }
+    opts.keep_layouts = a.profile.is_some();
     if a.finalists <= 1 {
         let r = compile_model(&p.machine, &p.graph, &p.weights, &opts);
         pb.finish_and_clear();
@@ -506,6 +511,10 @@ struct OpRow {
     exchange: u64,
     flop: u64,
     peak_share: f64,
+    /// Bytes its exchanges deliver (once per destination tile).
+    exchange_bytes: u64,
+    /// Tiles that run its kernels.
+    tiles: u32,
 }
 
 #[derive(Serialize)]
@@ -513,6 +522,10 @@ struct Interval {
     cycles: u64,
     flop: u64,
     peak_share: f64,
+    /// From the start of the first superstep charged to it to the end of the sync
+    /// after the last.
+    start: u64,
+    end: u64,
 }
 
 /// FLOP of one graph operation (matrix products only: two per multiply-add).
@@ -545,14 +558,20 @@ fn op_table(
     let mut rows: Vec<OpRow> = c
         .plan_ops
         .iter()
-        .map(|o| OpRow {
-            name: o.name.clone(),
-            kind: o.kind.clone(),
-            cycles: 0,
-            compute: 0,
-            exchange: 0,
-            flop: 0,
-            peak_share: 0.0,
+        .enumerate()
+        .map(|(i, o)| {
+            let stats = c.op_stats.get(i).cloned().unwrap_or_default();
+            OpRow {
+                name: o.name.clone(),
+                kind: o.kind.clone(),
+                cycles: 0,
+                compute: 0,
+                exchange: 0,
+                flop: 0,
+                peak_share: 0.0,
+                exchange_bytes: stats.exchange_bytes,
+                tiles: stats.tiles,
+            }
         })
         .collect();
     for op in g.ops() {
@@ -573,6 +592,7 @@ fn op_table(
     };
     let is_encoder = |i: Option<usize>| i.is_some_and(|i| is_encoder_op(&c.plan_ops[i].name));
     let mut enc = 0u64;
+    let mut enc_span: Option<(u64, u64)> = None;
     let last_step = c.step_ops.len() as u32;
     let first_exchange = c.exchange_steps.first().copied().unwrap_or(last_step);
     let mut seen_exchange = false;
@@ -616,10 +636,13 @@ fn op_table(
         if is_encoder(xop) {
             enc += ss.exchange;
         }
-        if (is_encoder(cop) || is_encoder(xop))
-            && let Some(next) = profile.supersteps.get(k + 1)
-        {
-            enc += next.start.saturating_sub(ss.end);
+        if is_encoder(cop) || is_encoder(xop) {
+            let next = profile.supersteps.get(k + 1);
+            if let Some(next) = next {
+                enc += next.start.saturating_sub(ss.end);
+            }
+            let end = next.map_or(ss.end, |n| n.start);
+            enc_span = Some((enc_span.map_or(ss.start, |s| s.0), end));
         }
     }
     for r in &mut rows {
@@ -631,10 +654,13 @@ fn op_table(
         .filter(|r| is_encoder_op(&r.name))
         .map(|r| r.flop)
         .sum();
+    let (start, end) = enc_span.unwrap_or_default();
     let encoder = (enc > 0).then(|| Interval {
         cycles: enc,
         flop: enc_flop,
         peak_share: enc_flop as f64 / (enc as f64 * peak),
+        start,
+        end,
     });
     (rows, encoder, labels)
 }
@@ -660,6 +686,195 @@ fn render_ops(ops: &[OpRow]) -> String {
         );
     }
     out
+}
+
+/// What `run` measured, for the HTML profile.
+struct HtmlRun<'a> {
+    status: &'static str,
+    profile: &'a tessera_profile::Profile,
+    labels: Vec<Option<String>>,
+    ops: &'a [OpRow],
+    encoder: Option<&'a Interval>,
+    init_cycles: u64,
+    run_cycles: u64,
+    host_cycles: u64,
+}
+
+/// One tile's placed buffers as the HTML profile draws them: the plan's buffer
+/// names without the request's `@bufN` suffix, so that tiles holding the same
+/// buffers at the same addresses share one stored layout.
+fn tile_layout(l: &tessera_compile::TileLayout) -> tessera_profile::html::Layout {
+    use tessera_profile::html::{Layout, PlacedBuffer};
+    let at: std::collections::HashMap<&str, &tessera_place::Allocation> = l
+        .placement
+        .allocations
+        .iter()
+        .map(|a| (a.id.as_str(), a))
+        .collect();
+    let display = |name: &str| -> String {
+        match name.rsplit_once('@') {
+            Some((n, id)) if id.starts_with("buf") => n.to_string(),
+            _ => name.to_string(),
+        }
+    };
+    let mut buffers = Vec::new();
+    let mut steps = 1;
+    for r in &l.problem.requests {
+        steps = steps.max(r.last + 1);
+        let Some(a) = at.get(r.name.as_str()) else {
+            continue;
+        };
+        buffers.push(PlacedBuffer {
+            name: display(&r.name),
+            category: r
+                .category
+                .clone()
+                .unwrap_or_else(|| r.class.name().to_string()),
+            addr: a.offset,
+            size: r.size,
+            first: r.first,
+            last: r.last,
+            align: r.align,
+            class: r.class.name().to_string(),
+            tail: r.tail,
+            loaded: r.loaded,
+        });
+    }
+    for q in &l.problem.sequences {
+        steps = steps.max(q.last + 1);
+        let Some(a) = at.get(q.name.as_str()) else {
+            continue;
+        };
+        for i in 0..q.count {
+            buffers.push(PlacedBuffer {
+                name: format!("{}[{i}]", display(&q.name)),
+                category: q
+                    .category
+                    .clone()
+                    .unwrap_or_else(|| q.class.name().to_string()),
+                addr: a.offset + i * a.stride.unwrap_or(q.size),
+                size: q.size,
+                first: q.first,
+                last: q.last,
+                align: q.align,
+                class: q.class.name().to_string(),
+                tail: q.tail,
+                loaded: q.loaded,
+            });
+        }
+    }
+    Layout {
+        steps,
+        peak: l.placement.peak,
+        buffers,
+        reservations: l
+            .problem
+            .reservations
+            .iter()
+            .map(|r| (r.name.clone(), r.start, r.end))
+            .collect(),
+    }
+}
+
+fn html_report(
+    a: &ModelArgs,
+    machine: &Machine,
+    c: &Compiled,
+    report: &tessera_sim::SimReport,
+    run: HtmlRun,
+) -> tessera_profile::html::HtmlReport {
+    use tessera_profile::html;
+    let layouts = c.layouts.as_deref().unwrap_or_default();
+    let sram_start = u64::from(machine.sram_start());
+    let (layouts_distinct, index) = html::dedup_layouts(
+        (0..machine.tiles as usize)
+            .map(|t| layouts.get(t).map(tile_layout))
+            .collect(),
+    );
+    let busy = tessera_profile::tile_busy(&report.trace, machine.tiles);
+    let tiles = (0..machine.tiles)
+        .map(|t| html::TileRow {
+            tile: t,
+            busy: busy[t as usize],
+            peak_bytes: layouts
+                .get(t as usize)
+                .map(|l| l.placement.peak.saturating_sub(sram_start)),
+            layout: index[t as usize],
+        })
+        .collect();
+    let model = match (a.model, &a.config) {
+        (ModelKind::Mlp, _) => "MLP block",
+        (ModelKind::Layer, Some(_)) => "encoder layer (config file)",
+        (ModelKind::Layer, None) => "vision tower with one encoder layer",
+    };
+    let size = match (a.size, &a.config) {
+        (_, Some(p)) => p.display().to_string(),
+        (Size::So400m, _) => "So400m".into(),
+        (Size::Base, _) => "base".into(),
+        (Size::Tiny, _) => "tiny".into(),
+    };
+    let (rs, re) = c.report.host.reserved_range;
+    html::HtmlReport {
+        title: format!(
+            "{model} ({size}), batch {}, on {} ({} tiles)",
+            a.batch, machine.name, machine.tiles
+        ),
+        status: run.status.to_string(),
+        clock_hz: machine.clock_hz,
+        total_cycles: report.cycles,
+        init_cycles: run.init_cycles,
+        weight_phases: c.report.host.weight_phases,
+        run_cycles: run.run_cycles,
+        host_cycles: run.host_cycles,
+        encoder: run.encoder.map(|e| html::Interval {
+            start: e.start,
+            end: e.end,
+            cycles: e.cycles,
+            flop: e.flop,
+            peak_share: e.peak_share,
+        }),
+        profile: run.profile.clone(),
+        phases: tessera_profile::phases(&report.trace),
+        labels: run.labels,
+        ops: run
+            .ops
+            .iter()
+            .map(|o| html::OpRow {
+                name: o.name.clone(),
+                kind: o.kind.clone(),
+                cycles: o.cycles,
+                compute: o.compute,
+                exchange: o.exchange,
+                flop: o.flop,
+                peak_share: o.peak_share,
+                exchange_bytes: o.exchange_bytes,
+                tiles: o.tiles,
+            })
+            .collect(),
+        tiles,
+        sram: html::SramMap {
+            start: sram_start,
+            end: machine
+                .regions
+                .last()
+                .map_or(sram_start, |r| u64::from(r.end)),
+            loader_limit: u64::from(machine.loader_limit),
+            regions: machine
+                .regions
+                .iter()
+                .map(|r| html::Region {
+                    start: u64::from(r.start),
+                    end: u64::from(r.end),
+                    interleaved: r.interleaved,
+                    executable: r.executable,
+                    element_bytes: u64::from(r.element_bytes),
+                })
+                .collect(),
+            host_reserved: (re > rs).then_some((u64::from(rs), u64::from(re))),
+        },
+        layouts: layouts_distinct,
+        faults: report.faults.clone(),
+    }
 }
 
 /// A simulated run of a compiled model, split into weight streaming and one
@@ -826,15 +1041,36 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
         );
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
+    let status = if passed {
+        "ok"
+    } else if report.status == Status::Fault {
+        "fault"
+    } else {
+        "mismatch"
+    };
+    if let Some(path) = &a.profile {
+        let r = html_report(
+            &a,
+            &p.machine,
+            &c,
+            &report,
+            HtmlRun {
+                status,
+                profile: &profile,
+                labels,
+                ops: &ops,
+                encoder: encoder.as_ref(),
+                init_cycles,
+                run_cycles,
+                host_cycles,
+            },
+        );
+        let html = tessera_profile::html::render_html(&r)?;
+        std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))?;
+    }
     if a.json {
         super::print_json(&RunJson {
-            status: if passed {
-                "ok"
-            } else if report.status == Status::Fault {
-                "fault"
-            } else {
-                "mismatch"
-            },
+            status,
             cycles: run_cycles,
             milliseconds: p.machine.cycles_to_seconds(run_cycles) * 1e3,
             init_cycles,
@@ -1022,6 +1258,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         finalists: 1,
         simulate_finalists: 0,
         trace: None,
+        profile: None,
         json: true,
     };
     let total = 1 + 2 * ASSUMPTIONS.len();

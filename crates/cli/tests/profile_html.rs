@@ -1,0 +1,224 @@
+//! `tessera run --profile FILE.html` opened in headless Chromium: the page must run
+//! its script without a console message or exception and draw every part (timeline,
+//! operation rows, heat-map cells, SRAM rectangles, the fault list of a faulted run),
+//! which its own self-check reports as `data-ok="yes"` with an empty errors box.
+//! A screenshot of each page is left in the test's temporary directory.
+//!
+//! Needs `chromium` (Debian: `apt-get install -y chromium`); without it the test
+//! fails, unless `TESSERA_SKIP_BROWSER=1` says to skip it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TESSERA_CHROMIUM") {
+        return Some(PathBuf::from(p)).filter(|p| p.exists());
+    }
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// Runs chromium headless on `page` with `args`; returns (stdout, stderr).
+fn headless(browser: &Path, page: &Path, args: &[String]) -> (String, String) {
+    // Its own profile directory, so that tests running at once do not share one.
+    let profile_dir = page.with_extension("chromium");
+    let (out_path, err_path) = (page.with_extension("out"), page.with_extension("err"));
+    let mut child = Command::new(browser)
+        .args([
+            "--headless=new",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile_dir.display()))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        // Files rather than pipes: a DOM larger than a pipe's buffer would block
+        // chromium until someone read it.
+        .stdout(std::fs::File::create(&out_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"))
+        .spawn()
+        .expect("start chromium");
+    let start = Instant::now();
+    while child.try_wait().expect("wait for chromium").is_none() {
+        if start.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+            panic!("chromium did not finish within 90 s on {}", page.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&profile_dir);
+    let read =
+        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    (read(&out_path), read(&err_path))
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&d).expect("temporary directory");
+    d
+}
+
+/// Writes the profile of `tessera run --size tiny --machine small EXTRA`, opens it
+/// in Chromium, and returns the DOM after the script ran and the run's JSON.
+fn render(name: &str, extra: &[&str]) -> Option<(String, serde_json::Value)> {
+    let Some(browser) = chromium() else {
+        if std::env::var("TESSERA_SKIP_BROWSER").is_ok_and(|v| v == "1") {
+            eprintln!("SKIPPED: no chromium; TESSERA_SKIP_BROWSER=1 says to skip the browser test");
+            return None;
+        }
+        panic!(
+            "chromium is not installed: install it (`apt-get install -y chromium`), point \
+             TESSERA_CHROMIUM at a Chromium binary, or set TESSERA_SKIP_BROWSER=1 to skip"
+        );
+    };
+    let dir = tempdir(name);
+    let page = dir.join(format!("{name}.html"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["run", "--size", "tiny", "--machine", "small", "--json"])
+        .args(extra)
+        .arg("--profile")
+        .arg(&page)
+        .output()
+        .expect("run tessera");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let size = std::fs::metadata(&page)
+        .expect("the profile was written")
+        .len();
+    let t = Instant::now();
+    let (dom, log) = headless(&browser, &page, &["--dump-dom".to_string()]);
+    let load = t.elapsed();
+    let consoled: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(
+        consoled.is_empty(),
+        "the page wrote to the console (a script error?):\n{}",
+        consoled.join("\n")
+    );
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.png"));
+    headless(
+        &browser,
+        &page,
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1400,2000".to_string(),
+        ],
+    );
+    assert!(shot.exists(), "no screenshot at {}", shot.display());
+    eprintln!(
+        "{name}: {size} bytes, loaded and dumped in {:.2} s; screenshot {}",
+        load.as_secs_f64(),
+        shot.display()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Some((dom, json))
+}
+
+fn check_common(dom: &str, json: &serde_json::Value) {
+    let errors = dom
+        .split(r#"<pre id="errors">"#)
+        .nth(1)
+        .and_then(|s| s.split("</pre>").next())
+        .expect("the errors box");
+    assert!(errors.is_empty(), "the page's self-check failed:\n{errors}");
+    assert!(
+        dom.contains(r#"data-ok="yes""#),
+        "the script did not finish"
+    );
+    for id in ["summary", "timeline", "ops", "tiles", "sram", "faults"] {
+        assert!(dom.contains(&format!(r#"id="{id}""#)), "no section {id}");
+    }
+    assert!(dom.contains(r#"id="timeline-svg""#), "no timeline");
+    // The page opens on the cropped span (its self-check counted every superstep
+    // of the whole run before).
+    let supersteps = json["supersteps"].as_u64().unwrap() as usize;
+    let drawn = dom.matches(r#"class="ss""#).count();
+    assert!(
+        (1..=supersteps).contains(&drawn),
+        "{drawn} of {supersteps} supersteps"
+    );
+    assert!(dom.contains("cropped span: "), "no cropped span mark");
+    let ops = json["ops"].as_array().unwrap().len();
+    assert_eq!(dom.matches(r#"<tr class="op">"#).count(), ops, "op rows");
+    // Two heat maps over the small machine's 4 tiles.
+    assert_eq!(dom.matches("data-tile=").count(), 2 * 4, "heat-map cells");
+    assert!(
+        dom.matches(r#"class="buf""#).count() > 20,
+        "SRAM rectangles"
+    );
+    assert!(dom.contains(r#"class="reserved""#), "host descriptors");
+}
+
+#[test]
+fn the_profile_of_a_run_renders_in_a_browser() {
+    let Some((dom, json)) = render("profile-ok", &[]) else {
+        return;
+    };
+    assert_eq!(json["status"], "ok");
+    check_common(&dom, &json);
+    assert!(dom.contains("encoder interval: "), "no encoder mark");
+    assert!(dom.contains("No faults"));
+}
+
+#[test]
+fn the_profile_of_a_faulted_run_lists_its_faults() {
+    let Some((dom, json)) = render("profile-fault", &["--weaken-rearrange-contract"]) else {
+        return;
+    };
+    assert_eq!(json["status"], "fault");
+    check_common(&dom, &json);
+    let faults = json["faults"].as_array().unwrap();
+    assert!(!faults.is_empty());
+    assert_eq!(
+        dom.matches(r#"<tr class="fault tile">"#).count(),
+        faults.len(),
+        "fault rows"
+    );
+    assert!(
+        dom.contains("rearrange_row_major_to_amp_f16"),
+        "symbol+offset"
+    );
+    assert!(dom.contains("ld64step"), "instruction");
+    // Faulting tiles are outlined in both heat maps.
+    assert!(dom.matches(r##"stroke="#e00""##).count() >= 2);
+}
+
+/// Same run, same bytes: no timestamps, no hash-map order in the page.
+#[test]
+fn the_same_run_gives_a_byte_identical_profile() {
+    let dir = tempdir("profile-twice");
+    let pages: Vec<Vec<u8>> = (0..2)
+        .map(|i| {
+            let page = dir.join(format!("{i}.html"));
+            let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+                .args(["run", "--size", "tiny", "--machine", "small", "--json"])
+                .arg("--profile")
+                .arg(&page)
+                .output()
+                .expect("run tessera");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::read(&page).expect("the profile was written")
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(pages[0] == pages[1], "two runs wrote different pages");
+}
