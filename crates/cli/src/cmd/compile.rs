@@ -324,7 +324,7 @@ fn print_report(r: &CompileReport) {
 #[derive(Serialize)]
 struct CompileJson<'a> {
     output: String,
-    package_bytes: usize,
+    /// The report carries `package_bytes`: a field here too would print the key twice.
     #[serde(flatten)]
     report: &'a CompileReport,
 }
@@ -354,7 +354,6 @@ pub fn compile(a: CompileArgs) -> anyhow::Result<Outcome> {
     if a.model.json {
         super::print_json(&CompileJson {
             output: a.output.display().to_string(),
-            package_bytes: bytes.len(),
             report: &c.report,
         })?;
     } else {
