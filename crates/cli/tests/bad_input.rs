@@ -405,3 +405,39 @@ fn bench_place_says_where_the_suites_are() {
     // No progress bar under --json (nor off a terminal).
     assert!(r.stderr.is_empty(), "{}", r.stderr);
 }
+
+#[test]
+fn extreme_options_are_refused_or_handled() {
+    let dir = scratch("options");
+    let out = dir.join("o.tpk");
+    // Every seed is valid: the inputs' seed wraps instead of overflowing.
+    let r = tessera(&[
+        "compile",
+        "--size",
+        "tiny",
+        "--machine",
+        "small",
+        "--seed",
+        "18446744073709551615",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.text());
+    // A million finalists would be a million whole compiles, silently.
+    let r = tessera(&[
+        "compile",
+        "--size",
+        "tiny",
+        "--finalists",
+        "1000000",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.text());
+    assert!(
+        r.stderr
+            .contains("1000000 is above the largest accepted, 64"),
+        "{}",
+        r.stderr
+    );
+}

@@ -57,7 +57,7 @@ pub struct ModelArgs {
     pub tiles: Option<u32>,
     #[arg(long, default_value_t = 2)]
     pub batch: usize,
-    /// Seed of the weights (inputs use seed + 1).
+    /// Seed of the weights (inputs use seed + 1, wrapping).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Declare the rearrangement's operands 2-byte aligned, as the seed's bug did,
@@ -72,8 +72,8 @@ pub struct ModelArgs {
     pub mutate_kernel: Option<String>,
     /// Whole-model plans to build completely before selecting one (1: the rules'
     /// defaults, no search; the search is opt-in until a finalist builds in a few
-    /// seconds)
-    #[arg(long, default_value_t = 1)]
+    /// seconds; at most 64, docs/limits.md)
+    #[arg(long, default_value_t = 1, value_parser = finalists_in_range)]
     pub finalists: usize,
     /// Write the run as a Chrome trace-event file (Perfetto UI, chrome://tracing)
     #[arg(long)]
@@ -84,6 +84,20 @@ pub struct ModelArgs {
     pub simulate_finalists: usize,
     #[arg(long)]
     pub json: bool,
+}
+
+/// The most finalists a compile builds: each is a whole compile, so a larger
+/// count runs for hours without a word.
+pub const MAX_FINALISTS: usize = 64;
+
+fn finalists_in_range(text: &str) -> Result<usize, String> {
+    let n: usize = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
+    if n > MAX_FINALISTS {
+        return Err(format!(
+            "{n} is above the largest accepted, {MAX_FINALISTS}"
+        ));
+    }
+    Ok(n)
 }
 
 #[derive(Args)]
@@ -173,7 +187,8 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
     // Refuse what cannot fit before generating gigabytes of weights.
     tessera_plan::precheck(&machine, &graph)?;
     let weights = init_weights(&graph, a.seed);
-    let inputs = random_inputs(&graph, a.seed + 1);
+    // Any u64 is a seed: the largest one wraps rather than overflowing.
+    let inputs = random_inputs(&graph, a.seed.wrapping_add(1));
     Ok(Prepared {
         machine,
         graph,
