@@ -137,7 +137,9 @@ fn place_refuses_questionable_problems() {
     let dup = write(
         &dir,
         "dup.json",
-        &format!(r#"{{"tiles": [{{"tile": 1, "requests": [{REQ}]}}, {{"tile": 1}}]}}"#),
+        &format!(
+            "{{\"tiles\": [\n  {{\"tile\": 1, \"requests\": [{REQ}]}},\n  {{\"tile\": 1}}\n]}}\n"
+        ),
     );
     let far = write(
         &dir,
@@ -147,6 +149,11 @@ fn place_refuses_questionable_problems() {
     let one = write(&dir, "one.json", &format!(r#"{{"requests": [{REQ}]}}"#));
     let neg = write(&dir, "neg.csv", "id,lower,upper,size\na,0,2,4\nb,-1,2,4\n");
     let csv = write(&dir, "ok.csv", "id,lower,upper,size\na,0,2,4\n");
+    let huge = write(
+        &dir,
+        "huge.json",
+        r#"{"requests": [{"name": "a", "size": 18446744073709551615, "first": 0, "last": 1}]}"#,
+    );
     let typed = write(
         &dir,
         "typed.json",
@@ -155,11 +162,11 @@ fn place_refuses_questionable_problems() {
     for (args, needles) in [
         (
             vec!["place", s(&dup)],
-            vec!["dup.json", "tiles[1].tile = 1", "listed twice"],
+            vec!["dup.json:3: tiles[1].tile = 1", "listed twice"],
         ),
         (
             vec!["place", s(&far)],
-            vec!["far.json", "tiles[0].tile = 5000", "tiles 0 to 1471"],
+            vec!["far.json:1: tiles[0].tile = 5000", "tiles 0 to 1471"],
         ),
         (
             vec!["place", s(&far), "--machine", "small"],
@@ -176,6 +183,10 @@ fn place_refuses_questionable_problems() {
         (
             vec!["place", s(&csv), "--machine", "c600"],
             vec!["--machine c600", "ok.csv is a CSV problem", "no machine"],
+        ),
+        (
+            vec!["place", s(&huge)],
+            vec!["huge.json: invalid problem: tile 0: `a`: size or tail beyond 2^50"],
         ),
         (
             vec!["place", s(&typed)],

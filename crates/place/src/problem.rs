@@ -185,17 +185,23 @@ impl Problem {
 
     /// Refuses tile numbers the machine does not have and tiles listed twice:
     /// either would place one tile's buffers against another tile's rules or merge
-    /// two problems silently.
+    /// two problems silently. `text`, the problem's JSON, locates the tile's line.
     pub fn check_tiles(
         &self,
         m: &tessera_machine::Machine,
         origin: &str,
+        text: &str,
     ) -> Result<(), crate::PlaceError> {
+        let at = |i: usize| match tile_line(text, i) {
+            Some(line) => format!("{origin}:{line}"),
+            None => origin.to_string(),
+        };
         let mut first = std::collections::HashMap::new();
         for (i, t) in self.tiles.iter().enumerate() {
             if t.tile >= m.tiles {
                 return Err(crate::PlaceError::Invalid(format!(
-                    "{origin}: tiles[{i}].tile = {}: machine `{}` has tiles 0 to {}",
+                    "{}: tiles[{i}].tile = {}: machine `{}` has tiles 0 to {}",
+                    at(i),
                     t.tile,
                     m.name,
                     m.tiles - 1
@@ -203,13 +209,35 @@ impl Problem {
             }
             if let Some(j) = first.insert(t.tile, i) {
                 return Err(crate::PlaceError::Invalid(format!(
-                    "{origin}: tiles[{i}].tile = {}: tile {} is listed twice (also tiles[{j}])",
-                    t.tile, t.tile
+                    "{}: tiles[{i}].tile = {}: tile {} is listed twice (also tiles[{j}])",
+                    at(i),
+                    t.tile,
+                    t.tile
                 )));
             }
         }
         Ok(())
     }
+}
+
+/// The line on which the `i`th tile object of a problem's `tiles` starts (1 for a
+/// single-tile problem, which is the whole text).
+fn tile_line(text: &str, i: usize) -> Option<usize> {
+    #[derive(Deserialize)]
+    struct Raw<'a> {
+        #[serde(borrow)]
+        tiles: Vec<&'a serde_json::value::RawValue>,
+    }
+    let offset = match serde_json::from_str::<Raw>(text) {
+        Ok(raw) => {
+            let t = raw.tiles.get(i)?.get();
+            // The raw value borrows from `text`: its address gives its offset.
+            (t.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?
+        }
+        Err(_) if i == 0 => text.len() - text.trim_start().len(),
+        Err(_) => return None,
+    };
+    Some(text.get(..offset)?.matches('\n').count() + 1)
 }
 
 /// One placed request or sequence.

@@ -203,7 +203,7 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
         .or(problem.machine.clone())
         .unwrap_or_else(|| "c600".into());
     let machine = Machine::load(&machine_name)?;
-    problem.check_tiles(&machine, &origin)?;
+    problem.check_tiles(&machine, &origin, &text)?;
     if let Some(c) = a.capacity
         && c > u64::from(machine.sram_bytes())
     {
@@ -217,7 +217,7 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
     let results = place_tiles(&machine, &problem.tiles, &opts);
     let mut tiles = Vec::with_capacity(results.len());
     for r in results {
-        tiles.push(r?);
+        tiles.push(r.with_context(|| origin.clone())?);
     }
     let fits = tiles.iter().all(|t| t.fits);
     if let Some(path) = &a.svg {
