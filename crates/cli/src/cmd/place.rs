@@ -138,12 +138,13 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
                         ..opts
                     },
                 )?;
+                // Unknown when even that peak is within the capacity (the search
+                // at the capacity gave up where a minimising order succeeded).
                 let missing = best
                     .peak
-                    .map(|pk| pk.saturating_sub(cap))
-                    .filter(|&m| m > 0)
-                    .unwrap_or(r.lower_bound.saturating_sub(cap));
-                (Some(flat_reason(&r, cap)), Some(missing))
+                    .and_then(|pk| pk.checked_sub(cap))
+                    .filter(|&m| m > 0);
+                (Some(flat_reason(&r, cap)), missing)
             }
             _ => (None, None),
         };
@@ -187,9 +188,11 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
                     }
                 ),
                 None => println!(
-                    "does not fit: {}; missing {} bytes; {:.1} ms",
+                    "does not fit: {}; {}; {:.1} ms",
                     reason.as_deref().unwrap_or("no placement found"),
-                    missing_bytes.unwrap_or(0),
+                    missing_bytes.map_or("missing bytes unknown".to_string(), |m| format!(
+                        "missing {m} bytes"
+                    )),
                     r.time_ms
                 ),
             }
