@@ -72,8 +72,8 @@ fn config_files_are_checked() {
 }
 
 /// `--finalists`: every finalist reported, the selected one feasible and the best
-/// estimated of the feasible ones, and the same finalists and choice on a second
-/// run and on one thread.
+/// estimated of the feasible ones, and the same finalists, choice and package bytes
+/// on a second run and on one thread.
 #[test]
 fn finalists_are_reported_and_selection_is_deterministic() {
     let run = |threads: Option<&str>| {
@@ -95,6 +95,7 @@ fn finalists_are_reported_and_selection_is_deterministic() {
             cmd.env("RAYON_NUM_THREADS", t);
         }
         let out = cmd.output().expect("run tessera");
+        let package = std::fs::read(&path).unwrap_or_default();
         let _ = std::fs::remove_file(&path);
         assert!(
             out.status.success(),
@@ -122,7 +123,8 @@ fn finalists_are_reported_and_selection_is_deterministic() {
                 )
             })
             .collect();
-        (stable, selected)
+        assert!(!package.is_empty(), "no package written");
+        (stable, selected, package)
     };
     let first = run(None);
     assert_eq!(first, run(None));
@@ -288,4 +290,34 @@ fn run_writes_a_well_formed_chrome_trace() {
     ] {
         assert!(json.contains(name), "no `{name}` in the trace");
     }
+}
+
+/// Same inputs, byte-identical package (ARCHITECTURE.md, determinism): two compiles,
+/// and one on a single rayon thread against the default pool.
+#[test]
+fn compiles_are_byte_identical_across_runs_and_thread_counts() {
+    let compile = |threads: Option<&str>, k: u32| {
+        let path = std::env::temp_dir().join(format!("determinism-{}-{k}.tpk", std::process::id()));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+        cmd.args(["compile", "--size", "tiny", "--machine", "small", "-o"])
+            .arg(&path);
+        if let Some(t) = threads {
+            cmd.env("RAYON_NUM_THREADS", t);
+        }
+        let out = cmd.output().expect("run tessera");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes = std::fs::read(&path).expect("package");
+        let _ = std::fs::remove_file(&path);
+        bytes
+    };
+    let first = compile(None, 0);
+    assert!(first == compile(None, 1), "two compiles differ");
+    assert!(
+        first == compile(Some("1"), 2),
+        "one thread differs from the default"
+    );
 }

@@ -5,7 +5,7 @@
 //! zero: every snippet's size is independent of addresses) and the final package, so
 //! the size placement reserved is the size emitted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rayon::prelude::*;
 use std::ops::Range;
@@ -315,6 +315,10 @@ pub fn emit(
                     perms: rx,
                 });
             }
+            // Section names must be unique on a tile: the disassembly names each
+            // segment as a section, and the assembler refuses to open one twice, so a
+            // kernel called more than once numbers its states.
+            let mut states: HashMap<String, u32> = HashMap::new();
             for &ci in &code.calls {
                 let call = &plan.calls[ci];
                 let k = call.kernel.kernel();
@@ -326,8 +330,10 @@ pub fn emit(
                     state.bytes.len() as u32 <= buf.bytes,
                     "state outgrew its buffer"
                 );
+                let n = states.entry(k.symbol()).or_default();
+                *n += 1;
                 segments.push(Segment {
-                    name: format!("{}.state", k.symbol()),
+                    name: format!("{}.state.{}", k.symbol(), *n - 1),
                     addr: addr(call.state),
                     size: buf.bytes,
                     bytes: state.bytes,

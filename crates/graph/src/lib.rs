@@ -19,7 +19,7 @@ mod tensors;
 pub use builder::{GAMMA_STD, GraphBuilder, SMALL_STD};
 pub use error::{GraphError, ShapeMismatch};
 pub use ir::{DType, Graph, Init, Op, OpId, OpKind, Output, Shape, TensorId, TensorInfo};
-pub use models::{EncoderLayerConfig, MlpConfig, encoder_layer, mlp};
+pub use models::{EncoderLayerConfig, MAX_BATCH, MAX_DIM, MAX_ROWS, MlpConfig, encoder_layer, mlp};
 pub use tensors::{
     HostTensor, Inputs, Outputs, TensorError, TensorMap, Weights, init_weights, random_inputs,
     round_to_f16,

@@ -86,6 +86,7 @@ impl MlpConfig {
             ("hidden", self.hidden),
         ];
         check_positive(&dims)?;
+        check_product("rows, batch x tokens", &[self.batch, self.tokens])?;
         check_eps(self.eps)
     }
 }
@@ -234,6 +235,12 @@ impl EncoderLayerConfig {
             ("heads", self.heads),
             ("mlp_hidden", self.mlp_hidden),
         ])?;
+        let side = self.image_size / self.patch;
+        check_product("rows, batch x tokens", &[self.batch, side, side])?;
+        check_product(
+            "values per patch, patch x patch x channels",
+            &[self.patch, self.patch, self.channels],
+        )?;
         if !self.image_size.is_multiple_of(self.patch) {
             return Err(GraphError::Config(format!(
                 "image_size {} is not a multiple of patch {}",
@@ -256,10 +263,45 @@ impl Default for EncoderLayerConfig {
     }
 }
 
+/// The largest batch a model accepts (`docs/limits.md`). Far above anything that
+/// fits a chip; it keeps `batch * tokens` and byte counts in range, so that the
+/// fit check, not an overflow, answers for large batches.
+pub const MAX_BATCH: usize = 1 << 20;
+/// The largest model dimension accepted (`image_size`, `channels`, `patch`, `width`,
+/// `heads`, `mlp_hidden`, `layers`, and `tokens`/`hidden` of the MLP block).
+pub const MAX_DIM: usize = 1 << 20;
+/// The most rows (`batch * tokens`) and values per patch a model may have: the
+/// planner counts them in `u32`.
+pub const MAX_ROWS: usize = u32::MAX as usize;
+
+/// Every dimension in `1..=MAX_DIM` (`batch` in `1..=MAX_BATCH`).
 fn check_positive(dims: &[(&str, usize)]) -> Result<(), GraphError> {
-    match dims.iter().find(|(_, v)| *v == 0) {
-        Some((name, _)) => Err(GraphError::Config(format!("{name} must be > 0"))),
-        None => Ok(()),
+    for &(name, v) in dims {
+        let max = if name == "batch" { MAX_BATCH } else { MAX_DIM };
+        if v == 0 {
+            return Err(GraphError::Config(format!("{name} must be > 0")));
+        }
+        if v > max {
+            return Err(GraphError::Config(format!(
+                "{name} {v} is above the largest accepted, {max} (docs/limits.md)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `factors` multiplied without overflow and at most [`MAX_ROWS`].
+fn check_product(what: &str, factors: &[usize]) -> Result<(), GraphError> {
+    match factors.iter().try_fold(1usize, |a, &f| a.checked_mul(f)) {
+        Some(p) if p <= MAX_ROWS => Ok(()),
+        _ => Err(GraphError::Config(format!(
+            "{what} ({}) is above the largest accepted, {MAX_ROWS} (docs/limits.md)",
+            factors
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join(" x ")
+        ))),
     }
 }
 

@@ -36,7 +36,8 @@ pub enum TensorError {
     UnsupportedDType { name: String, dtype: String },
     #[error("invalid safetensors data: {0}")]
     Safetensors(String),
-    #[error("cannot access {path}: {source}")]
+    // The OS error is the source only, so that a printed chain shows it once.
+    #[error("cannot access {path}")]
     Io {
         path: String,
         #[source]

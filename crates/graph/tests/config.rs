@@ -69,3 +69,34 @@ fn bad_files_say_what_and_where() {
         .to_string();
     assert!(err.contains("batch must be > 0"), "{err}");
 }
+
+/// docs/limits.md: dimensions past the accepted ranges are configuration errors
+/// naming the field and the limit, never an overflow.
+#[test]
+fn limits_are_errors_not_overflows() {
+    use tessera_graph::{MAX_BATCH, MAX_DIM};
+    let e = mlp(&MlpConfig::tiny(usize::MAX)).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "batch {} is above the largest accepted, {MAX_BATCH}",
+            usize::MAX
+        )),
+        "{e}"
+    );
+    // Each dimension in range, their product (rows) not.
+    let mut m = MlpConfig::tiny(MAX_BATCH);
+    m.tokens = MAX_DIM;
+    let e = mlp(&m).unwrap_err().to_string();
+    assert!(
+        e.contains("rows, batch x tokens (1048576 x 1048576)"),
+        "{e}"
+    );
+    let mut c = EncoderLayerConfig::so400m(1);
+    c.width = MAX_DIM + 1;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("width 1048577 is above the largest accepted"),
+        "{e}"
+    );
+    mlp(&MlpConfig::tiny(MAX_BATCH)).unwrap();
+}

@@ -121,6 +121,9 @@ enum Stmt {
         name: String,
         size: Expr,
         kind: Option<SymbolKind>,
+        /// A symbol at a fixed address outside every section (memory the program
+        /// fills at run time, such as weights), rather than a label's size.
+        addr: Option<Expr>,
     },
     Entry(Expr),
     Exchange {
@@ -145,6 +148,8 @@ enum Stmt {
         offset: Expr,
         bytes: Expr,
     },
+    /// `.bindata "HEX"`: the next bytes of a weight binding's host contents.
+    BinData(Vec<u8>),
     Word(WordStmt),
 }
 
@@ -341,7 +346,17 @@ fn directive(d: &str, col: usize, c: &mut Cursor) -> Result<Stmt, SyntaxError> {
             } else {
                 None
             };
-            Stmt::Symbol { name, size, kind }
+            let addr = if kind.is_some() && (c.eat(&Tok::Comma) || !c.at_end()) {
+                Some(c.expr()?)
+            } else {
+                None
+            };
+            Stmt::Symbol {
+                name,
+                size,
+                kind,
+                addr,
+            }
         }
         ".entry" => Stmt::Entry(c.expr()?),
         ".exchange" => {
@@ -388,6 +403,22 @@ fn directive(d: &str, col: usize, c: &mut Cursor) -> Result<Stmt, SyntaxError> {
             offset: c.expr()?,
             bytes: c.expr()?,
         },
+        ".bindata" => {
+            let (hex, hcol) = c.name("a quoted string of hex digits")?;
+            let digits = hex.as_bytes();
+            if digits.len() % 2 != 0 {
+                return err(hcol, "binding data needs two hex digits per byte");
+            }
+            let nibble = |d: u8| (d as char).to_digit(16).map(|v| v as u8);
+            let mut bytes = Vec::with_capacity(digits.len() / 2);
+            for pair in digits.chunks_exact(2) {
+                match (nibble(pair[0]), nibble(pair[1])) {
+                    (Some(h), Some(l)) => bytes.push(h << 4 | l),
+                    _ => return err(hcol, "binding data holds only hex digits"),
+                }
+            }
+            Stmt::BinData(bytes)
+        }
         _ => return err(col, format!("unknown directive `{d}`")),
     })
 }
@@ -420,6 +451,7 @@ struct BindingSrc {
     name: String,
     bytes: Expr,
     slices: Vec<(usize, usize, Stmt)>,
+    data: Vec<u8>,
 }
 
 /// The laid-out image of a group of tiles, and its symbol table.
@@ -564,10 +596,17 @@ impl<'a> Assembler<'a> {
                     name: name.clone(),
                     bytes: bytes.clone(),
                     slices: Vec::new(),
+                    data: Vec::new(),
                 }),
                 Stmt::Slice { .. } => match bindings.last_mut() {
                     Some(b) => b.slices.push((l.line, col, stmt.clone())),
                     None => return Err(self.diag(l.line, col, "`.slice` outside a `.binding`")),
+                },
+                Stmt::BinData(bytes) => match bindings.last_mut() {
+                    Some(b) => b.data.extend_from_slice(bytes),
+                    None => {
+                        return Err(self.diag(l.line, col, "`.bindata` outside a `.binding`"));
+                    }
                 },
                 _ => {}
             }
@@ -709,7 +748,7 @@ impl<'a> Assembler<'a> {
                 });
             }
             out_bindings.push(HostBinding {
-                data: Vec::new(),
+                data: b.data.clone(),
                 name: b.name.clone(),
                 kind: b.kind,
                 bytes: u32_of(bytes, b.line, b.col, "binding length")?,
@@ -748,7 +787,16 @@ impl<'a> Assembler<'a> {
             }
             _ => name.to_string(),
         };
-        Machine::load(&resolved).map_err(|e| e.to_string())
+        Machine::load(&resolved).map_err(|e| {
+            // A diagnostic is one line: the error with its causes (the OS error).
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                text += &format!(": {c}");
+                cause = c.source();
+            }
+            text
+        })
     }
 
     fn tile_set(&self, sel: &TileSel, m: &Machine, line: usize) -> Res<Vec<u32>> {
@@ -824,6 +872,8 @@ struct Layout {
     index: HashMap<String, usize>,
     places: Vec<Option<Place>>,
     sizes: Vec<(usize, usize, String, Expr, Option<SymbolKind>)>,
+    /// `.symbol NAME SIZE KIND ADDR`: line, column, name, size, kind, address.
+    free: Vec<(usize, usize, String, Expr, SymbolKind, Expr)>,
     entry: Option<(usize, Expr)>,
 }
 
@@ -837,6 +887,7 @@ impl Assembler<'_> {
             index: HashMap::new(),
             places: vec![None; lines.len()],
             sizes: Vec::new(),
+            free: Vec::new(),
             entry: None,
         };
         let mut cur: Option<usize> = None;
@@ -1070,7 +1121,23 @@ impl Assembler<'_> {
                         pad_nop,
                     });
                 }
-                Stmt::Symbol { name, size, kind } => {
+                Stmt::Symbol {
+                    name,
+                    size,
+                    kind,
+                    addr: Some(addr),
+                } => {
+                    // The parser takes an address only after a kind.
+                    let kind = kind.unwrap_or(SymbolKind::Data);
+                    lay.free
+                        .push((line, col, name.clone(), size.clone(), kind, addr.clone()));
+                }
+                Stmt::Symbol {
+                    name,
+                    size,
+                    kind,
+                    addr: None,
+                } => {
                     lay.sizes
                         .push((line, col, name.clone(), size.clone(), *kind));
                 }
@@ -1298,6 +1365,58 @@ impl Assembler<'_> {
                     addr: l.addr,
                     size,
                     kind,
+                },
+            ));
+        }
+        // Symbols outside sections follow the labels in definition order.
+        let mut free_names: HashMap<&str, usize> = HashMap::new();
+        for (j, (line, col, name, size, kind, addr)) in lay.free.iter().enumerate() {
+            if let Some(l) = lay.index.get(name).map(|&i| &lay.labels[i]) {
+                return Err(self.diag(
+                    *line,
+                    *col,
+                    format!(
+                        "symbol `{name}` is also a label on this tile (line {})",
+                        l.line
+                    ),
+                ));
+            }
+            if let Some(prev) = free_names.insert(name, *line) {
+                return Err(self.diag(
+                    *line,
+                    *col,
+                    format!("symbol `{name}` is defined twice on this tile (line {prev})"),
+                ));
+            }
+            let size = size.eval(&resolve).map_err(self.at(*line))?;
+            let size = u32::try_from(size).map_err(|_| {
+                self.diag(*line, *col, format!("symbol size {size} is out of range"))
+            })?;
+            let at = addr.eval(&resolve).map_err(self.at(*line))?;
+            let at = u32::try_from(at)
+                .ok()
+                .filter(|&a| {
+                    a >= m.sram_start() && u64::from(a) + u64::from(size) <= u64::from(m.sram_end())
+                })
+                .ok_or_else(|| {
+                    self.diag(
+                        *line,
+                        *col,
+                        format!(
+                            "symbol `{name}` [{at:#x}, +{size}) lies outside tile SRAM [{:#x}, {:#x})",
+                            m.sram_start(),
+                            m.sram_end()
+                        ),
+                    )
+                })?;
+            symbols.push((
+                at,
+                lay.labels.len() + j,
+                Symbol {
+                    name: name.clone(),
+                    addr: at,
+                    size,
+                    kind: *kind,
                 },
             ));
         }

@@ -228,8 +228,14 @@ fn tile_image(out: &mut String, img: &TileImage, range: Option<(u32, u64)>) {
             if h.is_none() {
                 let _ = writeln!(
                     out,
-                    "# symbol `{}` [{:#x}, +{}) lies outside every segment and is not listed",
-                    s.name, s.addr, s.size
+                    ".symbol {} {} {} {:#x}",
+                    quote_name(&s.name),
+                    s.size,
+                    match s.kind {
+                        SymbolKind::Code => "code",
+                        SymbolKind::Data => "data",
+                    },
+                    s.addr
                 );
             }
         }
@@ -439,6 +445,12 @@ fn exchanges_and_bindings(out: &mut String, p: &Package) {
                 ".slice {} {:#x} {} {}",
                 s.tile, s.tile_addr, s.offset, s.bytes
             );
+        }
+        // A weight binding's host contents, 64 bytes a line, so that the listing
+        // re-assembles to the same package.
+        for chunk in b.data.chunks(64) {
+            let hex: String = chunk.iter().map(|x| format!("{x:02x}")).collect();
+            let _ = writeln!(out, ".bindata \"{hex}\"");
         }
     }
 }

@@ -18,7 +18,8 @@ use std::path::Path;
 pub enum MachineError {
     #[error("unknown machine preset `{0}` (known: {known})", known = PRESETS.join(", "))]
     UnknownPreset(String),
-    #[error("cannot read machine file {path}: {source}")]
+    // The OS error is the source only, so that a printed chain shows it once.
+    #[error("cannot read machine file {path}")]
     Io {
         path: String,
         #[source]

@@ -34,11 +34,20 @@ const PERM_EXECUTE: u8 = 4;
 /// Why a package could not be read, or is not a consistent package.
 #[derive(Debug, thiserror::Error)]
 pub enum PackageError {
-    #[error("cannot access {path}: {source}")]
+    // The OS error is the source, not part of the message: reports that print the
+    // chain (`{:#}`) would otherwise show it twice.
+    #[error("cannot {action} {path}")]
     Io {
+        action: &'static str,
         path: String,
         #[source]
         source: std::io::Error,
+    },
+    /// A package file that is not a valid package: the file, then why.
+    #[error("{path}: {error}")]
+    File {
+        path: String,
+        error: Box<PackageError>,
     },
     #[error("not a tessera package: the file does not start with the package magic")]
     BadMagic,
@@ -950,10 +959,14 @@ fn validate_binding(m: &Machine, b: &HostBinding) -> Result<(), PackageError> {
 pub fn read_package_file(path: impl AsRef<std::path::Path>) -> Result<Package, PackageError> {
     let path = path.as_ref();
     let data = std::fs::read(path).map_err(|source| PackageError::Io {
+        action: "read",
         path: path.display().to_string(),
         source,
     })?;
-    read_package(&data)
+    read_package(&data).map_err(|e| PackageError::File {
+        path: path.display().to_string(),
+        error: Box::new(e),
+    })
 }
 
 /// Validates a package, then writes it; an invalid package is never written.
@@ -964,6 +977,7 @@ pub fn write_package_file(
     validate(p)?;
     let path = path.as_ref();
     std::fs::write(path, write_package(p)).map_err(|source| PackageError::Io {
+        action: "write",
         path: path.display().to_string(),
         source,
     })

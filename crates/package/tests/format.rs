@@ -318,6 +318,26 @@ fn files_round_trip_and_report_paths() {
     assert!(!dir.join("b.tpk").exists());
     let err = read_package_file(dir.join("missing.tpk")).unwrap_err();
     assert!(err.to_string().contains("missing.tpk"));
+    // The OS error is the source, not repeated in the message: a report printing
+    // the chain shows it once.
+    let source = std::error::Error::source(&err)
+        .expect("the OS error")
+        .to_string();
+    assert!(!err.to_string().contains(&source), "{err}");
+    // A corrupt file: the file named, then why.
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.join("cut.tpk");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let err = read_package_file(&cut).unwrap_err();
+    assert!(
+        matches!(&err, PackageError::File { error, .. } if matches!(**error, PackageError::Truncated { .. })),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with(&format!("{}: truncated package", cut.display())),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -106,6 +106,14 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<FlatProblem, PlaceError> {
                 .map_err(|e| err(n, format!("{what} `{}`: {e}", fields[col])))
         };
         let lower = int(lower_col, "lower")?;
+        // Lifetimes count steps from 0; a negative one is a broken export, not a
+        // problem to place.
+        if lower < 0 {
+            return Err(err(
+                n,
+                format!("lower {lower} is negative: steps start at 0"),
+            ));
+        }
         let mut upper = int(upper_col, "upper")?;
         if inclusive {
             upper = upper
@@ -166,6 +174,11 @@ mod tests {
         assert!(parse_csv("id,lower,upper,size\n1,0,2\n", "t").is_err());
         assert!(parse_csv("id,lower,upper,size,offset\n1,0,2,4,0\n", "t").is_err());
         assert!(parse_csv("id,lower,upper,size\n1,0,2,4\n1,0,2,4\n", "t").is_err());
+        let e = parse_csv("id,lower,upper,size\na,0,2,4\nb,-1,2,4\n", "p.csv").unwrap_err();
+        assert!(
+            e.to_string().contains("p.csv:3") && e.to_string().contains("lower -1"),
+            "{e}"
+        );
     }
 
     #[test]

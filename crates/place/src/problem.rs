@@ -150,25 +150,94 @@ pub struct Problem {
 impl Problem {
     /// Parses a problem: either `{"tiles": [...]}` or a single tile object.
     pub fn from_json(text: &str) -> Result<Problem, crate::PlaceError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| crate::PlaceError::Parse {
-                what: "JSON problem".into(),
-                message: e.to_string(),
-            })?;
-        let is_multi = value.get("tiles").is_some();
-        let parsed = if is_multi {
-            serde_json::from_value::<Problem>(value)
-        } else {
-            serde_json::from_value::<TileProblem>(value).map(|t| Problem {
-                machine: None,
-                tiles: vec![t],
-            })
-        };
-        parsed.map_err(|e| crate::PlaceError::Parse {
-            what: "JSON problem".into(),
-            message: e.to_string(),
-        })
+        Problem::parse(text, "JSON problem")
     }
+
+    /// Parses a problem; errors name `origin` (the file) with the line and column
+    /// serde_json reports.
+    pub fn parse(text: &str, origin: &str) -> Result<Problem, crate::PlaceError> {
+        let located = |e: serde_json::Error| {
+            // serde_json appends " at line L column C"; the position leads instead.
+            let suffix = format!(" at line {} column {}", e.line(), e.column());
+            let message = e.to_string();
+            let message = message
+                .strip_suffix(&suffix)
+                .unwrap_or(&message)
+                .to_string();
+            crate::PlaceError::Parse {
+                what: format!("{origin}:{}:{}", e.line(), e.column()),
+                message,
+            }
+        };
+        let value: serde_json::Value = serde_json::from_str(text).map_err(located)?;
+        // Typed parsing from the text, not from `value`: only the text has positions.
+        if value.get("tiles").is_some() {
+            serde_json::from_str::<Problem>(text).map_err(located)
+        } else {
+            serde_json::from_str::<TileProblem>(text)
+                .map(|t| Problem {
+                    machine: None,
+                    tiles: vec![t],
+                })
+                .map_err(located)
+        }
+    }
+
+    /// Refuses tile numbers the machine does not have and tiles listed twice:
+    /// either would place one tile's buffers against another tile's rules or merge
+    /// two problems silently. `text`, the problem's JSON, locates the tile's line.
+    pub fn check_tiles(
+        &self,
+        m: &tessera_machine::Machine,
+        origin: &str,
+        text: &str,
+    ) -> Result<(), crate::PlaceError> {
+        let at = |i: usize| match tile_line(text, i) {
+            Some(line) => format!("{origin}:{line}"),
+            None => origin.to_string(),
+        };
+        let mut first = std::collections::HashMap::new();
+        for (i, t) in self.tiles.iter().enumerate() {
+            if t.tile >= m.tiles {
+                return Err(crate::PlaceError::Invalid(format!(
+                    "{}: tiles[{i}].tile = {}: machine `{}` has tiles 0 to {}",
+                    at(i),
+                    t.tile,
+                    m.name,
+                    m.tiles - 1
+                )));
+            }
+            if let Some(j) = first.insert(t.tile, i) {
+                return Err(crate::PlaceError::Invalid(format!(
+                    "{}: tiles[{i}].tile = {}: tile {} is listed twice (also tiles[{j}])",
+                    at(i),
+                    t.tile,
+                    t.tile
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The line on which the `i`th tile object of a problem's `tiles` starts (1 for a
+/// single-tile problem, which is the whole text).
+fn tile_line(text: &str, i: usize) -> Option<usize> {
+    #[derive(Deserialize)]
+    struct Raw<'a> {
+        #[serde(borrow)]
+        tiles: Vec<&'a serde_json::value::RawValue>,
+    }
+    let offset = match serde_json::from_str::<Raw>(text) {
+        Ok(raw) => {
+            let t = raw.tiles.get(i)?.get();
+            // The raw value borrows from `text`: its address gives its offset.
+            (t.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?
+        }
+        Err(_) if i == 0 => text.len() - text.trim_start().len(),
+        Err(_) => return None,
+    };
+    Some(text.get(..offset)?.matches('\n').count() + 1)
 }
 
 /// One placed request or sequence.

@@ -104,6 +104,31 @@ fn overflow_is_diagnosed_with_missing_bytes() {
     assert!(d.summary.contains("tile 7") && d.summary.contains("act1"));
 }
 
+/// Errors locate themselves: serde_json's line and column with the file name, and
+/// the line of a tile the machine lacks or that is listed twice.
+#[test]
+fn problem_errors_name_file_line_and_field() {
+    let e = Problem::parse("{\"requests\": [\n {\"name\": 1}]}", "p.json").unwrap_err();
+    assert!(e.to_string().starts_with("cannot parse p.json:2:"), "{e}");
+    let text = "{\"tiles\": [\n {\"tile\": 2},\n\n {\"tile\": 2}\n]}";
+    let p = Problem::parse(text, "p.json").unwrap();
+    let e = p
+        .check_tiles(&Machine::small(), "p.json", text)
+        .unwrap_err();
+    assert!(e.to_string().contains("p.json:4: tiles[1].tile = 2"), "{e}");
+    let text = "{\"tiles\": [{\"tile\": 4}]}";
+    let p = Problem::parse(text, "q.json").unwrap();
+    let e = p
+        .check_tiles(&Machine::small(), "q.json", text)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("q.json:1: tiles[0].tile = 4: machine `small` has tiles 0 to 3"),
+        "{e}"
+    );
+    p.check_tiles(&Machine::c600(), "q.json", text).unwrap();
+}
+
 #[test]
 fn bad_inputs_are_typed_errors() {
     assert!(matches!(

@@ -57,7 +57,9 @@ pub enum PlanError {
 /// Counted: every parameter, input and output once in f16 (replication and
 /// activations only add to it) against the whole chip's SRAM; per tile, the keys,
 /// their transpose and the values of one attention head (each tile of a head's
-/// group holds all three) against one tile's SRAM.
+/// group holds all three) against one tile's SRAM; per linear, the best mapping of
+/// its smallest row pass with the whole of one tile's SRAM as its budget (the
+/// lowering only ever has less).
 pub fn precheck(
     machine: &tessera_machine::Machine,
     graph: &tessera_graph::Graph,
@@ -88,7 +90,63 @@ pub fn precheck(
             scope: format!("the whole chip ({} tiles)", machine.tiles),
         });
     }
+    let sram = u64::from(machine.sram_bytes());
+    let params: std::collections::HashSet<_> = graph
+        .ops()
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Parameter { .. }))
+        .map(|o| o.output)
+        .collect();
     for op in graph.ops() {
+        // Linears only (a matmul by a 2-D weight): the lowering maps exactly these
+        // with `map_matmul`; attention's products have their own rule.
+        if let OpKind::MatMul {
+            a,
+            b,
+            transpose_b: false,
+            ..
+        } = op.kind
+            && params.contains(&b)
+            && graph.shape(b).rank() == 2
+        {
+            let dims = graph.shape(a).dims();
+            let k = dims.last().copied().unwrap_or(1);
+            let rows = dims[..dims.len().saturating_sub(1)]
+                .iter()
+                .try_fold(1usize, |x, &d| x.checked_mul(d));
+            let n = graph.shape(op.output).last();
+            let passes = lower::ROW_PASSES[lower::ROW_PASSES.len() - 1];
+            let shape = match (
+                rows.and_then(|r| u32::try_from(r).ok()),
+                u32::try_from(k),
+                u32::try_from(n),
+            ) {
+                (Some(rows), Ok(k), Ok(n)) => MatmulShape {
+                    rows: rows.div_ceil(passes),
+                    k,
+                    n,
+                },
+                _ => {
+                    return Err(PlanError::Unsupported(format!(
+                        "matmul `{}` has a dimension above 2^32 - 1",
+                        op.name
+                    )));
+                }
+            };
+            if let Err(PlanError::DoesNotFit { needed, .. }) = map_matmul(machine, shape, sram) {
+                return Err(PlanError::TooLarge {
+                    what: format!(
+                        "the tensors of matmul `{}` on its busiest tile ([{}x{k}] x [{k}x{n}] \
+                         in {passes} row passes, best mapping)",
+                        op.name,
+                        rows.unwrap_or(0)
+                    ),
+                    needed,
+                    available: sram,
+                    scope: "one tile".into(),
+                });
+            }
+        }
         if let OpKind::MatMul {
             b,
             transpose_b: true,

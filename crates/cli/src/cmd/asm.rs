@@ -1,6 +1,5 @@
 //! Owned by the isa/package work: `tessera asm` and `tessera disasm`.
 use crate::Outcome;
-use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -39,8 +38,8 @@ pub fn run_asm(a: AsmArgs) -> anyhow::Result<Outcome> {
             );
         }
     };
-    tessera_package::write_package_file(&a.output, &package)
-        .with_context(|| format!("writing {}", a.output.display()))?;
+    // The package errors name the file already.
+    tessera_package::write_package_file(&a.output, &package)?;
     let bytes = std::fs::metadata(&a.output).map(|m| m.len()).unwrap_or(0);
     let code: usize = package
         .tiles

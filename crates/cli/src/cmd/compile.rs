@@ -61,7 +61,7 @@ pub struct ModelArgs {
     /// most the machine's): squeezes a compile without editing the machine.
     #[arg(long)]
     pub capacity: Option<u64>,
-    /// Seed of the weights (inputs use seed + 1).
+    /// Seed of the weights (inputs use seed + 1, wrapping).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Declare the rearrangement's operands 2-byte aligned, as the seed's bug did,
@@ -75,8 +75,8 @@ pub struct ModelArgs {
     #[arg(long, hide = true)]
     pub mutate_kernel: Option<String>,
     /// Whole-model plans to build completely before selecting one (1: the rules'
-    /// defaults, no search)
-    #[arg(long, default_value_t = 8)]
+    /// defaults, no search; at most 64, docs/limits.md)
+    #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
     pub finalists: usize,
     /// Write the run as a Chrome trace-event file (Perfetto UI, chrome://tracing)
     #[arg(long)]
@@ -91,6 +91,20 @@ pub struct ModelArgs {
     pub simulate_finalists: usize,
     #[arg(long)]
     pub json: bool,
+}
+
+/// The most finalists a compile builds: each is a whole compile, so a larger
+/// count runs for hours without a word.
+pub const MAX_FINALISTS: usize = 64;
+
+fn finalists_in_range(text: &str) -> Result<usize, String> {
+    let n: usize = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
+    if n > MAX_FINALISTS {
+        return Err(format!(
+            "{n} is above the largest accepted, {MAX_FINALISTS}"
+        ));
+    }
+    Ok(n)
 }
 
 #[derive(Args)]
@@ -180,7 +194,8 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
     // Refuse what cannot fit before generating gigabytes of weights.
     tessera_plan::precheck(&machine, &graph)?;
     let weights = init_weights(&graph, a.seed);
-    let inputs = random_inputs(&graph, a.seed + 1);
+    // Any u64 is a seed: the largest one wraps rather than overflowing.
+    let inputs = random_inputs(&graph, a.seed.wrapping_add(1));
     Ok(Prepared {
         machine,
         graph,
@@ -342,7 +357,7 @@ fn print_report(r: &CompileReport) {
 #[derive(Serialize)]
 struct CompileJson<'a> {
     output: String,
-    package_bytes: usize,
+    /// The report carries `package_bytes`: a field here too would print the key twice.
     #[serde(flatten)]
     report: &'a CompileReport,
 }
@@ -372,7 +387,6 @@ pub fn compile(a: CompileArgs) -> anyhow::Result<Outcome> {
     if a.model.json {
         super::print_json(&CompileJson {
             output: a.output.display().to_string(),
-            package_bytes: bytes.len(),
             report: &c.report,
         })?;
     } else {

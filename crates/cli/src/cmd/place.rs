@@ -6,8 +6,8 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use tessera_machine::Machine;
 use tessera_place::{
-    Allocation, Mode, ModeSelect, Options, Problem, TileOutcome, bench, parse_csv, place_flat,
-    place_tiles,
+    Allocation, FlatOutcome, Mode, ModeSelect, Options, Problem, SearchVerdict, TileOutcome, bench,
+    parse_csv, place_flat, place_tiles,
 };
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -43,7 +43,9 @@ pub struct PlaceArgs {
 
 #[derive(Args)]
 pub struct BenchPlaceArgs {
-    /// Benchmark directory (default: `../shared/benchmarks` beside the repository).
+    /// Directory of the benchmark suites (`minimalloc/`, `idealloc/`: copies of the
+    /// public suites). Default: $TESSERA_BENCHMARKS, else `../shared/benchmarks`
+    /// beside the repository.
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Only instances whose path contains this text.
@@ -70,6 +72,14 @@ fn options(a: &PlaceArgs) -> Options {
 #[derive(Serialize)]
 struct Report<'a> {
     fits: bool,
+    /// Why the problem does not fit (absent when it fits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// Bytes missing: for a CSV, the extra arena the best placement found needs; for
+    /// tiles, the most any failing tile is missing (`None` when unknown or when no
+    /// amount of memory helps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    missing_bytes: Option<u64>,
     peak: Option<u64>,
     lower_bound: u64,
     time_ms: f64,
@@ -80,18 +90,69 @@ struct Report<'a> {
     tiles: Option<&'a [TileOutcome]>,
 }
 
+/// Why a CSV problem found no placement at its capacity, in words.
+fn flat_reason(r: &FlatOutcome, capacity: u64) -> String {
+    match r.search {
+        Some(SearchVerdict::InfeasibleLiveBytes) => format!(
+            "{} bytes are live at once, above the capacity {capacity}: no placement exists",
+            r.lower_bound
+        ),
+        Some(SearchVerdict::Exhausted) => format!(
+            "the search ruled out every placement at capacity {capacity} ({} nodes): none exists",
+            r.search_nodes
+        ),
+        Some(SearchVerdict::GaveUp) => format!(
+            "no placement found at capacity {capacity}: the greedy modes failed and the search \
+             gave up after {} nodes (raise --node-budget to search longer)",
+            r.search_nodes
+        ),
+        Some(SearchVerdict::Found) | None => format!(
+            "no placement found at capacity {capacity} by the modes run (the search did not run)"
+        ),
+    }
+}
+
 pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
     let text = std::fs::read_to_string(&a.problem)
         .with_context(|| format!("cannot read {}", a.problem.display()))?;
+    let origin = a.problem.display().to_string();
     let opts = options(&a);
     let is_json =
         a.problem.extension().is_some_and(|e| e == "json") || text.trim_start().starts_with('{');
     if !is_json {
-        let p = parse_csv(&text, &a.problem.display().to_string())?;
+        if let Some(m) = &a.machine {
+            anyhow::bail!(
+                "--machine {m}: {origin} is a CSV problem, one arena with no machine; \
+                 give its size with --capacity, or use a JSON problem for a machine's tiles"
+            );
+        }
+        let p = parse_csv(&text, &origin)?;
         let r = place_flat(&p, &opts)?;
+        let (reason, missing_bytes) = match (r.fits, r.capacity) {
+            (false, Some(cap)) => {
+                // The lowest peak found without a capacity says how much is missing.
+                let best = place_flat(
+                    &p,
+                    &Options {
+                        capacity: None,
+                        ..opts
+                    },
+                )?;
+                // Unknown when even that peak is within the capacity (the search
+                // at the capacity gave up where a minimising order succeeded).
+                let missing = best
+                    .peak
+                    .and_then(|pk| pk.checked_sub(cap))
+                    .filter(|&m| m > 0);
+                (Some(flat_reason(&r, cap)), missing)
+            }
+            _ => (None, None),
+        };
         if a.json {
             crate::cmd::print_json(&Report {
                 fits: r.fits,
+                reason,
+                missing_bytes,
                 peak: r.peak,
                 lower_bound: r.lower_bound,
                 time_ms: r.time_ms,
@@ -111,8 +172,13 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
             );
             match r.peak {
                 Some(pk) => println!(
-                    "fits: peak {pk} ({:.4} x lower bound), mode {}, {:.1} ms{}",
-                    pk as f64 / r.lower_bound.max(1) as f64,
+                    "fits: peak {pk} ({}), mode {}, {:.1} ms{}",
+                    // No buffer is live at any step: a ratio to 0 means nothing.
+                    if r.lower_bound == 0 {
+                        "lower bound 0".to_string()
+                    } else {
+                        format!("{:.4} x lower bound", pk as f64 / r.lower_bound as f64)
+                    },
                     r.mode_used.map_or("-", Mode::name),
                     r.time_ms,
                     if r.search_nodes > 0 {
@@ -122,24 +188,39 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
                     }
                 ),
                 None => println!(
-                    "does not fit: search {:?} after {} nodes, {:.1} ms",
-                    r.search, r.search_nodes, r.time_ms
+                    "does not fit: {}; {}; {:.1} ms",
+                    reason.as_deref().unwrap_or("no placement found"),
+                    missing_bytes.map_or("missing bytes unknown".to_string(), |m| format!(
+                        "missing {m} bytes"
+                    )),
+                    r.time_ms
                 ),
             }
         }
         return Ok(if r.fits { Outcome::Ok } else { Outcome::Failed });
     }
-    let problem = Problem::from_json(&text)?;
+    let problem = Problem::parse(&text, &origin)?;
     let machine_name = a
         .machine
         .clone()
         .or(problem.machine.clone())
         .unwrap_or_else(|| "c600".into());
     let machine = Machine::load(&machine_name)?;
+    problem.check_tiles(&machine, &origin, &text)?;
+    if let Some(c) = a.capacity
+        && c > u64::from(machine.sram_bytes())
+    {
+        anyhow::bail!(
+            "--capacity {c} is above the {} bytes of SRAM of a `{}` tile: it can only narrow \
+             the space",
+            machine.sram_bytes(),
+            machine.name
+        );
+    }
     let results = place_tiles(&machine, &problem.tiles, &opts);
     let mut tiles = Vec::with_capacity(results.len());
     for r in results {
-        tiles.push(r?);
+        tiles.push(r.with_context(|| origin.clone())?);
     }
     let fits = tiles.iter().all(|t| t.fits);
     if let Some(path) = &a.svg {
@@ -168,8 +249,29 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
                     .map(|p| p.allocations.as_slice())
             })
             .flatten();
+        let failing: Vec<&TileOutcome> = tiles.iter().filter(|t| !t.fits).collect();
+        let reason = failing.first().map(|t| {
+            let first = t
+                .diagnosis
+                .as_ref()
+                .map_or(format!("tile {}: does not fit", t.tile), |d| {
+                    d.summary.clone()
+                });
+            format!(
+                "{} of {} tiles {} not fit; {first}",
+                failing.len(),
+                tiles.len(),
+                if failing.len() == 1 { "does" } else { "do" }
+            )
+        });
+        let missing_bytes = failing
+            .iter()
+            .filter_map(|t| t.diagnosis.as_ref().and_then(|d| d.missing_bytes))
+            .max();
         crate::cmd::print_json(&Report {
             fits,
+            reason,
+            missing_bytes,
             peak: tiles.iter().filter_map(|t| t.peak).max(),
             lower_bound: tiles.iter().map(|t| t.lower_bound).max().unwrap_or(0),
             time_ms: tiles.iter().map(|t| t.time_ms).sum(),
@@ -202,8 +304,24 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
     Ok(if fits { Outcome::Ok } else { Outcome::Failed })
 }
 
+/// The environment variable naming the benchmark directory.
+const BENCH_ENV: &str = "TESSERA_BENCHMARKS";
+
+/// The benchmark directory: `--dir`, else `$TESSERA_BENCHMARKS`, else
+/// `../shared/benchmarks` beside the repository (where this workplace keeps the
+/// suites; a fresh clone elsewhere has no such directory).
 fn locate_bench(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    if let Some(d) = dir {
+    let given = dir
+        .map(|d| (d, "--dir"))
+        .or_else(|| std::env::var_os(BENCH_ENV).map(|d| (PathBuf::from(d), BENCH_ENV)));
+    if let Some((d, from)) = given {
+        if !d.is_dir() {
+            anyhow::bail!(
+                "{from} {}: not a directory; it must hold the benchmark suites \
+                 (`minimalloc/`, `idealloc/`)",
+                d.display()
+            );
+        }
         return Ok(d);
     }
     let cwd = std::env::current_dir()?;
@@ -213,25 +331,53 @@ fn locate_bench(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    for start in top.iter().map(PathBuf::as_path).chain([cwd.as_path()]) {
+    let fallback = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for start in top
+        .iter()
+        .map(PathBuf::as_path)
+        .chain([cwd.as_path(), fallback.as_path()])
+    {
         if let Some(d) = bench::find_bench_dir(start) {
             return Ok(d);
         }
     }
-    let fallback = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    bench::find_bench_dir(&fallback)
-        .context("cannot find ../shared/benchmarks beside the repository; pass --dir")
+    anyhow::bail!(
+        "no benchmark suites found: pass --dir DIR or set {BENCH_ENV}=DIR. The suites are \
+         copies of public data, not part of this repository: the `benchmarks/` directories \
+         of github.com/google/minimalloc (as DIR/minimalloc) and \
+         github.com/cappadokes/idealloc (as DIR/idealloc); without either, \
+         `../shared/benchmarks` beside the repository is used when it exists"
+    )
 }
 
 pub fn bench(a: BenchPlaceArgs) -> anyhow::Result<Outcome> {
     let dir = locate_bench(a.dir)?;
     let mut paths = bench::instances(&dir)?;
+    let found = paths.len();
     if let Some(f) = &a.filter {
         paths.retain(|p| p.display().to_string().contains(f.as_str()));
     }
+    if paths.is_empty() {
+        match &a.filter {
+            Some(f) => anyhow::bail!(
+                "--filter `{f}` matches none of the {found} instances under {}",
+                dir.display()
+            ),
+            None => anyhow::bail!("no benchmark instances (CSV files) under {}", dir.display()),
+        }
+    }
     let opts = Options::default();
     let mut rows = Vec::new();
-    let pb = (!a.json).then(|| indicatif::ProgressBar::new(paths.len() as u64));
+    // Drawn only on a terminal (indicatif hides itself otherwise), never with --json.
+    let pb = (!a.json).then(|| {
+        let pb = indicatif::ProgressBar::new(paths.len() as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{pos}/{len} {msg} ({elapsed})")
+                .expect("valid template"),
+        );
+        pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        pb
+    });
     for p in &paths {
         if let Some(pb) = &pb {
             pb.set_message(p.display().to_string());

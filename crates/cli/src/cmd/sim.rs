@@ -48,9 +48,10 @@ struct SimJson<'a> {
 }
 
 pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
-    let package = tessera_package::read_package_file(&a.input)
-        .with_context(|| format!("reading {}", a.input.display()))?;
-    let mut sim = Simulator::new(&package).context("loading the package")?;
+    // The package errors name the file already.
+    let package = tessera_package::read_package_file(&a.input)?;
+    let mut sim = Simulator::new(&package)
+        .with_context(|| format!("loading {} into the simulator", a.input.display()))?;
     let report = sim.run(&SimOptions {
         cycle_budget: a.cycle_budget,
         preload_bindings: a.preload_bindings,

@@ -848,6 +848,10 @@ impl<'g> Walker<'g> {
     }
 }
 
+/// The row-pass counts a linear is tried with; `precheck` bounds a linear by the
+/// most of them.
+pub(crate) const ROW_PASSES: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
+
 /// The cheapest mapping of a matmul done in row passes (one after another on the
 /// same tiles, weights loaded once): passes trade time for the activation bytes a
 /// tile holds at once, which is what lets the largest matmuls fit. The outputs of
@@ -863,7 +867,7 @@ fn map_linear(
     let mut best: Option<(u64, crate::matmul::MatmulMapping)> = None;
     let mut first_err = None;
     let mut others = Vec::new();
-    for passes in [1u32, 2, 3, 4, 6, 8, 12, 16] {
+    for passes in ROW_PASSES {
         if passes > shape.rows {
             break;
         }
