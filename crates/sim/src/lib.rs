@@ -28,7 +28,6 @@ pub use fault::{Context, Fault, FaultKind};
 
 use interp::{Env, Shared, Trap, trap};
 use mem::Layout;
-use program::ProgramCache;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -207,6 +206,10 @@ pub struct Simulator {
     binding_index: HashMap<String, usize>,
     exchange_index: HashMap<u16, usize>,
     dirty: bool,
+    /// Wall time of the last run inside its parallel per-tile sections (loading
+    /// the tiles, running them to their next stop): what the rest of a run's wall
+    /// time is compared against to find the serial share.
+    parallel: std::time::Duration,
 }
 
 impl Simulator {
@@ -224,8 +227,6 @@ impl Simulator {
             )));
         }
         let layout = Layout::new(&machine);
-        let mut cache = ProgramCache::default();
-        let mut tiles = Vec::with_capacity(package.tiles.len());
         let mut slot_of = HashMap::new();
         for (i, image) in package.tiles.iter().enumerate() {
             if image.tile >= machine.tiles {
@@ -237,37 +238,54 @@ impl Simulator {
             if slot_of.insert(image.tile, i).is_some() {
                 return Err(LoadError::DuplicateTile(image.tile));
             }
-            validate_segments(&machine, &layout, image)?;
-            // Zeroed by writing rather than by a lazily mapped allocation: the
-            // page faults of first touch belong to loading, not to every run.
-            #[allow(clippy::slow_vector_initialization)]
-            let mut mem = Vec::with_capacity(layout.bytes());
-            mem.resize(layout.bytes(), 0u8);
-            tile::load_segments(&mut mem, layout.start, &image.segments);
-            let mut t = Tile {
-                id: image.tile,
-                image: i,
-                sh: Shared {
-                    mem,
-                    prog: cache.get(image),
-                    weights: [[0.0; 16]; 16],
-                    code_dirty: false,
-                    barrel: barrel::Barrel::default(),
-                },
-                sup: Default::default(),
-                workers: Vec::new(),
-                state: TileState::Running,
-                faults: Vec::new(),
-                trace: Vec::new(),
-                computed_since_sync: false,
-            };
-            t.reset(
-                image,
-                machine.workers as usize,
-                u64::from(machine.timing.worker_issue_interval),
-            );
-            tiles.push(t);
         }
+        // Loading is per-tile work like running: done in parallel, with the first
+        // error in tile order reported, so that a bad package says the same thing
+        // on any number of threads.
+        let t0 = std::time::Instant::now();
+        let progs = program::programs(&package.tiles);
+        let tiles: Vec<Result<Tile, LoadError>> = package
+            .tiles
+            .par_iter()
+            .zip(progs)
+            .enumerate()
+            .map(|(i, (image, prog))| {
+                validate_segments(&machine, &layout, image)?;
+                // Zeroed by writing rather than by a lazily mapped allocation: the
+                // page faults of first touch belong to loading, not to every run.
+                #[allow(clippy::slow_vector_initialization)]
+                let mut mem = Vec::with_capacity(layout.bytes());
+                mem.resize(layout.bytes(), 0u8);
+                tile::load_segments(&mut mem, layout.start, &image.segments);
+                let mut t = Tile {
+                    id: image.tile,
+                    image: i,
+                    sh: Shared {
+                        mem,
+                        prog,
+                        weights: [[0.0; 16]; 16],
+                        code_dirty: false,
+                        barrel: barrel::Barrel::default(),
+                    },
+                    sup: Default::default(),
+                    workers: Vec::new(),
+                    state: TileState::Running,
+                    faults: Vec::new(),
+                    trace: Vec::new(),
+                    computed_since_sync: false,
+                };
+                t.reset(
+                    image,
+                    machine.workers as usize,
+                    u64::from(machine.timing.worker_issue_interval),
+                );
+                Ok(t)
+            })
+            .collect();
+        let tiles = tiles
+            .into_iter()
+            .collect::<Result<Vec<Tile>, LoadError>>()?;
+        let parallel = t0.elapsed();
         let mut binding_index = HashMap::new();
         for (i, b) in package.bindings.iter().enumerate() {
             if binding_index.insert(b.name.clone(), i).is_some() {
@@ -327,6 +345,7 @@ impl Simulator {
             binding_index,
             exchange_index,
             dirty: false,
+            parallel,
         })
     }
 
@@ -421,11 +440,13 @@ impl Simulator {
         }
         loop {
             let package = &self.package;
+            let t0 = std::time::Instant::now();
             self.tiles.par_iter_mut().for_each(|t| {
                 if t.state == TileState::Running {
                     t.run_until_stop(&env, &package.tiles[t.image], opts.trace);
                 }
             });
+            self.parallel += t0.elapsed();
             if self.any_fault() {
                 break;
             }
@@ -487,6 +508,14 @@ impl Simulator {
         self.report(superstep + 1, chip_trace)
     }
 
+    /// Milliseconds this simulator has spent in parallel per-tile work since it
+    /// was made (loading the tiles, running them to their next stop); the rest of
+    /// a run's wall time is serial (exchanges, host transfers, syncs, the report
+    /// and trace).
+    pub fn parallel_ms(&self) -> f64 {
+        self.parallel.as_secs_f64() * 1e3
+    }
+
     fn any_fault(&self) -> bool {
         self.tiles.iter().any(|t| !t.faults.is_empty())
     }
@@ -496,9 +525,10 @@ impl Simulator {
         let slots = u64::from(self.machine.timing.worker_issue_interval);
         let start = self.layout.start;
         let package = &self.package;
-        let mut cache = ProgramCache::default();
+        let t0 = std::time::Instant::now();
+        let progs = program::programs(&package.tiles);
         for t in &mut self.tiles {
-            t.sh.prog = cache.get(&package.tiles[t.image]);
+            t.sh.prog = progs[t.image].clone();
         }
         self.tiles.par_iter_mut().for_each(|t| {
             let image = &package.tiles[t.image];
@@ -506,6 +536,7 @@ impl Simulator {
             tile::load_segments(&mut t.sh.mem, start, &image.segments);
             t.reset(image, workers, slots);
         });
+        self.parallel += t0.elapsed();
     }
 
     fn preload(&mut self) {

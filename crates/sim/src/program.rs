@@ -3,6 +3,7 @@
 //! share one program. A store into code re-decodes the words it touched (the tile's
 //! copy becomes private first), so self-modifying code stays correct.
 
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tessera_isa::{Word, decode_word};
@@ -143,25 +144,34 @@ fn decode_slot(bytes: &[u8]) -> Slot {
 }
 
 /// The executable segments of an image: (address, size, initial bytes).
-type CodeKey = Vec<(u32, u32, Vec<u8>)>;
+/// A code segment by reference: address, size and bytes.
+type CodeRef<'a> = (u32, u32, &'a [u8]);
 
-/// Shares decoded programs between tiles whose executable segments are identical.
-#[derive(Default)]
-pub(crate) struct ProgramCache {
-    map: HashMap<CodeKey, Arc<Program>>,
-}
-
-impl ProgramCache {
-    pub fn get(&mut self, image: &TileImage) -> Arc<Program> {
-        let key: Vec<_> = image
-            .segments
-            .iter()
-            .filter(|s| s.perms.execute)
-            .map(|s| (s.addr, s.size, s.bytes.clone()))
-            .collect();
-        self.map
-            .entry(key)
-            .or_insert_with(|| Arc::new(Program::build(image)))
-            .clone()
-    }
+/// The decoded programs of a package's tiles, one per distinct code (most tiles
+/// run the same kernels): the code segments are compared by reference, so no code
+/// is copied, and the distinct programs are decoded in parallel.
+pub(crate) fn programs(images: &[TileImage]) -> Vec<Arc<Program>> {
+    let keys: Vec<Vec<CodeRef>> = images
+        .par_iter()
+        .map(|image| {
+            image
+                .segments
+                .iter()
+                .filter(|s| s.perms.execute)
+                .map(|s| (s.addr, s.size, s.bytes.as_slice()))
+                .collect()
+        })
+        .collect();
+    let mut first_of: HashMap<&[CodeRef], usize> = HashMap::new();
+    let rep: Vec<usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| *first_of.entry(k.as_slice()).or_insert(i))
+        .collect();
+    let built: HashMap<usize, Arc<Program>> = (0..images.len())
+        .into_par_iter()
+        .filter(|&i| rep[i] == i)
+        .map(|i| (i, Arc::new(Program::build(&images[i]))))
+        .collect();
+    rep.iter().map(|r| built[r].clone()).collect()
 }
