@@ -21,6 +21,18 @@ fn tiny_layer_runs_and_validates() {
     assert_eq!(code, 0, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(v["status"], "ok");
+    // Every operation's floor is one of the three bounds and never above what the
+    // simulator achieved: a floor above it would mean the machine model or the
+    // floor is wrong.
+    for op in v["ops"].as_array().expect("ops") {
+        let bound = op["bound"].as_str().unwrap();
+        assert!(["amp", "exchange", "host", "none"].contains(&bound), "{op}");
+        let share = op["floor_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{op}");
+        if op["kind"] == "linear" {
+            assert!(op["floor_cycles"].as_u64().unwrap() > 0, "{op}");
+        }
+    }
     assert!(v["encoder"]["cycles"].as_u64().unwrap() > 0);
     let ops = v["ops"].as_array().unwrap();
     for kind in ["linear", "attention", "layer_norm"] {

@@ -532,6 +532,20 @@ struct OpRow {
     exchange_bytes: u64,
     /// Tiles that run its kernels.
     tiles: u32,
+    /// Host-transfer cycles of the inference charged to it (its supersteps' host
+    /// phases after the weights are streamed): the input to the first operation,
+    /// the outputs to the output operations. Not part of `cycles`.
+    host: u64,
+    /// This machine's floor for the operation: the most of its AMP-bound cycles
+    /// (its FLOP at the whole chip's f16 peak), exchange-bound cycles (its
+    /// exchange bytes over every tile's receive port at once) and host-bound
+    /// cycles (its host input or output over the link).
+    floor_cycles: u64,
+    /// Which of the three sets the floor: `amp`, `exchange`, `host` (`none`
+    /// when all are 0).
+    bound: &'static str,
+    /// `floor_cycles / (cycles + host)`: how close the operation comes to its floor.
+    floor_share: f64,
 }
 
 #[derive(Serialize)]
@@ -561,10 +575,12 @@ fn op_flop(g: &Graph, op: &tessera_graph::Op) -> u64 {
 /// the plan's compute steps since the previous exchange. The encoder interval is
 /// every cycle charged to a `layers.*` operation, with the syncs that follow them.
 fn op_table(
+    machine: &Machine,
     g: &Graph,
     c: &Compiled,
     profile: &tessera_profile::Profile,
     peak: f64,
+    init_cycles: u64,
 ) -> (Vec<OpRow>, Option<Interval>, Vec<Option<String>>) {
     let index: std::collections::HashMap<&str, usize> = c
         .plan_ops
@@ -588,6 +604,10 @@ fn op_table(
                 peak_share: 0.0,
                 exchange_bytes: stats.exchange_bytes,
                 tiles: stats.tiles,
+                host: 0,
+                floor_cycles: 0,
+                bound: "none",
+                floor_share: 0.0,
             }
         })
         .collect();
@@ -613,6 +633,7 @@ fn op_table(
     let last_step = c.step_ops.len() as u32;
     let first_exchange = c.exchange_steps.first().copied().unwrap_or(last_step);
     let mut seen_exchange = false;
+    let mut last_owner: Option<usize> = None;
     // Per superstep, the operation its compute (else its exchange) is charged to.
     let mut labels = Vec::with_capacity(profile.supersteps.len());
     for (k, ss) in profile.supersteps.iter().enumerate() {
@@ -647,6 +668,15 @@ fn op_table(
         if let Some(i) = xop {
             rows[i].exchange += ss.exchange;
         }
+        // A superstep that only moves host bytes (the outputs, after their
+        // gathering exchange) belongs to the operation before it.
+        let owner = cop.or(xop).or(last_owner);
+        last_owner = owner;
+        if ss.start >= init_cycles
+            && let Some(i) = owner
+        {
+            rows[i].host += ss.host;
+        }
         if is_encoder(cop) {
             enc += ss.compute;
         }
@@ -662,9 +692,43 @@ fn op_table(
             enc_span = Some((enc_span.map_or(ss.start, |s| s.0), end));
         }
     }
-    for r in &mut rows {
+    // Host I/O: the inputs (sent in f16) to the first operation, which reads
+    // them; each output to its output operation.
+    let mut host_bytes = vec![0u64; rows.len()];
+    if let Some(first) = host_bytes.first_mut() {
+        *first += g
+            .input_specs()
+            .map(|(_, shape, _)| shape.numel() as u64 * 2)
+            .sum::<u64>();
+    }
+    for out in g.outputs() {
+        if let Some(&i) = index.get(format!("output.{}", out.name).as_str()) {
+            host_bytes[i] += g.shape(out.tensor).numel() as u64 * 2;
+        }
+    }
+    let m = machine;
+    // Every tile receiving at once, at the shared-bus rate (a transfer all tiles
+    // of a bus group receive arrives at group-size times the port rate).
+    let lanes = u64::from(m.tiles)
+        * u64::from(m.timing.exchange_bytes_per_cycle.max(1))
+        * u64::from(m.timing.tiles_per_shared_exchange_bus.max(1));
+    for (r, host) in rows.iter_mut().zip(host_bytes) {
         r.cycles = r.compute + r.exchange;
         r.peak_share = r.flop as f64 / (r.cycles.max(1) as f64 * peak);
+        let amp = (r.flop as f64 / peak).ceil() as u64;
+        let exchange = r.exchange_bytes.div_ceil(lanes);
+        let link = if r.kind == "output" {
+            m.chip_to_host_bytes_per_cycle()
+        } else {
+            m.host_to_chip_bytes_per_cycle()
+        };
+        let host = (host as f64 / link.max(1e-9)).ceil() as u64;
+        (r.floor_cycles, r.bound) = [(amp, "amp"), (exchange, "exchange"), (host, "host")]
+            .into_iter()
+            .filter(|b| b.0 > 0)
+            .max_by_key(|b| b.0)
+            .unwrap_or((0, "none"));
+        r.floor_share = r.floor_cycles as f64 / (r.cycles + r.host).max(1) as f64;
     }
     let enc_flop: u64 = rows
         .iter()
@@ -688,18 +752,31 @@ fn is_encoder_op(name: &str) -> bool {
 
 fn render_ops(ops: &[OpRow]) -> String {
     let mut out = format!(
-        "{:44} {:>11} {:>10} {:>10} {:>10} {:>8}\n",
-        "operation", "kind", "cycles", "compute", "exchange", "peak"
+        "{:44} {:>11} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>8} {:>7}\n",
+        "operation",
+        "kind",
+        "cycles",
+        "compute",
+        "exchange",
+        "peak",
+        "host",
+        "floor",
+        "bound",
+        "floor%"
     );
     for o in ops {
         out += &format!(
-            "{:44} {:>11} {:>10} {:>10} {:>10} {:>7.1}%\n",
+            "{:44} {:>11} {:>10} {:>10} {:>10} {:>7.1}% {:>9} {:>10} {:>8} {:>6.1}%\n",
             o.name,
             o.kind,
             o.cycles,
             o.compute,
             o.exchange,
-            100.0 * o.peak_share
+            100.0 * o.peak_share,
+            o.host,
+            o.floor_cycles,
+            o.bound,
+            100.0 * o.floor_share
         );
     }
     out
@@ -1052,7 +1129,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let fpc = flop as f64 / run_cycles.max(1) as f64;
     let peak = p.machine.peak_f16_flop_per_cycle() as f64;
     let share = fpc / peak;
-    let (ops, encoder, labels) = op_table(&p.graph, &c, &profile, peak);
+    let (ops, encoder, labels) = op_table(&p.machine, &p.graph, &c, &profile, peak, init_cycles);
     if let Some(path) = &a.trace {
         let json = tessera_profile::chrome_trace(
             &report.trace,
