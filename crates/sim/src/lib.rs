@@ -194,6 +194,17 @@ pub struct SimReport {
     pub trace: Vec<TraceEvent>,
 }
 
+/// An exchange program as the simulator runs it: the tiles it names, what is
+/// wrong with it whatever the state (ranges, overlapping writes), its cycles, and
+/// its writes per destination tile (transfer, address).
+struct ExchangePlan {
+    named: Vec<u32>,
+    faults: Vec<(u32, String)>,
+    cost: u64,
+    /// Indexed by tile slot.
+    writes: Vec<Vec<(u32, u32)>>,
+}
+
 /// A loaded package, ready to run.
 pub struct Simulator {
     machine: Machine,
@@ -205,6 +216,7 @@ pub struct Simulator {
     bindings: Vec<Vec<u8>>,
     binding_index: HashMap<String, usize>,
     exchange_index: HashMap<u16, usize>,
+    exchange_plans: Vec<Option<Arc<ExchangePlan>>>,
     dirty: bool,
     /// Wall time of the last run inside its parallel per-tile sections (loading
     /// the tiles, running them to their next stop): what the rest of a run's wall
@@ -343,6 +355,7 @@ impl Simulator {
             slot_of,
             bindings,
             binding_index,
+            exchange_plans: vec![None; package.exchanges.len()],
             exchange_index,
             dirty: false,
             parallel,
@@ -612,7 +625,7 @@ impl Simulator {
                 }
                 continue;
             };
-            let program = self.package.exchanges[xi].clone();
+            let plan = self.exchange_plan(xi);
             let mut bad = false;
             for &s in &executers {
                 if self.tiles[s].computed_since_sync {
@@ -624,14 +637,8 @@ impl Simulator {
                 }
             }
             // Every named tile must execute this exchange now.
-            let mut named: Vec<u32> = program
-                .transfers
-                .iter()
-                .flat_map(|x| std::iter::once(x.src_tile).chain(x.dsts.iter().map(|d| d.0)))
-                .collect();
-            named.sort_unstable();
-            named.dedup();
-            let missing: Vec<u32> = named
+            let missing: Vec<u32> = plan
+                .named
                 .iter()
                 .copied()
                 .filter(|t| {
@@ -642,15 +649,13 @@ impl Simulator {
                 .collect();
             if !missing.is_empty() {
                 let list = tile_list(&missing);
+                let name = &self.package.exchanges[xi].name;
+                let cause = format!(
+                    "exchange #{id} ({name}): tiles {list} did not execute it in this superstep"
+                );
                 for &s in &executers {
                     if self.tiles[s].state != TileState::Faulted {
-                        self.exchange_fault(
-                            s,
-                            format!(
-                                "exchange #{id} ({}): tiles {list} did not execute it in this superstep",
-                                program.name
-                            ),
-                        );
+                        self.exchange_fault(s, cause.clone());
                     }
                 }
                 continue;
@@ -658,80 +663,42 @@ impl Simulator {
             if bad {
                 continue;
             }
-            // Ranges, then overlapping writes per destination tile.
-            let mut writes: BTreeMap<u32, Vec<(u32, u32, usize)>> = BTreeMap::new();
-            let mut faults: Vec<(u32, String)> = Vec::new();
-            for (k, x) in program.transfers.iter().enumerate() {
-                if !self.layout.range_ok(x.src_addr, x.bytes) {
-                    faults.push((
-                        x.src_tile,
-                        format!(
-                            "exchange #{id} transfer {k}: source {:#x}+{} on tile {} is outside SRAM",
-                            x.src_addr, x.bytes, x.src_tile
-                        ),
-                    ));
-                }
-                for &(dt, da) in &x.dsts {
-                    if !self.layout.range_ok(da, x.bytes) {
-                        faults.push((
-                            dt,
-                            format!(
-                                "exchange #{id} transfer {k}: destination {da:#x}+{} on tile {dt} is outside SRAM",
-                                x.bytes
-                            ),
-                        ));
-                    } else if x.bytes > 0 {
-                        writes.entry(dt).or_default().push((da, da + x.bytes, k));
-                    }
-                }
-            }
-            for (dt, ranges) in &mut writes {
-                ranges.sort_unstable();
-                for w in ranges.windows(2) {
-                    if w[1].0 < w[0].1 {
-                        faults.push((
-                            *dt,
-                            format!(
-                                "exchange #{id}: conflict: transfers {} and {} both write bytes {:#x}..{:#x} of tile {dt}",
-                                w[0].2,
-                                w[1].2,
-                                w[1].0,
-                                w[0].1.min(w[1].1)
-                            ),
-                        ));
-                        break;
-                    }
-                }
-            }
-            if !faults.is_empty() {
-                for (t, cause) in faults {
-                    let s = self.slot_of[&t];
+            if !plan.faults.is_empty() {
+                for (t, cause) in &plan.faults {
+                    let s = self.slot_of[t];
                     if self.tiles[s].state != TileState::Faulted {
-                        self.exchange_fault(s, cause);
+                        self.exchange_fault(s, cause.clone());
                     }
                 }
                 continue;
             }
-            // Copy: read every source, then write.
+            // Copy: read every source, then write each destination tile, the tiles
+            // in parallel (a tile's writes never overlap, checked above).
             let start = self.layout.start;
-            let data: Vec<Vec<u8>> = program
-                .transfers
-                .iter()
+            let transfers = &self.package.exchanges[xi].transfers;
+            let tiles = &self.tiles;
+            let slot_of = &self.slot_of;
+            let t0 = std::time::Instant::now();
+            let data: Vec<Vec<u8>> = transfers
+                .par_iter()
                 .map(|x| {
-                    let t = &self.tiles[self.slot_of[&x.src_tile]];
+                    let t = &tiles[slot_of[&x.src_tile]];
                     let off = (x.src_addr - start) as usize;
                     t.sh.mem[off..off + x.bytes as usize].to_vec()
                 })
                 .collect();
-            for (x, bytes) in program.transfers.iter().zip(&data) {
-                for &(dt, da) in &x.dsts {
-                    let sh = &mut self.tiles[self.slot_of[&dt]].sh;
-                    let off = (da - start) as usize;
-                    sh.mem[off..off + bytes.len()].copy_from_slice(bytes);
-                    write_code_check(sh, start, da, x.bytes);
-                }
-            }
-            let cost = exchange_cycles(&self.machine, &program.transfers);
+            self.tiles
+                .par_iter_mut()
+                .zip(&plan.writes)
+                .for_each(|(t, writes)| {
+                    for &(k, da) in writes {
+                        let bytes = &data[k as usize];
+                        let off = (da - start) as usize;
+                        t.sh.mem[off..off + bytes.len()].copy_from_slice(bytes);
+                        write_code_check(&mut t.sh, start, da, bytes.len() as u32);
+                    }
+                });
+            self.parallel += t0.elapsed();
             let begin = executers
                 .iter()
                 .map(|&s| self.tiles[s].clock())
@@ -739,14 +706,90 @@ impl Simulator {
                 .unwrap_or(0);
             for &s in &executers {
                 let t = &mut self.tiles[s];
-                t.sup.clock = begin + cost;
+                t.sup.clock = begin + plan.cost;
                 t.state = TileState::Running;
             }
             if tracing {
                 chip_trace.push(chip_event(begin, TraceKind::ExchangeStart { id }));
-                chip_trace.push(chip_event(begin + cost, TraceKind::ExchangeEnd { id }));
+                chip_trace.push(chip_event(begin + plan.cost, TraceKind::ExchangeEnd { id }));
             }
         }
+    }
+
+    /// What an exchange program needs checked and arranged before it runs, which
+    /// does not change between runs: made once per program, when it first runs.
+    fn exchange_plan(&mut self, xi: usize) -> Arc<ExchangePlan> {
+        if let Some(p) = &self.exchange_plans[xi] {
+            return p.clone();
+        }
+        let program = &self.package.exchanges[xi];
+        let id = program.id;
+        let mut named: Vec<u32> = program
+            .transfers
+            .iter()
+            .flat_map(|x| std::iter::once(x.src_tile).chain(x.dsts.iter().map(|d| d.0)))
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        // Ranges, then overlapping writes per destination tile.
+        let mut ranges: BTreeMap<u32, Vec<(u32, u32, usize)>> = BTreeMap::new();
+        let mut faults: Vec<(u32, String)> = Vec::new();
+        for (k, x) in program.transfers.iter().enumerate() {
+            if !self.layout.range_ok(x.src_addr, x.bytes) {
+                faults.push((
+                    x.src_tile,
+                    format!(
+                        "exchange #{id} transfer {k}: source {:#x}+{} on tile {} is outside SRAM",
+                        x.src_addr, x.bytes, x.src_tile
+                    ),
+                ));
+            }
+            for &(dt, da) in &x.dsts {
+                if !self.layout.range_ok(da, x.bytes) {
+                    faults.push((
+                        dt,
+                        format!(
+                            "exchange #{id} transfer {k}: destination {da:#x}+{} on tile {dt} is outside SRAM",
+                            x.bytes
+                        ),
+                    ));
+                } else if x.bytes > 0 {
+                    ranges.entry(dt).or_default().push((da, da + x.bytes, k));
+                }
+            }
+        }
+        let mut writes: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.tiles.len()];
+        for (dt, r) in &mut ranges {
+            r.sort_unstable();
+            for w in r.windows(2) {
+                if w[1].0 < w[0].1 {
+                    faults.push((
+                        *dt,
+                        format!(
+                            "exchange #{id}: conflict: transfers {} and {} both write bytes {:#x}..{:#x} of tile {dt}",
+                            w[0].2,
+                            w[1].2,
+                            w[1].0,
+                            w[0].1.min(w[1].1)
+                        ),
+                    ));
+                    break;
+                }
+            }
+            // A tile without an image is named and missing: the program faults
+            // before anything is written.
+            if let Some(&s) = self.slot_of.get(dt) {
+                writes[s] = r.iter().map(|&(da, _, k)| (k as u32, da)).collect();
+            }
+        }
+        let plan = Arc::new(ExchangePlan {
+            named,
+            faults,
+            cost: exchange_cycles(&self.machine, &program.transfers),
+            writes,
+        });
+        self.exchange_plans[xi] = Some(plan.clone());
+        plan
     }
 
     /// Carries out the host transfers of every tile stopped at `hostxfer`, as one
@@ -935,7 +978,11 @@ impl Simulator {
         }
         per_tile.sort_by_key(|t| t.tile);
         faults.sort_by_key(|f| (f.tile, f.context));
-        trace.sort_by_key(|e| (e.cycle, e.tile.map_or(0, |t| u64::from(t) + 1)));
+        // Stable, so events of one tile at one cycle keep their order; parallel,
+        // because a whole-chip trace holds millions of events.
+        let t0 = std::time::Instant::now();
+        trace.par_sort_by_key(|e| (e.cycle, e.tile.map_or(0, |t| u64::from(t) + 1)));
+        self.parallel += t0.elapsed();
         SimReport {
             status: if faults.is_empty() {
                 Status::Ok
