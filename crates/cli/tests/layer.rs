@@ -33,6 +33,13 @@ fn tiny_layer_runs_and_validates() {
             assert!(op["floor_cycles"].as_u64().unwrap() > 0, "{op}");
         }
     }
+    // The inference's input transfer belongs to the first operation, its outputs'
+    // to the output operation.
+    let ops = v["ops"].as_array().unwrap();
+    assert!(ops[0]["host"].as_u64().unwrap() > 0, "{}", ops[0]);
+    let last = ops.last().unwrap();
+    assert_eq!(last["kind"], "output");
+    assert!(last["host"].as_u64().unwrap() > 0, "{last}");
     assert!(v["encoder"]["cycles"].as_u64().unwrap() > 0);
     let ops = v["ops"].as_array().unwrap();
     for kind in ["linear", "attention", "layer_norm"] {

@@ -668,9 +668,13 @@ fn op_table(
         if let Some(i) = xop {
             rows[i].exchange += ss.exchange;
         }
-        // A superstep that only moves host bytes (the outputs, after their
-        // gathering exchange) belongs to the operation before it.
-        let owner = cop.or(xop).or(last_owner);
+        // A superstep that only moves host bytes belongs to the operation before
+        // it (the outputs, after their gathering exchange), or to the first
+        // operation when none came before (the inputs, which it reads).
+        let owner = cop
+            .or(xop)
+            .or(last_owner)
+            .or((!rows.is_empty()).then_some(0));
         last_owner = owner;
         if ss.start >= init_cycles
             && let Some(i) = owner
@@ -701,8 +705,12 @@ fn op_table(
             .map(|(_, shape, _)| shape.numel() as u64 * 2)
             .sum::<u64>();
     }
+    // Outputs bound straight to a tensor's buffers have no operation of their
+    // own; their transfer shares the last output operation's host phase.
+    let last_output = rows.iter().rposition(|r| r.kind == "output");
     for out in g.outputs() {
-        if let Some(&i) = index.get(format!("output.{}", out.name).as_str()) {
+        let own = index.get(format!("output.{}", out.name).as_str()).copied();
+        if let Some(i) = own.or(last_output) {
             host_bytes[i] += g.shape(out.tensor).numel() as u64 * 2;
         }
     }
