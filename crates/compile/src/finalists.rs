@@ -345,6 +345,16 @@ mod tests {
             .collect()
     }
 
+    /// A fixed-seed xorshift generator: `next(m)` is below `m`.
+    fn below(mut state: u64) -> impl FnMut(u64) -> u64 {
+        move |m| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % m
+        }
+    }
+
     /// Every assignment's summed estimate, by brute force.
     fn all_sums(costs: &[Vec<u64>]) -> Vec<u64> {
         let mut sums = vec![0u64];
@@ -362,13 +372,7 @@ mod tests {
     fn beam_keeps_the_k_smallest_sums_against_brute_force() {
         // A fixed-seed generator: 200 random problems of up to 5 operations with
         // up to 4 strategies each.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |m: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % m
-        };
+        let mut next = below(0x2545_f491_4f6c_dd1d);
         for _ in 0..200 {
             let n_ops = 1 + next(5) as usize;
             let costs: Vec<Vec<u64>> = (0..n_ops)
@@ -406,13 +410,7 @@ mod tests {
     /// each link its producer's excess bytes, agrees on 200 fixed-seed problems.
     #[test]
     fn layout_costs_between_linked_operations_against_brute_force() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |m: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % m
-        };
+        let mut next = below(0x9e37_79b9_7f4a_7c15);
         for _ in 0..200 {
             let n_ops = 1 + next(5) as usize;
             let mut list: Vec<OpCandidates> = Vec::new();
