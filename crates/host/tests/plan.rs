@@ -46,9 +46,11 @@ fn slices_split_at_the_payload_boundary() {
             at += p.bytes;
         }
         assert_eq!(at, bytes);
-        // One block of a count and the records; tiles 0, 2, 3 sit the phase out
-        // and keep one empty block.
-        assert_eq!(plan.bound(1), 4 + 16 * expect.len() as u32);
+        // One block of a count and one record however many packets; tiles 0,
+        // 2, 3 sit the phase out and keep one empty block.
+        assert_eq!(plan.bound(1), 4 + 16);
+        let r = plan.record(t);
+        assert_eq!((r.host_offset, r.tile_addr, r.bytes), (0, A, bytes));
         assert_eq!(plan.bound_per_tile(), &[4, plan.bound(1), 4, 4]);
     }
 }
@@ -380,13 +382,57 @@ fn a_full_chip_plans_with_a_common_bound() {
     ];
     let plan = HostPlan::new(&machine, &specs).unwrap();
     assert_eq!(plan.phases().len(), 2);
-    assert!(
-        plan.bound_per_tile()
-            .iter()
-            .all(|&b| b == 4 + 3 * 16 + 4 + 16)
-    );
+    assert!(plan.bound_per_tile().iter().all(|&b| b == 4 + 16 + 4 + 16));
     let total: u32 = (0..tiles)
         .map(|t| emit_provisional(&plan, t).unwrap().bytes_used)
         .sum();
-    assert_eq!(total, 72 * tiles);
+    assert_eq!(total, 40 * tiles);
+    assert_eq!(plan.record_total(), 2 * u64::from(tiles));
+    assert_eq!(plan.packet_total(), 4 * u64::from(tiles));
+}
+
+#[test]
+fn usage_says_where_a_tiles_bytes_go() {
+    let specs = [
+        binding("w", Weight, 5000, vec![slice(0, 0, 5000, A)]),
+        binding(
+            "x",
+            Input,
+            4096,
+            vec![
+                slice(0, 0, 2048, A + 0x2000),
+                slice(0, 2048, 2048, A + 0x3000),
+            ],
+        ),
+        binding("y", Output, 8, vec![slice(1, 0, 8, A)]),
+    ];
+    let plan = HostPlan::new(&Machine::small(), &specs).unwrap();
+    let u = plan.usage(0).unwrap();
+    let rows: Vec<_> = u
+        .kinds
+        .iter()
+        .map(|k| {
+            (
+                k.kind,
+                k.phases,
+                k.joined,
+                k.packets,
+                k.bytes,
+                k.descriptor_bytes,
+                k.per_packet_descriptor_bytes,
+                k.snippet_bytes,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (Weight, 1, 1, 5, 5000, 20, 4 + 5 * 16, 20),
+            (Input, 2, 2, 4, 4096, 40, 2 * (4 + 2 * 16), 40),
+            (Output, 1, 0, 0, 0, 0, 0, 20),
+        ]
+    );
+    assert_eq!((u.empty_block_bytes, u.bound), (4, 64));
+    assert_eq!(plan.busiest_tile(), 0);
+    assert!(plan.usage(4).is_none());
 }
