@@ -47,17 +47,22 @@ pub struct TileHost {
 /// length), or a count of 0 when the tile sits the phase out. A transfer is one
 /// record however many packets it takes. The only encoder of descriptor bytes.
 pub fn encode_block(plan: &HostPlan, tile: u32, phase: usize) -> Vec<u8> {
-    let Some(t) = plan.transfer(tile, phase) else {
-        return 0u32.to_le_bytes().to_vec();
-    };
-    let mut out = Vec::with_capacity((BLOCK_HEADER_BYTES + RECORD_BYTES) as usize);
-    out.extend_from_slice(&1u32.to_le_bytes());
-    let r = plan.record(t);
-    out.extend_from_slice(&r.binding.to_le_bytes());
-    out.extend_from_slice(&u16::from(r.to_host).to_le_bytes());
-    out.extend_from_slice(&r.host_offset.to_le_bytes());
-    out.extend_from_slice(&r.tile_addr.to_le_bytes());
-    out.extend_from_slice(&r.bytes.to_le_bytes());
+    let records: Vec<_> = plan
+        .transfers(tile, phase)
+        .map(|t| plan.record(t))
+        .collect();
+    let mut out =
+        Vec::with_capacity(BLOCK_HEADER_BYTES as usize + RECORD_BYTES as usize * records.len());
+    // A tile's records in one phase come from its slices, whose count the plan
+    // already holds in u32.
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for r in records {
+        out.extend_from_slice(&r.binding.to_le_bytes());
+        out.extend_from_slice(&u16::from(r.to_host).to_le_bytes());
+        out.extend_from_slice(&r.host_offset.to_le_bytes());
+        out.extend_from_slice(&r.tile_addr.to_le_bytes());
+        out.extend_from_slice(&r.bytes.to_le_bytes());
+    }
     out
 }
 

@@ -21,6 +21,17 @@ pub const BLOCK_HEADER_BYTES: u32 = 4;
 pub const KIND_ORDER: [BindingKind; 3] =
     [BindingKind::Weight, BindingKind::Input, BindingKind::Output];
 
+/// Whether all of a kind's transfers share one phase, each tile's block listing
+/// its transfers of that kind, instead of one transfer per tile per phase.
+/// Weights stream once, before anything runs, so splitting them into phases
+/// buys nothing and costs every tile a snippet, a sync and a link overhead per
+/// phase. Inputs and outputs keep one transfer per phase, which keeps each
+/// block to one record (so the packet cache can share repeated ones) and the
+/// per-inference schedule as it was.
+pub fn one_phase(kind: BindingKind) -> bool {
+    kind == BindingKind::Weight
+}
+
 /// Where a byte range of a binding lives on a tile.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SliceSpec {
@@ -94,15 +105,18 @@ pub struct KindUsage {
     pub kind: BindingKind,
     /// Phases of this kind in the plan: the tile runs a snippet for each.
     pub phases: u32,
-    /// Phases the tile takes part in, one single-record block each.
+    /// Phases the tile takes part in, one block each.
     pub joined: u32,
+    /// Records in those blocks: one per transfer.
+    pub records: u32,
     /// Link packets and payload bytes the tile's transfers of this kind move.
     pub packets: u64,
     pub bytes: u64,
     /// Bytes of the joined phases' blocks.
     pub descriptor_bytes: u64,
-    /// What those blocks took when every packet had its own record (the format
-    /// before run-length records), kept so the saving stays measurable.
+    /// What those blocks took when every packet had its own record and every
+    /// transfer its own phase (the format before run-length records and the
+    /// weights' single phase), kept so the saving stays measurable.
     pub per_packet_descriptor_bytes: u64,
     /// Supervisor code of this kind's snippets.
     pub snippet_bytes: u64,
@@ -191,8 +205,9 @@ impl HostPlan {
                 q.sort_by_key(|t| (t.binding, t.offset, t.bytes, t.slice));
             }
             let depth = queue.iter().map(Vec::len).max().unwrap_or(0);
+            let count = if one_phase(kind) { depth.min(1) } else { depth };
             let first = phases.len();
-            for _ in 0..depth {
+            for _ in 0..count {
                 phases.push(Phase {
                     kind,
                     transfers: Vec::new(),
@@ -200,7 +215,7 @@ impl HostPlan {
             }
             for (tile, q) in queue.into_iter().enumerate() {
                 for (k, t) in q.into_iter().enumerate() {
-                    let p = first + k;
+                    let p = first + if one_phase(kind) { 0 } else { k };
                     by_tile[tile].push((p as u32, phases[p].transfers.len() as u32));
                     phases[p].transfers.push(t);
                 }
@@ -224,16 +239,15 @@ impl HostPlan {
         Ok(plan)
     }
 
-    /// Descriptor bytes of `tile` before deduplication: one one-record block per
-    /// phase it takes part in, plus one shared empty block if it sits out any
-    /// phase. Reads only phase membership.
+    /// Descriptor bytes of `tile` before deduplication: a block per phase it
+    /// takes part in, of one record per transfer, plus one shared empty block if
+    /// it sits out any phase. Reads only phase membership.
     fn count_before_dedup(&self, tile: u32) -> Result<u32, HostError> {
         let mine = &self.by_tile[tile as usize];
-        let mut total = 0u64;
-        for _ in mine {
-            total += u64::from(BLOCK_HEADER_BYTES) + u64::from(RECORD_BYTES);
-        }
-        if mine.len() < self.phases.len() {
+        let joined = self.joined(tile);
+        let mut total = u64::from(BLOCK_HEADER_BYTES) * joined as u64;
+        total += u64::from(RECORD_BYTES) * mine.len() as u64;
+        if joined < self.phases.len() {
             total += u64::from(BLOCK_HEADER_BYTES);
         }
         let total = total.next_multiple_of(4);
@@ -252,18 +266,25 @@ impl HostPlan {
                     kind,
                     phases: phases.len() as u32,
                     joined: 0,
+                    records: 0,
                     packets: 0,
                     bytes: 0,
                     descriptor_bytes: 0,
                     per_packet_descriptor_bytes: 0,
                     snippet_bytes: u64::from(crate::SNIPPET_BYTES) * phases.len() as u64,
                 };
+                let mut last = None;
                 for &(p, i) in mine.iter().filter(|e| phases.contains(&(e.0 as usize))) {
                     let t = &self.phases[p as usize].transfers[i as usize];
-                    u.joined += 1;
+                    if last != Some(p) {
+                        u.joined += 1;
+                        u.descriptor_bytes += u64::from(BLOCK_HEADER_BYTES);
+                        last = Some(p);
+                    }
+                    u.records += 1;
                     u.packets += u64::from(t.packets);
                     u.bytes += u64::from(t.bytes);
-                    u.descriptor_bytes += u64::from(BLOCK_HEADER_BYTES + RECORD_BYTES);
+                    u.descriptor_bytes += u64::from(RECORD_BYTES);
                     u.per_packet_descriptor_bytes += u64::from(BLOCK_HEADER_BYTES)
                         + u64::from(RECORD_BYTES) * u64::from(t.packets);
                 }
@@ -273,7 +294,7 @@ impl HostPlan {
         Some(TileUsage {
             tile,
             kinds,
-            empty_block_bytes: if mine.len() < self.phases.len() {
+            empty_block_bytes: if self.joined(tile) < self.phases.len() {
                 BLOCK_HEADER_BYTES
             } else {
                 0
@@ -329,9 +350,31 @@ impl HostPlan {
 
     /// `tile`'s transfer in `phase`, if it takes part.
     pub fn transfer(&self, tile: u32, phase: usize) -> Option<&Transfer> {
-        let mine = self.by_tile.get(tile as usize)?;
-        let k = mine.binary_search_by_key(&(phase as u32), |e| e.0).ok()?;
-        self.phases.get(phase)?.transfers.get(mine[k].1 as usize)
+        self.transfers(tile, phase).next()
+    }
+
+    /// `tile`'s transfers in `phase`, in record order: at most one, except in a
+    /// kind that runs in [`one_phase`].
+    pub fn transfers(&self, tile: u32, phase: usize) -> impl Iterator<Item = &Transfer> {
+        let mine = self
+            .by_tile
+            .get(tile as usize)
+            .map_or(&[][..], Vec::as_slice);
+        let p = phase as u32;
+        let from = mine.partition_point(|e| e.0 < p);
+        let to = mine.partition_point(|e| e.0 <= p);
+        mine[from..to]
+            .iter()
+            .filter_map(move |e| self.phases.get(phase)?.transfers.get(e.1 as usize))
+    }
+
+    /// Phases `tile` takes part in.
+    fn joined(&self, tile: u32) -> usize {
+        let mine = &self.by_tile[tile as usize];
+        mine.iter()
+            .enumerate()
+            .filter(|&(k, e)| k == 0 || mine[k - 1].0 != e.0)
+            .count()
     }
 
     /// The descriptor record of a transfer: the whole slice.

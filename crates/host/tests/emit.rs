@@ -44,34 +44,33 @@ fn replicated(addr_x: [u32; 2], addr_w: [u32; 2]) -> Vec<BindingSpec> {
 fn identical_blocks_on_a_tile_are_stored_once() {
     let m = Machine::small();
     let plan = HostPlan::new(&m, &replicated([A, A], [A + 0x2000, A + 0x2000])).unwrap();
-    // Weight phases 0-1, input phases 2-3, output phase 4. Tile 0: two weight
-    // blocks and two input blocks of one record each (20 B, whether the slice
-    // takes 1 packet or 3), and the empty block for the output phase.
-    assert_eq!(plan.bound(0), 20 + 20 + 20 + 20 + 4);
-    let h = emit_tile(&plan, 0, plan.bound(0), &[(RESERVATION, RESERVATION + 84)]).unwrap();
-    assert_eq!(h.bytes_before_dedup, 84);
-    assert_eq!(h.bytes_used, 20 + 20 + 4);
-    assert_eq!(h.records_deduplicated, 1 + 1);
-    assert_eq!(h.records_stored, 1 + 1);
+    // Weight phase 0, input phases 1-2, output phase 3. Tile 0: one weight
+    // block of two records (36 B), two input blocks of one record each (20 B,
+    // whether the slice takes 1 packet or 3), and the empty block for the
+    // output phase.
+    assert_eq!(plan.bound(0), 36 + 20 + 20 + 4);
+    let h = emit_tile(&plan, 0, plan.bound(0), &[(RESERVATION, RESERVATION + 80)]).unwrap();
+    assert_eq!(h.bytes_before_dedup, 80);
+    assert_eq!(h.bytes_used, 36 + 20 + 4);
+    assert_eq!(h.records_deduplicated, 1);
+    assert_eq!(h.records_stored, 2 + 1);
     let a = &h.phase_block_addr;
-    assert_eq!(a[0], a[1]);
-    assert_eq!(a[2], a[3]);
-    assert_eq!(a.len(), 5);
+    assert_eq!(a[1], a[2]);
+    assert_eq!(a.len(), 4);
     assert_eq!(h.segments.len(), 1);
     assert_eq!(h.segments[0].addr, RESERVATION);
-    assert_eq!(h.segments[0].bytes.len(), 44);
+    assert_eq!(h.segments[0].bytes.len(), 60);
     // First use order: weight block, input block, empty block.
     assert_eq!(
         a[..],
         [
             RESERVATION,
-            RESERVATION,
-            RESERVATION + 20,
-            RESERVATION + 20,
-            RESERVATION + 40
+            RESERVATION + 36,
+            RESERVATION + 36,
+            RESERVATION + 56
         ]
     );
-    assert_eq!(&h.segments[0].bytes[40..], &[0, 0, 0, 0]);
+    assert_eq!(&h.segments[0].bytes[56..], &[0, 0, 0, 0]);
 }
 
 /// The seed's relocation test: blocks shared at provisional addresses stop
@@ -84,19 +83,19 @@ fn relocation_unshares_packets_within_the_original_bound() {
     let bound = provisional.bound_per_tile().to_vec();
     let reserved = provisional.max_bound();
     let before = emit_provisional(&provisional, 0).unwrap();
-    assert_eq!(before.bytes_used, 44);
-    assert_eq!(before.records_deduplicated, 2);
+    assert_eq!(before.bytes_used, 60);
+    assert_eq!(before.records_deduplicated, 1);
 
     let placed = replicated([A, A + 0x1000], [A + 0x2000, A + 0x2400]);
     let fin = HostPlan::new(&m, &placed).unwrap();
     assert_eq!(fin.bound_per_tile(), bound.as_slice());
     let after = emit_tile(&fin, 0, bound[0], &[(RESERVATION, RESERVATION + reserved)]).unwrap();
     assert_eq!(after.records_deduplicated, 0);
-    assert_eq!(after.bytes_used, 84);
+    assert_eq!(after.bytes_used, 80);
     assert!(after.bytes_used <= bound[0]);
-    assert_eq!(reserved, 84);
+    assert_eq!(reserved, 80);
     let distinct: std::collections::HashSet<_> = after.phase_block_addr.iter().collect();
-    assert_eq!(distinct.len(), 5);
+    assert_eq!(distinct.len(), 4);
     let summary = HostSummary::of(&[before.clone(), after.clone()]);
     assert_eq!(
         (
@@ -104,11 +103,11 @@ fn relocation_unshares_packets_within_the_original_bound() {
             summary.bytes_before_dedup,
             summary.bytes_used
         ),
-        (2, 168, 44 + 84)
+        (2, 160, 60 + 80)
     );
     assert_eq!(
         (summary.max_tile_bytes_used, summary.records_deduplicated),
-        (84, 2)
+        (80, 1)
     );
     eprintln!(
         "relocation: bound {} B/tile (reservation {reserved}), provisional {} B after dedup, final {} B",
@@ -120,8 +119,8 @@ fn relocation_unshares_packets_within_the_original_bound() {
 fn blocks_spill_from_the_reservation_into_other_free_ranges() {
     let m = Machine::small();
     let plan = HostPlan::new(&m, &replicated([A, A + 0x1000], [A + 0x2000, A + 0x2400])).unwrap();
-    // 84 bytes: 40 fit in the reservation (the two weight blocks), the rest go
-    // to the first range that still has room for each block.
+    // 80 bytes: the weight block (36) and later the empty block (4) fill the
+    // first range; each input block goes to the first range still roomy enough.
     let ranges = [
         (0xA0000, 0xA0000 + 40),
         (0xB0000, 0xB0000 + 30),
@@ -130,10 +129,10 @@ fn blocks_spill_from_the_reservation_into_other_free_ranges() {
     let h = emit_tile(&plan, 0, plan.bound(0), &ranges).unwrap();
     assert_eq!(
         h.phase_block_addr,
-        [0xA0000, 0xA0000 + 20, 0xB0000, 0xC0000, 0xB0000 + 20]
+        [0xA0000, 0xB0000, 0xC0000, 0xA0000 + 36]
     );
     let segs: Vec<(u32, usize)> = h.segments.iter().map(|s| (s.addr, s.bytes.len())).collect();
-    assert_eq!(segs, [(0xA0000, 40), (0xB0000, 24), (0xC0000, 20)]);
+    assert_eq!(segs, [(0xA0000, 40), (0xB0000, 20), (0xC0000, 20)]);
     assert_eq!(h.package_segments().len(), 3);
 }
 
@@ -181,13 +180,13 @@ fn needing_more_than_the_bound_is_an_internal_error_with_both_numbers() {
         e,
         HostError::ExceedsBound {
             tile: 0,
-            needed: 84,
+            needed: 80,
             bound: 60
         }
     );
     let text = e.to_string();
     assert!(
-        text.contains("internal error") && text.contains("84") && text.contains("60"),
+        text.contains("internal error") && text.contains("80") && text.contains("60"),
         "{text}"
     );
 }
@@ -328,9 +327,17 @@ fn packed_records_expand_to_the_unpacked_packets() {
                 s.bytes[at..at + len].to_vec()
             };
             let u32_of = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-            for &addr in &h.phase_block_addr {
+            for (phase, &addr) in h.phase_block_addr.iter().enumerate() {
                 let count = u32_of(&read(addr, 4), 0) as usize;
-                assert!(count <= 1, "case {case}: a block holds one transfer");
+                assert_eq!(
+                    count,
+                    plan.transfers(tile, phase).count(),
+                    "case {case}: a record per transfer"
+                );
+                assert!(
+                    count <= 1 || one_phase(plan.phases()[phase].kind),
+                    "case {case}"
+                );
                 if count == 0 {
                     continue;
                 }
