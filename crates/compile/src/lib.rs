@@ -148,8 +148,13 @@ pub struct HostReport {
     pub bound_bytes_max: u32,
     /// The most descriptor bytes any tile uses in the final package.
     pub final_bytes_max: u32,
+    /// Link packets over all tiles (payload-sized pieces of the transfers).
     pub packets: u64,
-    pub packets_deduplicated: u64,
+    /// Descriptor records over all tiles: one per transfer, whatever its packets.
+    pub records: u64,
+    pub records_deduplicated: u64,
+    /// The tile whose bound sizes the reservation, and where its bytes go.
+    pub busiest: Option<tessera_host::TileUsage>,
     /// Phases that stream the weights once, at initialisation.
     pub weight_phases: usize,
     pub input_phases: usize,
@@ -422,7 +427,9 @@ fn compile_plan_with(
         bound_bytes_max: provisional.max_bound(),
         final_bytes_max: hs.max_tile_bytes_used,
         packets: final_plan.packet_total(),
-        packets_deduplicated: hs.packets_deduplicated,
+        records: final_plan.record_total(),
+        records_deduplicated: hs.records_deduplicated,
+        busiest: provisional.usage(provisional.busiest_tile()),
         weight_phases: final_plan
             .phases_of(tessera_package::BindingKind::Weight)
             .len(),

@@ -2,7 +2,7 @@
 //! a caller hands over, and the supervisor snippet of each phase. Provisional
 //! sizing and the final package both come through here.
 
-use crate::{HostError, HostPlan, RECORD_BYTES};
+use crate::{BLOCK_HEADER_BYTES, HostError, HostPlan, RECORD_BYTES};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -37,27 +37,31 @@ pub struct TileHost {
     /// addresses).
     pub bytes_before_dedup: u32,
     /// Records stored in the placed blocks.
-    pub packets_stored: u32,
+    pub records_stored: u32,
     /// Records saved because their block repeats an earlier one on this tile.
-    pub packets_deduplicated: u32,
+    pub records_deduplicated: u32,
 }
 
 /// The descriptor block `tile` reads in `phase`: a u32 record count and that
 /// many 16-byte records (binding index, flags, host offset, tile address,
-/// length), or a count of 0 when the tile sits the phase out. The only encoder
-/// of descriptor bytes.
+/// length), or a count of 0 when the tile sits the phase out. A transfer is one
+/// record however many packets it takes. The only encoder of descriptor bytes.
 pub fn encode_block(plan: &HostPlan, tile: u32, phase: usize) -> Vec<u8> {
-    let Some(t) = plan.transfer(tile, phase) else {
-        return 0u32.to_le_bytes().to_vec();
-    };
-    let mut out = Vec::with_capacity(4 + (RECORD_BYTES * t.packets) as usize);
-    out.extend_from_slice(&t.packets.to_le_bytes());
-    for p in plan.packets(t) {
-        out.extend_from_slice(&p.binding.to_le_bytes());
-        out.extend_from_slice(&u16::from(p.to_host).to_le_bytes());
-        out.extend_from_slice(&p.host_offset.to_le_bytes());
-        out.extend_from_slice(&p.tile_addr.to_le_bytes());
-        out.extend_from_slice(&p.bytes.to_le_bytes());
+    let records: Vec<_> = plan
+        .transfers(tile, phase)
+        .map(|t| plan.record(t))
+        .collect();
+    let mut out =
+        Vec::with_capacity(BLOCK_HEADER_BYTES as usize + RECORD_BYTES as usize * records.len());
+    // A tile's records in one phase come from its slices, whose count the plan
+    // already holds in u32.
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for r in records {
+        out.extend_from_slice(&r.binding.to_le_bytes());
+        out.extend_from_slice(&u16::from(r.to_host).to_le_bytes());
+        out.extend_from_slice(&r.host_offset.to_le_bytes());
+        out.extend_from_slice(&r.tile_addr.to_le_bytes());
+        out.extend_from_slice(&r.bytes.to_le_bytes());
     }
     out
 }
@@ -156,8 +160,8 @@ pub fn emit_tile(
         phase_block_addr: block_of.iter().map(|&k| addr_of[k]).collect(),
         bytes_used: needed,
         bytes_before_dedup,
-        packets_stored: stored,
-        packets_deduplicated: saved,
+        records_stored: stored,
+        records_deduplicated: saved,
     })
 }
 
@@ -276,8 +280,8 @@ pub struct HostSummary {
     pub bytes_used: u64,
     /// The most any one tile uses (at most the common reservation).
     pub max_tile_bytes_used: u32,
-    pub packets_stored: u64,
-    pub packets_deduplicated: u64,
+    pub records_stored: u64,
+    pub records_deduplicated: u64,
 }
 
 impl HostSummary {
@@ -289,8 +293,8 @@ impl HostSummary {
                 bytes_before_dedup: s.bytes_before_dedup + u64::from(h.bytes_before_dedup),
                 bytes_used: s.bytes_used + u64::from(h.bytes_used),
                 max_tile_bytes_used: s.max_tile_bytes_used.max(h.bytes_used),
-                packets_stored: s.packets_stored + u64::from(h.packets_stored),
-                packets_deduplicated: s.packets_deduplicated + u64::from(h.packets_deduplicated),
+                records_stored: s.records_stored + u64::from(h.records_stored),
+                records_deduplicated: s.records_deduplicated + u64::from(h.records_deduplicated),
             })
     }
 }

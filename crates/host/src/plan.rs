@@ -9,7 +9,10 @@ use std::ops::Range;
 use tessera_machine::Machine;
 use tessera_package::{BindingKind, BindingSlice, HostBinding};
 
-/// Bytes of one packet record in a descriptor block (docs/isa.md, host section).
+/// Bytes of one record in a descriptor block (docs/isa.md, host section). A
+/// record covers a whole slice: the link, not the descriptor, cuts it into
+/// payload-sized packets, so a tile's storage grows with its slices, not its
+/// bytes.
 pub const RECORD_BYTES: u32 = 16;
 /// Bytes of a descriptor block's record count.
 pub const BLOCK_HEADER_BYTES: u32 = 4;
@@ -17,6 +20,17 @@ pub const BLOCK_HEADER_BYTES: u32 = 4;
 /// driver can put compute between the input and output phases.
 pub const KIND_ORDER: [BindingKind; 3] =
     [BindingKind::Weight, BindingKind::Input, BindingKind::Output];
+
+/// Whether all of a kind's transfers share one phase, each tile's block listing
+/// its transfers of that kind, instead of one transfer per tile per phase.
+/// Weights stream once, before anything runs, so splitting them into phases
+/// buys nothing and costs every tile a snippet, a sync and a link overhead per
+/// phase. Inputs and outputs keep one transfer per phase, which keeps each
+/// block to one record (so the packet cache can share repeated ones) and the
+/// per-inference schedule as it was.
+pub fn one_phase(kind: BindingKind) -> bool {
+    kind == BindingKind::Weight
+}
 
 /// Where a byte range of a binding lives on a tile.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,11 +64,23 @@ pub struct Transfer {
     pub offset: u32,
     pub bytes: u32,
     pub tile_addr: u32,
-    /// Records the transfer needs: its bytes in payload-sized pieces.
+    /// Link packets the transfer takes: its bytes in payload-sized pieces. Its
+    /// descriptor is one record whatever this count.
     pub packets: u32,
 }
 
-/// One link packet: the fields of one descriptor record.
+/// One descriptor record: a contiguous run of bytes between a host buffer and a
+/// tile, which the link carries as `bytes.div_ceil(payload)` packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Record {
+    pub binding: u16,
+    pub to_host: bool,
+    pub host_offset: u32,
+    pub tile_addr: u32,
+    pub bytes: u32,
+}
+
+/// One link packet: at most the payload, in offset order within its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct Packet {
     pub binding: u16,
@@ -71,6 +97,42 @@ pub struct Phase {
     pub kind: BindingKind,
     /// At most one per tile, in tile order.
     pub transfers: Vec<Transfer>,
+}
+
+/// One kind's share of a tile's host storage: the figures behind its bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KindUsage {
+    pub kind: BindingKind,
+    /// Phases of this kind in the plan: the tile runs a snippet for each.
+    pub phases: u32,
+    /// Phases the tile takes part in, one block each.
+    pub joined: u32,
+    /// Records in those blocks: one per transfer.
+    pub records: u32,
+    /// Link packets and payload bytes the tile's transfers of this kind move.
+    pub packets: u64,
+    pub bytes: u64,
+    /// Bytes of the joined phases' blocks.
+    pub descriptor_bytes: u64,
+    /// What those blocks took when every packet had its own record and every
+    /// transfer its own phase (the format before run-length records and the
+    /// weights' single phase), kept so the saving stays measurable.
+    pub per_packet_descriptor_bytes: u64,
+    /// Supervisor code of this kind's snippets.
+    pub snippet_bytes: u64,
+}
+
+/// Where one tile's host bytes go: descriptor blocks per kind, the shared empty
+/// block, and the snippets' code (which lives in the supervisor program, not in
+/// the reservation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TileUsage {
+    pub tile: u32,
+    pub kinds: Vec<KindUsage>,
+    /// The empty block, when the tile sits out a phase.
+    pub empty_block_bytes: u32,
+    /// The tile's bound: blocks and empty block, rounded up to 4.
+    pub bound: u32,
 }
 
 /// A host plan for one set of bindings on one machine.
@@ -143,8 +205,9 @@ impl HostPlan {
                 q.sort_by_key(|t| (t.binding, t.offset, t.bytes, t.slice));
             }
             let depth = queue.iter().map(Vec::len).max().unwrap_or(0);
+            let count = if one_phase(kind) { depth.min(1) } else { depth };
             let first = phases.len();
-            for _ in 0..depth {
+            for _ in 0..count {
                 phases.push(Phase {
                     kind,
                     transfers: Vec::new(),
@@ -152,7 +215,7 @@ impl HostPlan {
             }
             for (tile, q) in queue.into_iter().enumerate() {
                 for (k, t) in q.into_iter().enumerate() {
-                    let p = first + k;
+                    let p = first + if one_phase(kind) { 0 } else { k };
                     by_tile[tile].push((p as u32, phases[p].transfers.len() as u32));
                     phases[p].transfers.push(t);
                 }
@@ -176,21 +239,75 @@ impl HostPlan {
         Ok(plan)
     }
 
-    /// Descriptor bytes of `tile` before deduplication: one block per phase it
-    /// takes part in, plus one shared empty block if it sits out any phase. Reads
-    /// only packet counts and phase membership.
+    /// Descriptor bytes of `tile` before deduplication: a block per phase it
+    /// takes part in, of one record per transfer, plus one shared empty block if
+    /// it sits out any phase. Reads only phase membership.
     fn count_before_dedup(&self, tile: u32) -> Result<u32, HostError> {
         let mine = &self.by_tile[tile as usize];
-        let mut total = 0u64;
-        for &(p, i) in mine {
-            let t = &self.phases[p as usize].transfers[i as usize];
-            total += u64::from(BLOCK_HEADER_BYTES) + u64::from(RECORD_BYTES) * u64::from(t.packets);
-        }
-        if mine.len() < self.phases.len() {
+        let joined = self.joined(tile);
+        let mut total = u64::from(BLOCK_HEADER_BYTES) * joined as u64;
+        total += u64::from(RECORD_BYTES) * mine.len() as u64;
+        if joined < self.phases.len() {
             total += u64::from(BLOCK_HEADER_BYTES);
         }
         let total = total.next_multiple_of(4);
         u32::try_from(total).map_err(|_| HostError::TooLarge { tile })
+    }
+
+    /// Where `tile`'s host bytes go, kind by kind (`None` for a tile outside the
+    /// machine).
+    pub fn usage(&self, tile: u32) -> Option<TileUsage> {
+        let mine = self.by_tile.get(tile as usize)?;
+        let kinds = KIND_ORDER
+            .iter()
+            .map(|&kind| {
+                let phases = self.phases_of(kind);
+                let mut u = KindUsage {
+                    kind,
+                    phases: phases.len() as u32,
+                    joined: 0,
+                    records: 0,
+                    packets: 0,
+                    bytes: 0,
+                    descriptor_bytes: 0,
+                    per_packet_descriptor_bytes: 0,
+                    snippet_bytes: u64::from(crate::SNIPPET_BYTES) * phases.len() as u64,
+                };
+                let mut last = None;
+                for &(p, i) in mine.iter().filter(|e| phases.contains(&(e.0 as usize))) {
+                    let t = &self.phases[p as usize].transfers[i as usize];
+                    if last != Some(p) {
+                        u.joined += 1;
+                        u.descriptor_bytes += u64::from(BLOCK_HEADER_BYTES);
+                        last = Some(p);
+                    }
+                    u.records += 1;
+                    u.packets += u64::from(t.packets);
+                    u.bytes += u64::from(t.bytes);
+                    u.descriptor_bytes += u64::from(RECORD_BYTES);
+                    u.per_packet_descriptor_bytes += u64::from(BLOCK_HEADER_BYTES)
+                        + u64::from(RECORD_BYTES) * u64::from(t.packets);
+                }
+                u
+            })
+            .collect();
+        Some(TileUsage {
+            tile,
+            kinds,
+            empty_block_bytes: if self.joined(tile) < self.phases.len() {
+                BLOCK_HEADER_BYTES
+            } else {
+                0
+            },
+            bound: self.bound(tile),
+        })
+    }
+
+    /// The tile with the largest bound (the lowest such tile), which sizes the
+    /// common reservation.
+    pub fn busiest_tile(&self) -> u32 {
+        let max = self.max_bound();
+        self.bound.iter().position(|&b| b == max).unwrap_or(0) as u32
     }
 
     /// Every phase, in execution order.
@@ -233,18 +350,54 @@ impl HostPlan {
 
     /// `tile`'s transfer in `phase`, if it takes part.
     pub fn transfer(&self, tile: u32, phase: usize) -> Option<&Transfer> {
-        let mine = self.by_tile.get(tile as usize)?;
-        let k = mine.binary_search_by_key(&(phase as u32), |e| e.0).ok()?;
-        self.phases.get(phase)?.transfers.get(mine[k].1 as usize)
+        self.transfers(tile, phase).next()
     }
 
-    /// The packets of a transfer: its bytes in pieces of at most the payload,
-    /// in offset order.
-    pub fn packets(&self, t: &Transfer) -> impl Iterator<Item = Packet> + use<> {
-        let to_host = self
-            .bindings
+    /// `tile`'s transfers in `phase`, in record order: at most one, except in a
+    /// kind that runs in [`one_phase`].
+    pub fn transfers(&self, tile: u32, phase: usize) -> impl Iterator<Item = &Transfer> {
+        let mine = self
+            .by_tile
+            .get(tile as usize)
+            .map_or(&[][..], Vec::as_slice);
+        let p = phase as u32;
+        let from = mine.partition_point(|e| e.0 < p);
+        let to = mine.partition_point(|e| e.0 <= p);
+        mine[from..to]
+            .iter()
+            .filter_map(move |e| self.phases.get(phase)?.transfers.get(e.1 as usize))
+    }
+
+    /// Phases `tile` takes part in.
+    fn joined(&self, tile: u32) -> usize {
+        let mine = &self.by_tile[tile as usize];
+        mine.iter()
+            .enumerate()
+            .filter(|&(k, e)| k == 0 || mine[k - 1].0 != e.0)
+            .count()
+    }
+
+    /// The descriptor record of a transfer: the whole slice.
+    pub fn record(&self, t: &Transfer) -> Record {
+        Record {
+            binding: t.binding,
+            to_host: self.to_host(t),
+            host_offset: t.offset,
+            tile_addr: t.tile_addr,
+            bytes: t.bytes,
+        }
+    }
+
+    fn to_host(&self, t: &Transfer) -> bool {
+        self.bindings
             .get(usize::from(t.binding))
-            .is_some_and(|b| b.kind == BindingKind::Output);
+            .is_some_and(|b| b.kind == BindingKind::Output)
+    }
+
+    /// The link packets of a transfer: its bytes in pieces of at most the
+    /// payload, in offset order.
+    pub fn packets(&self, t: &Transfer) -> impl Iterator<Item = Packet> + use<> {
+        let to_host = self.to_host(t);
         let (binding, payload, offset, bytes, addr) =
             (t.binding, self.payload, t.offset, t.bytes, t.tile_addr);
         (0..t.packets).map(move |k| {
@@ -285,7 +438,12 @@ impl HostPlan {
         )
     }
 
-    /// Records over all phases and tiles.
+    /// Descriptor records over all phases and tiles: one per transfer.
+    pub fn record_total(&self) -> u64 {
+        self.phases.iter().map(|p| p.transfers.len() as u64).sum()
+    }
+
+    /// Link packets over all phases and tiles.
     pub fn packet_total(&self) -> u64 {
         self.phases
             .iter()

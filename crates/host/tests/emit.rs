@@ -44,34 +44,33 @@ fn replicated(addr_x: [u32; 2], addr_w: [u32; 2]) -> Vec<BindingSpec> {
 fn identical_blocks_on_a_tile_are_stored_once() {
     let m = Machine::small();
     let plan = HostPlan::new(&m, &replicated([A, A], [A + 0x2000, A + 0x2000])).unwrap();
-    // Weight phases 0-1, input phases 2-3, output phase 4. Tile 0: two 1-record
-    // weight blocks (20 B each), two 3-record input blocks (52 B each), and the
-    // empty block for the output phase.
-    assert_eq!(plan.bound(0), 20 + 20 + 52 + 52 + 4);
-    let h = emit_tile(&plan, 0, plan.bound(0), &[(RESERVATION, RESERVATION + 148)]).unwrap();
-    assert_eq!(h.bytes_before_dedup, 148);
-    assert_eq!(h.bytes_used, 20 + 52 + 4);
-    assert_eq!(h.packets_deduplicated, 1 + 3);
-    assert_eq!(h.packets_stored, 1 + 3);
+    // Weight phase 0, input phases 1-2, output phase 3. Tile 0: one weight
+    // block of two records (36 B), two input blocks of one record each (20 B,
+    // whether the slice takes 1 packet or 3), and the empty block for the
+    // output phase.
+    assert_eq!(plan.bound(0), 36 + 20 + 20 + 4);
+    let h = emit_tile(&plan, 0, plan.bound(0), &[(RESERVATION, RESERVATION + 80)]).unwrap();
+    assert_eq!(h.bytes_before_dedup, 80);
+    assert_eq!(h.bytes_used, 36 + 20 + 4);
+    assert_eq!(h.records_deduplicated, 1);
+    assert_eq!(h.records_stored, 2 + 1);
     let a = &h.phase_block_addr;
-    assert_eq!(a[0], a[1]);
-    assert_eq!(a[2], a[3]);
-    assert_eq!(a.len(), 5);
+    assert_eq!(a[1], a[2]);
+    assert_eq!(a.len(), 4);
     assert_eq!(h.segments.len(), 1);
     assert_eq!(h.segments[0].addr, RESERVATION);
-    assert_eq!(h.segments[0].bytes.len(), 76);
+    assert_eq!(h.segments[0].bytes.len(), 60);
     // First use order: weight block, input block, empty block.
     assert_eq!(
         a[..],
         [
             RESERVATION,
-            RESERVATION,
-            RESERVATION + 20,
-            RESERVATION + 20,
-            RESERVATION + 72
+            RESERVATION + 36,
+            RESERVATION + 36,
+            RESERVATION + 56
         ]
     );
-    assert_eq!(&h.segments[0].bytes[72..], &[0, 0, 0, 0]);
+    assert_eq!(&h.segments[0].bytes[56..], &[0, 0, 0, 0]);
 }
 
 /// The seed's relocation test: blocks shared at provisional addresses stop
@@ -84,19 +83,19 @@ fn relocation_unshares_packets_within_the_original_bound() {
     let bound = provisional.bound_per_tile().to_vec();
     let reserved = provisional.max_bound();
     let before = emit_provisional(&provisional, 0).unwrap();
-    assert_eq!(before.bytes_used, 76);
-    assert_eq!(before.packets_deduplicated, 4);
+    assert_eq!(before.bytes_used, 60);
+    assert_eq!(before.records_deduplicated, 1);
 
     let placed = replicated([A, A + 0x1000], [A + 0x2000, A + 0x2400]);
     let fin = HostPlan::new(&m, &placed).unwrap();
     assert_eq!(fin.bound_per_tile(), bound.as_slice());
     let after = emit_tile(&fin, 0, bound[0], &[(RESERVATION, RESERVATION + reserved)]).unwrap();
-    assert_eq!(after.packets_deduplicated, 0);
-    assert_eq!(after.bytes_used, 148);
+    assert_eq!(after.records_deduplicated, 0);
+    assert_eq!(after.bytes_used, 80);
     assert!(after.bytes_used <= bound[0]);
-    assert_eq!(reserved, 148);
+    assert_eq!(reserved, 80);
     let distinct: std::collections::HashSet<_> = after.phase_block_addr.iter().collect();
-    assert_eq!(distinct.len(), 5);
+    assert_eq!(distinct.len(), 4);
     let summary = HostSummary::of(&[before.clone(), after.clone()]);
     assert_eq!(
         (
@@ -104,11 +103,11 @@ fn relocation_unshares_packets_within_the_original_bound() {
             summary.bytes_before_dedup,
             summary.bytes_used
         ),
-        (2, 296, 76 + 148)
+        (2, 160, 60 + 80)
     );
     assert_eq!(
-        (summary.max_tile_bytes_used, summary.packets_deduplicated),
-        (148, 4)
+        (summary.max_tile_bytes_used, summary.records_deduplicated),
+        (80, 1)
     );
     eprintln!(
         "relocation: bound {} B/tile (reservation {reserved}), provisional {} B after dedup, final {} B",
@@ -120,20 +119,20 @@ fn relocation_unshares_packets_within_the_original_bound() {
 fn blocks_spill_from_the_reservation_into_other_free_ranges() {
     let m = Machine::small();
     let plan = HostPlan::new(&m, &replicated([A, A + 0x1000], [A + 0x2000, A + 0x2400])).unwrap();
-    // 148 bytes: 40 fit in the reservation (the two weight blocks), the rest go
-    // to the next range that has room for each block.
+    // 80 bytes: the weight block (36) and later the empty block (4) fill the
+    // first range; each input block goes to the first range still roomy enough.
     let ranges = [
         (0xA0000, 0xA0000 + 40),
-        (0xB0000, 0xB0000 + 50),
+        (0xB0000, 0xB0000 + 30),
         (0xC0000, 0xC1000),
     ];
     let h = emit_tile(&plan, 0, plan.bound(0), &ranges).unwrap();
     assert_eq!(
         h.phase_block_addr,
-        [0xA0000, 0xA0000 + 20, 0xC0000, 0xC0000 + 52, 0xB0000]
+        [0xA0000, 0xB0000, 0xC0000, 0xA0000 + 36]
     );
     let segs: Vec<(u32, usize)> = h.segments.iter().map(|s| (s.addr, s.bytes.len())).collect();
-    assert_eq!(segs, [(0xA0000, 40), (0xB0000, 4), (0xC0000, 104)]);
+    assert_eq!(segs, [(0xA0000, 40), (0xB0000, 20), (0xC0000, 20)]);
     assert_eq!(h.package_segments().len(), 3);
 }
 
@@ -176,18 +175,18 @@ fn ranges_are_aligned_and_clipped_to_loadable_sram() {
 fn needing_more_than_the_bound_is_an_internal_error_with_both_numbers() {
     let m = Machine::small();
     let plan = HostPlan::new(&m, &replicated([A, A + 8], [A, A + 8])).unwrap();
-    let e = emit_tile(&plan, 0, 100, &[(RESERVATION, RESERVATION + 0x1000)]).unwrap_err();
+    let e = emit_tile(&plan, 0, 60, &[(RESERVATION, RESERVATION + 0x1000)]).unwrap_err();
     assert_eq!(
         e,
         HostError::ExceedsBound {
             tile: 0,
-            needed: 148,
-            bound: 100
+            needed: 80,
+            bound: 60
         }
     );
     let text = e.to_string();
     assert!(
-        text.contains("internal error") && text.contains("148") && text.contains("100"),
+        text.contains("internal error") && text.contains("80") && text.contains("60"),
         "{text}"
     );
 }
@@ -264,18 +263,105 @@ fn block_encoding_matches_the_descriptor_format() {
     let b = encode_block(&plan, 2, 0);
     let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-    assert_eq!(b.len(), 4 + 32);
-    assert_eq!(u32_at(0), 2);
+    // 1,100 bytes take two link packets but one record.
+    assert_eq!(plan.transfer(2, 0).unwrap().packets, 2);
+    assert_eq!(b.len(), 4 + 16);
+    assert_eq!(u32_at(0), 1);
     assert_eq!(
         (u16_at(4), u16_at(6), u32_at(8), u32_at(12), u32_at(16)),
-        (0, 0, 0, 0x91234, 1024)
-    );
-    assert_eq!(
-        (u16_at(20), u16_at(22), u32_at(24), u32_at(28), u32_at(32)),
-        (0, 0, 1024, 0x91634, 76)
+        (0, 0, 0, 0x91234, 1100)
     );
     let o = encode_block(&plan, 2, 1);
     assert_eq!(o.len(), 20);
     assert_eq!(&o[..8], &[1, 0, 0, 0, 1, 0, 1, 0]);
     assert_eq!(encode_block(&plan, 1, 0), [0, 0, 0, 0]);
+}
+
+/// The packed records, read back from the emitted bytes and cut into packets by
+/// this test's own rule, put every byte where one record per packet did: the
+/// unpacked list is built straight from the slices, not through the plan.
+#[test]
+fn packed_records_expand_to_the_unpacked_packets() {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    type Piece = (u32, u16, bool, u32, u32, u32);
+    let mut rng = ChaCha8Rng::seed_from_u64(0x13_0013);
+    let mut checked = 0usize;
+    for case in 0..200 {
+        let mut machine = Machine::small().with_tiles(8);
+        let payload = [1, 7, 64, 1024, rng.random_range(1..3000)][case % 5];
+        machine.timing.host_packet_payload_bytes = payload;
+        let specs = random_layout(&mut rng, &machine, RESERVATION + 0x1000);
+        let plan = HostPlan::new(&machine, &specs).unwrap();
+
+        let mut unpacked: Vec<Piece> = Vec::new();
+        for (bi, b) in specs.iter().enumerate() {
+            for s in &b.slices {
+                let mut done = 0;
+                while done < s.bytes {
+                    let len = payload.min(s.bytes - done);
+                    unpacked.push((
+                        s.tile,
+                        bi as u16,
+                        b.kind == Output,
+                        s.offset + done,
+                        s.tile_addr + done,
+                        len,
+                    ));
+                    done += len;
+                }
+            }
+        }
+
+        let mut expanded: Vec<Piece> = Vec::new();
+        for tile in 0..machine.tiles {
+            let bound = plan.bound(tile);
+            let h = emit_tile(&plan, tile, bound, &[(RESERVATION, RESERVATION + bound)]).unwrap();
+            let read = |addr: u32, len: usize| -> Vec<u8> {
+                let s = h
+                    .segments
+                    .iter()
+                    .find(|s| s.addr <= addr && addr - s.addr < s.bytes.len() as u32)
+                    .expect("the block lies in a placed segment");
+                let at = (addr - s.addr) as usize;
+                s.bytes[at..at + len].to_vec()
+            };
+            let u32_of = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+            for (phase, &addr) in h.phase_block_addr.iter().enumerate() {
+                let count = u32_of(&read(addr, 4), 0) as usize;
+                assert_eq!(
+                    count,
+                    plan.transfers(tile, phase).count(),
+                    "case {case}: a record per transfer"
+                );
+                assert!(
+                    count <= 1 || one_phase(plan.phases()[phase].kind),
+                    "case {case}"
+                );
+                if count == 0 {
+                    continue;
+                }
+                let body = read(addr + 4, 16 * count);
+                for r in body.chunks(16) {
+                    let binding = u16::from_le_bytes([r[0], r[1]]);
+                    let flags = u16::from_le_bytes([r[2], r[3]]);
+                    let (host, at, len) = (u32_of(r, 4), u32_of(r, 8), u32_of(r, 12));
+                    assert!(len > 0 && flags <= 1, "case {case}");
+                    let mut done = 0;
+                    while done < len {
+                        let piece = payload.min(len - done);
+                        expanded.push((tile, binding, flags == 1, host + done, at + done, piece));
+                        done += piece;
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        unpacked.sort_unstable();
+        expanded.sort_unstable();
+        assert_eq!(expanded, unpacked, "case {case}, payload {payload}");
+        let records = plan.record_total() as usize;
+        assert!(records <= unpacked.len(), "case {case}");
+    }
+    assert!(checked > 500, "{checked} records checked");
 }

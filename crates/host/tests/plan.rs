@@ -46,9 +46,11 @@ fn slices_split_at_the_payload_boundary() {
             at += p.bytes;
         }
         assert_eq!(at, bytes);
-        // One block of a count and the records; tiles 0, 2, 3 sit the phase out
-        // and keep one empty block.
-        assert_eq!(plan.bound(1), 4 + 16 * expect.len() as u32);
+        // One block of a count and one record however many packets; tiles 0,
+        // 2, 3 sit the phase out and keep one empty block.
+        assert_eq!(plan.bound(1), 4 + 16);
+        let r = plan.record(t);
+        assert_eq!((r.host_offset, r.tile_addr, r.bytes), (0, A, bytes));
         assert_eq!(plan.bound_per_tile(), &[4, plan.bound(1), 4, 4]);
     }
 }
@@ -159,10 +161,17 @@ fn check_phases(plan: &HostPlan, specs: &[BindingSpec]) {
     let mut seen = HashSet::new();
     for (i, p) in plan.phases().iter().enumerate() {
         let tiles: Vec<u32> = p.transfers.iter().map(|t| t.tile).collect();
-        assert!(
-            tiles.windows(2).all(|w| w[0] < w[1]),
-            "phase {i}: tiles {tiles:?}"
-        );
+        // One transfer per tile, except in a kind with a single phase, where a
+        // tile's transfers follow each other in binding and host-offset order.
+        if one_phase(p.kind) {
+            let key = |t: &Transfer| (t.tile, t.binding, t.offset, t.bytes, t.slice);
+            assert!(p.transfers.windows(2).all(|w| key(&w[0]) < key(&w[1])));
+        } else {
+            assert!(
+                tiles.windows(2).all(|w| w[0] < w[1]),
+                "phase {i}: tiles {tiles:?}"
+            );
+        }
         assert!(!p.transfers.is_empty());
         if i > 0 {
             assert!(order(plan.phases()[i - 1].kind) <= order(p.kind));
@@ -188,10 +197,13 @@ fn check_phases(plan: &HostPlan, specs: &[BindingSpec]) {
                 *per_tile.entry(s.tile).or_default() += 1;
             }
         }
-        assert_eq!(
-            plan.phases_of(kind).len(),
-            per_tile.values().copied().max().unwrap_or(0)
-        );
+        let busiest = per_tile.values().copied().max().unwrap_or(0);
+        let want = if one_phase(kind) {
+            busiest.min(1)
+        } else {
+            busiest
+        };
+        assert_eq!(plan.phases_of(kind).len(), want);
     }
 }
 
@@ -380,13 +392,92 @@ fn a_full_chip_plans_with_a_common_bound() {
     ];
     let plan = HostPlan::new(&machine, &specs).unwrap();
     assert_eq!(plan.phases().len(), 2);
-    assert!(
-        plan.bound_per_tile()
-            .iter()
-            .all(|&b| b == 4 + 3 * 16 + 4 + 16)
-    );
+    assert!(plan.bound_per_tile().iter().all(|&b| b == 4 + 16 + 4 + 16));
     let total: u32 = (0..tiles)
         .map(|t| emit_provisional(&plan, t).unwrap().bytes_used)
         .sum();
-    assert_eq!(total, 72 * tiles);
+    assert_eq!(total, 40 * tiles);
+    assert_eq!(plan.record_total(), 2 * u64::from(tiles));
+    assert_eq!(plan.packet_total(), 4 * u64::from(tiles));
+}
+
+#[test]
+fn usage_says_where_a_tiles_bytes_go() {
+    let specs = [
+        binding("w", Weight, 5000, vec![slice(0, 0, 5000, A)]),
+        binding(
+            "x",
+            Input,
+            4096,
+            vec![
+                slice(0, 0, 2048, A + 0x2000),
+                slice(0, 2048, 2048, A + 0x3000),
+            ],
+        ),
+        binding("y", Output, 8, vec![slice(1, 0, 8, A)]),
+    ];
+    let plan = HostPlan::new(&Machine::small(), &specs).unwrap();
+    let u = plan.usage(0).unwrap();
+    let rows: Vec<_> = u
+        .kinds
+        .iter()
+        .map(|k| {
+            (
+                k.kind,
+                k.phases,
+                k.joined,
+                k.packets,
+                k.bytes,
+                k.descriptor_bytes,
+                k.per_packet_descriptor_bytes,
+                k.snippet_bytes,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (Weight, 1, 1, 5, 5000, 20, 4 + 5 * 16, 20),
+            (Input, 2, 2, 4, 4096, 40, 2 * (4 + 2 * 16), 40),
+            (Output, 1, 0, 0, 0, 0, 0, 20),
+        ]
+    );
+    assert_eq!((u.empty_block_bytes, u.bound), (4, 64));
+    assert_eq!(plan.busiest_tile(), 0);
+    assert!(plan.usage(4).is_none());
+}
+
+#[test]
+fn a_tiles_weights_share_one_phase_and_one_block() {
+    // Tile 0 holds three weight slices of two bindings, tile 1 one: one weight
+    // phase, in which tile 0's block lists three records in binding and
+    // host-offset order (4 + 3 * 16 bytes), whatever the listing order.
+    let specs = [
+        binding(
+            "w",
+            Weight,
+            3000,
+            vec![slice(0, 2000, 1000, A), slice(0, 0, 2000, A + 0x1000)],
+        ),
+        binding(
+            "v",
+            Weight,
+            9,
+            vec![slice(1, 0, 9, A), slice(0, 0, 9, A + 0x2000)],
+        ),
+        binding("x", Input, 4, vec![slice(1, 0, 4, A + 64)]),
+    ];
+    let plan = HostPlan::new(&Machine::small(), &specs).unwrap();
+    assert_eq!(plan.phases_of(Weight), 0..1);
+    let mine: Vec<_> = plan
+        .transfers(0, 0)
+        .map(|t| (t.binding, t.offset, t.packets))
+        .collect();
+    assert_eq!(mine, [(0, 0, 2), (0, 2000, 1), (1, 0, 1)]);
+    assert_eq!(plan.bound(0), 4 + 3 * 16 + 4);
+    assert_eq!(plan.bound(1), 20 + 20);
+    let u = plan.usage(0).unwrap();
+    assert_eq!((u.kinds[0].joined, u.kinds[0].records), (1, 3));
+    assert_eq!(u.kinds[0].per_packet_descriptor_bytes, 3 * 4 + 4 * 16);
+    assert_eq!(encode_block(&plan, 0, 0).len(), 4 + 3 * 16);
 }

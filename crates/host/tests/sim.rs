@@ -95,12 +95,12 @@ fn relocated_packets_run_from_the_original_reservation() {
     assert_eq!(
         emit_provisional(&provisional, 0)
             .unwrap()
-            .packets_deduplicated,
-        3
+            .records_deduplicated,
+        1
     );
     let plan = HostPlan::new(&machine, &shared(a + 0x1000)).unwrap();
     let hosts = emit_all(&plan, &bounds, provisional.max_bound());
-    assert_eq!(hosts[0].packets_deduplicated, 0);
+    assert_eq!(hosts[0].records_deduplicated, 0);
     assert_eq!(hosts[0].bytes_used, bounds[0]);
     run_and_check(&machine, &plan, &hosts, 2);
 }
@@ -128,7 +128,7 @@ fn random_layouts_fit_their_bound_and_deliver_every_byte() {
         for t in 0..machine.tiles {
             let h = emit_provisional(&provisional, t).unwrap();
             assert_eq!(h.bytes_before_dedup, bounds[t as usize]);
-            shared_before += u64::from(h.packets_deduplicated);
+            shared_before += u64::from(h.records_deduplicated);
         }
         let plan = HostPlan::new(&machine, &fin).unwrap();
         plan.check_addresses().unwrap();
@@ -142,7 +142,7 @@ fn random_layouts_fit_their_bound_and_deliver_every_byte() {
             );
             assert!(h.segments.iter().all(|s| s.addr >= RESERVATION
                 && s.addr + s.bytes.len() as u32 <= RESERVATION + reserved));
-            shared_after += u64::from(h.packets_deduplicated);
+            shared_after += u64::from(h.records_deduplicated);
         }
         let run = run_and_check(&machine, &plan, &hosts, seed);
         assert_eq!(run.host_phases, plan.phases().len());
@@ -159,4 +159,57 @@ fn random_layouts_fit_their_bound_and_deliver_every_byte() {
     eprintln!(
         "random layouts: {shared_before} records shared provisionally, {shared_after} after placement, {host_cycles} host-link cycles"
     );
+}
+
+/// A corrupted descriptor record must stop the tile with a fault that names the
+/// record and what is wrong with it, before any byte moves.
+#[test]
+fn corrupted_records_fault_with_their_cause() {
+    use tessera_sim::{FaultKind, SimOptions, Simulator, Status};
+    let machine = Machine::small().with_tiles(2);
+    let specs = [binding("x", Input, 3000, vec![slice(1, 0, 3000, 0x90000)])];
+    let plan = HostPlan::new(&machine, &specs).unwrap();
+    let hosts = emit_all(&plan, plan.bound_per_tile(), plan.max_bound());
+    // Record fields after the 4-byte count: binding +0, flags +2, host offset
+    // +4, tile address +8, length +12.
+    let cases: [(usize, u32, FaultKind, &str); 6] = [
+        (16, 0, FaultKind::InvalidOperand, "empty record (0 bytes)"),
+        (16, 3001, FaultKind::InvalidOperand, "exceed binding `x`"),
+        (6, 2, FaultKind::InvalidOperand, "unknown flags 0x2"),
+        (6, 1, FaultKind::InvalidOperand, "goes to the host"),
+        (4, 7, FaultKind::InvalidOperand, "no binding #7"),
+        (
+            0,
+            1 << 16,
+            FaultKind::InvalidMemoryAddress,
+            "runs outside SRAM",
+        ),
+    ];
+    for (at, value, kind, cause) in cases {
+        let mut p = package(&machine, &plan, &hosts, &[vec![], vec![]]);
+        let seg = p.tiles[1]
+            .segments
+            .iter_mut()
+            .find(|s| s.name == "host.desc.0")
+            .unwrap();
+        // The flags and binding index are u16 fields; the rest are u32.
+        let width = if at == 4 || at == 6 { 2 } else { 4 };
+        seg.bytes[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]);
+        let mut sim = Simulator::new(&p).unwrap();
+        sim.set_binding("x", &[0xA5; 3000]).unwrap();
+        let report = sim.run(&SimOptions {
+            preload_bindings: false,
+            ..SimOptions::default()
+        });
+        assert_eq!(report.status, Status::Fault, "{cause}");
+        let f = &report.faults[0];
+        assert_eq!((f.tile, f.kind), (1, kind), "{cause}: {f}");
+        assert!(f.cause.contains(cause), "{cause}: {}", f.cause);
+        assert!(f.instruction.starts_with("hostxfer"), "{f}");
+        assert_eq!(
+            sim.read_memory(1, 0x90000, 3000).unwrap(),
+            vec![0; 3000],
+            "{cause}: nothing moves"
+        );
+    }
 }

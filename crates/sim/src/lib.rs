@@ -919,6 +919,14 @@ impl Simulator {
                     }
                 )));
             }
+            // A record covers any number of link packets, but at least one: an
+            // empty record is a corrupted list, not a no-op.
+            if len == 0 {
+                return Err(bad_op(format!(
+                    "host descriptor {k}: empty record (0 bytes) for binding `{}`",
+                    binding.name
+                )));
+            }
             if u64::from(host_off) + u64::from(len) > u64::from(binding.bytes) {
                 return Err(bad_op(format!(
                     "host descriptor {k}: bytes {host_off}..{} exceed binding `{}` of {} bytes",

@@ -331,17 +331,18 @@ fn print_report(r: &CompileReport) {
         }
     }
     eprintln!(
-        "  host: {} weight phases, {} in, {} out; {} packets; bound {} bytes/tile before deduplication, reserved {} bytes/tile at {:#x}..{:#x}, final at most {} bytes/tile ({} packets deduplicated)",
+        "  host: {} weight phases, {} in, {} out; {} packets in {} records; bound {} bytes/tile before deduplication, reserved {} bytes/tile at {:#x}..{:#x}, final at most {} bytes/tile ({} records deduplicated)",
         r.host.weight_phases,
         r.host.input_phases,
         r.host.output_phases,
         r.host.packets,
+        r.host.records,
         r.host.bound_bytes_max,
         r.host.reserved_bytes_per_tile,
         r.host.reserved_range.0,
         r.host.reserved_range.1,
         r.host.final_bytes_max,
-        r.host.packets_deduplicated
+        r.host.records_deduplicated
     );
     eprintln!(
         "  placement: peak {} bytes on tile {} ({} tiles by lifetime order, {} by retry, {} by search) in {:.0} ms",
