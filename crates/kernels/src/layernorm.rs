@@ -11,15 +11,23 @@
 //! Each group of four elements is one 64-bit load; the loops are rotated so the
 //! last operation of one group shares an issue with the first load of the next,
 //! with the first group peeled instead of over-reading past the row.
+//!
+//! With fewer rows than workers (a tile of a row-split LayerNorm holds one or two
+//! rows), whole rows per worker leave most workers idle, so a second variant splits
+//! every row's groups across the workers in three launches, one per pass. Each
+//! worker writes its f32 partial of a pass into a scratch area after the worker
+//! records; the next launch's workers all add the six partials in the same order,
+//! so they agree on the mean and variance without a supervisor that has no float
+//! registers. The variant is chosen per call by the estimate.
 
-use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp};
-use tessera_machine::Timing;
+use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, Word};
+use tessera_machine::{Machine, Timing};
 
-use crate::asm::{Asm, MZ, a, inti, ld32, ld32m, m, mov};
+use crate::asm::{Asm, Label, MZ, a, int, inti, ld32, ld32m, m, mov, setzi};
 use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
 use crate::{
-    Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, invalid,
-    operand, split,
+    Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
+    invalid, operand, split,
 };
 
 /// Parameters of one layer normalisation.
@@ -32,6 +40,17 @@ pub struct LayerNorm {
 }
 
 const STRIDE: u16 = 32;
+/// Record stride of the column-split variant (eleven words, 8-byte aligned).
+const SPLIT_STRIDE: u16 = 48;
+/// Scratch bytes per row of the column-split variant: six f32 sums, six f32 sums of
+/// squared deviations.
+const SPLIT_ROW_BYTES: u32 = 2 * 4 * WORKERS;
+/// Most rows the column split is considered for: its scratch grows with the rows,
+/// and from a few rows per worker whole rows keep every worker busy anyway.
+const SPLIT_MAX_ROWS: u32 = 16;
+/// Supervisor bytes of the column split: `setzi` x2, then per launch `runall`,
+/// `sync local`, and a `setzi` of the next entry.
+const SPLIT_SNIPPET_BYTES: u32 = 40;
 
 pub(crate) fn fbin(op: FBinOp, vec: FVec, d: u8, x: u8, y: u8) -> Inst {
     Inst::FBin {
@@ -118,6 +137,16 @@ impl LayerNorm {
         self.width / 4
     }
 
+    /// Whether this call splits rows' columns across the workers: only where every
+    /// worker gets a group, and only where the estimate (on the c600 tile, so the
+    /// choice never depends on the timing a caller estimates with) says it is faster.
+    pub fn column_split(&self) -> bool {
+        let t = &Machine::c600().timing;
+        self.groups() >= WORKERS
+            && self.rows <= SPLIT_MAX_ROWS
+            && self.split_cycles(t) < self.rows_cycles(t)
+    }
+
     /// One group of pass 3; `store` is false for the peeled first group, whose
     /// rotated-in store belongs to a group that does not exist.
     fn normalise_group(s: &mut Asm, store: bool) {
@@ -132,6 +161,263 @@ impl LayerNorm {
         s.i(to_f16(0, 2));
         s.i(to_f16(1, 4));
     }
+
+    /// Pass 1 over `$m7` groups at `$m4`: the f32 sum into `$a6`.
+    fn sum_pass(s: &mut Asm) {
+        use FBinOp::*;
+        s.i(zero_a(6));
+        s.i(zero_a(14));
+        s.rpt(m(7), |b| {
+            b.b(ld64s(0, 4), fbin(Add, FVec::F32, 6, 6, 14));
+            b.i(Inst::FSum {
+                vec: FVec::F16V4,
+                d: a(14),
+                a: a(0),
+            });
+        });
+        s.i(fbin(Add, FVec::F32, 6, 6, 14));
+    }
+
+    /// Pass 2 over `$m7` groups at `$m4`, mean pair in `$a12:13`: the f32 sum of
+    /// squared deviations into `$a14`.
+    fn deviation_pass(s: &mut Asm) {
+        use FBinOp::*;
+        for r in [2, 3, 4, 5, 8, 9] {
+            s.i(zero_a(r));
+        }
+        s.rpt(m(7), |b| {
+            b.b(ld64s(0, 4), fmac(FVec::F32V2, 8, 2, 2));
+            b.i(fmac(FVec::F32V2, 8, 4, 4));
+            b.i(to_f32(2, 0));
+            b.i(to_f32(4, 1));
+            b.i(fbin(Sub, FVec::F32V2, 2, 2, 12));
+            b.i(fbin(Sub, FVec::F32V2, 4, 4, 12));
+        });
+        s.i(fmac(FVec::F32V2, 8, 2, 2));
+        s.i(fmac(FVec::F32V2, 8, 4, 4));
+        s.i(Inst::FSum {
+            vec: FVec::F32V2,
+            d: a(14),
+            a: a(8),
+        });
+    }
+
+    /// `$a14` = variance sum times `1 / width` plus eps, then the rstd pair `$a6:7`.
+    fn rstd(s: &mut Asm) {
+        use FBinOp::*;
+        s.i(ld32(a(6), m(0), 6));
+        s.i(fbin(Mul, FVec::F32, 14, 14, 6));
+        s.i(ld32(a(6), m(0), 7)); // eps
+        s.i(fbin(Add, FVec::F32, 14, 14, 6));
+        s.i(fun(FUnOp::Rsqrt, 14, 14));
+        s.i(bcast2(6, 14));
+    }
+
+    /// Pass 3 over `$m10 + 1` groups: x at `$m4`, y at `$m3`, gamma at `$m8`, beta
+    /// at `$m9`, mean pair `$a12:13`, rstd pair `$a6:7`.
+    fn normalise_pass(s: &mut Asm) {
+        Self::normalise_group(s, false);
+        s.rpt(m(10), |b| Self::normalise_group(b, true));
+        s.i(fmac(FVec::F16V4, 8, 0, 10));
+        s.i(st64s(8, 3));
+    }
+
+    /// The whole-row variant: each worker owns a contiguous range of rows.
+    fn emit_rows(&self, s: &mut Asm) {
+        use FBinOp::*;
+        let done = s.label();
+        let row = s.label();
+        s.i(ld32m(m(2), m(0), 0)); // current row of x
+        s.i(ld32m(m(3), m(0), 1)); // y, linear
+        s.i(ld32m(m(6), m(0), 4)); // rows left
+        s.brz(m(6), done);
+        s.i(ld32m(m(7), m(0), 5)); // groups per row
+        s.i(inti(IntOp::Sub, m(10), m(7), 1));
+        s.bind(row);
+        s.i(mov(m(4), m(2)));
+        Self::sum_pass(s);
+        s.i(ld32(a(14), m(0), 6)); // 1 / width
+        s.i(fbin(Mul, FVec::F32, 6, 6, 14));
+        s.i(bcast2(12, 6)); // mean pair
+        s.i(mov(m(4), m(2)));
+        Self::deviation_pass(s);
+        Self::rstd(s);
+        s.i(mov(m(4), m(2)));
+        s.i(ld32m(m(8), m(0), 2)); // gamma
+        s.i(ld32m(m(9), m(0), 3)); // beta
+        Self::normalise_pass(s);
+        s.i(mov(m(2), m(4)));
+        s.i(inti(IntOp::Sub, m(6), m(6), 1));
+        s.brnz(m(6), row);
+        s.bind(done);
+        s.i(Inst::Exit);
+    }
+
+    /// The mean pair `$a12:13` from the six sum partials of a row at `$m13`, added
+    /// in worker order by every worker alike.
+    fn combine_mean(s: &mut Asm) {
+        use FBinOp::*;
+        s.i(ld32(a(6), m(13), 0));
+        for k in 1..WORKERS as u16 {
+            s.i(ld32(a(14), m(13), k));
+            s.i(fbin(Add, FVec::F32, 6, 6, 14));
+        }
+        s.i(ld32(a(14), m(0), 6)); // 1 / width
+        s.i(fbin(Mul, FVec::F32, 6, 6, 14));
+        s.i(bcast2(12, 6));
+    }
+
+    /// Common prologue of a column-split launch: x chunk of row 0 in `$m2`, rows in
+    /// `$m6`, groups in `$m7`, row bytes in `$m11`, the sum partials of row 0 in
+    /// `$m13` and the squared-deviation partials in `$m14`.
+    fn split_prologue(s: &mut Asm) {
+        s.i(ld32m(m(2), m(0), 0));
+        s.i(ld32m(m(6), m(0), 4));
+        s.i(ld32m(m(7), m(0), 5));
+        s.i(ld32m(m(11), m(0), 8));
+        s.i(ld32m(m(13), m(0), 9));
+        s.i(int(IntOp::Add, m(13), m(13), m(0)));
+        s.i(ld32m(m(14), m(0), 10));
+        s.i(int(IntOp::Add, m(14), m(14), m(0)));
+        // This worker's partial slot: `$m1` is its index.
+        s.i(inti(IntOp::Shl, m(1), m(1), 2));
+    }
+
+    /// Row loop tail of a column-split launch: the next row's chunk and partials.
+    fn split_next_row(s: &mut Asm, row: Label, y: bool) {
+        s.i(int(IntOp::Add, m(2), m(2), m(11)));
+        if y {
+            s.i(int(IntOp::Add, m(5), m(5), m(11)));
+        }
+        s.i(inti(IntOp::Add, m(13), m(13), SPLIT_ROW_BYTES as u16 / 2));
+        s.i(inti(IntOp::Add, m(14), m(14), SPLIT_ROW_BYTES as u16 / 2));
+        s.i(inti(IntOp::Sub, m(6), m(6), 1));
+        s.brnz(m(6), row);
+        s.i(Inst::Exit);
+    }
+
+    /// The column-split variant's three launches; returns their entry offsets.
+    fn emit_split(&self, s: &mut Asm) -> [u32; 3] {
+        let base = s.at();
+        let mut entries = [0; 3];
+        // Launch 1: partial sums.
+        let row = s.label();
+        Self::split_prologue(s);
+        s.i(int(IntOp::Add, m(12), m(13), m(1)));
+        s.bind(row);
+        s.i(mov(m(4), m(2)));
+        Self::sum_pass(s);
+        s.i(Inst::St32 {
+            s: a(6),
+            base: m(12),
+            imm: 0,
+        });
+        s.i(inti(IntOp::Add, m(12), m(12), SPLIT_ROW_BYTES as u16 / 2));
+        Self::split_next_row(s, row, false);
+        // Launch 2: partial sums of squared deviations from the combined mean.
+        entries[1] = s.at() - base;
+        let row = s.label();
+        Self::split_prologue(s);
+        s.i(int(IntOp::Add, m(12), m(14), m(1)));
+        s.bind(row);
+        Self::combine_mean(s);
+        s.i(mov(m(4), m(2)));
+        Self::deviation_pass(s);
+        s.i(Inst::St32 {
+            s: a(14),
+            base: m(12),
+            imm: 0,
+        });
+        s.i(inti(IntOp::Add, m(12), m(12), SPLIT_ROW_BYTES as u16 / 2));
+        Self::split_next_row(s, row, false);
+        // Launch 3: normalise the chunk with the combined statistics.
+        entries[2] = s.at() - base;
+        let row = s.label();
+        Self::split_prologue(s);
+        s.i(ld32m(m(5), m(0), 1)); // y chunk of the current row
+        s.i(inti(IntOp::Sub, m(10), m(7), 1));
+        s.bind(row);
+        Self::combine_mean(s);
+        s.i(ld32(a(14), m(14), 0));
+        for k in 1..WORKERS as u16 {
+            s.i(ld32(a(6), m(14), k));
+            s.i(fbin(FBinOp::Add, FVec::F32, 14, 14, 6));
+        }
+        Self::rstd(s);
+        s.i(mov(m(4), m(2)));
+        s.i(mov(m(3), m(5)));
+        s.i(ld32m(m(8), m(0), 2)); // gamma chunk
+        s.i(ld32m(m(9), m(0), 3)); // beta chunk
+        Self::normalise_pass(s);
+        Self::split_next_row(s, row, true);
+        entries
+    }
+
+    /// Entry offsets of the column split's launches from the code base.
+    fn split_entries(&self) -> [u32; 3] {
+        self.emit_split(&mut Asm::new(0))
+    }
+
+    /// Worker issues of the whole-row variant with `r` rows.
+    fn rows_issues(&self, t: &Timing, r: u32) -> u64 {
+        let g = u64::from(self.groups());
+        match u64::from(r) {
+            0 => 5,
+            r => crate::issue_slots(t, 7 + r * (17 * g + 36), r),
+        }
+    }
+
+    fn rows_cycles(&self, t: &Timing) -> u64 {
+        crate::single_shot_cycles(
+            t,
+            split(self.rows)
+                .into_iter()
+                .map(|(_, r)| self.rows_issues(t, r)),
+        )
+    }
+
+    /// Worker issues of each column-split launch for a chunk of `g` groups.
+    fn split_issues(&self, t: &Timing, launch: usize, g: u32) -> u64 {
+        let (r, g) = (u64::from(self.rows), u64::from(g));
+        match launch {
+            0 => 11 + r * (2 * g + 12),
+            1 => 11 + r * (6 * g + 32),
+            _ => crate::issue_slots(t, 12 + r * (9 * g + 44), r),
+        }
+    }
+
+    fn split_cycles(&self, t: &Timing) -> u64 {
+        let words = split_snippet(0, 0, [0, 4, 8], SPLIT_STRIDE);
+        crate::supervisor_cycles(t, &words, |launch| {
+            split(self.groups())
+                .into_iter()
+                .map(|(_, g)| self.split_issues(t, launch, g))
+                .collect()
+        })
+    }
+}
+
+/// The column split's supervisor snippet: three launches, each waited for, the
+/// workers of one reading what the previous one's wrote.
+fn split_snippet(entry: u32, state: u32, entries: [u32; 3], stride: u16) -> Vec<Word> {
+    let run = [
+        Word::Single(Inst::RunAll {
+            entry: m(0),
+            state: m(1),
+            stride,
+        }),
+        Word::Single(Inst::SyncLocal),
+    ];
+    let mut w = vec![
+        Word::Single(setzi(m(0), entry + entries[0])),
+        Word::Single(setzi(m(1), state)),
+    ];
+    w.extend(run);
+    for e in &entries[1..] {
+        w.push(Word::Single(setzi(m(0), entry + e)));
+        w.extend(run);
+    }
+    w
 }
 
 impl Kernel for LayerNorm {
@@ -160,74 +446,14 @@ impl Kernel for LayerNorm {
     }
 
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        use FBinOp::*;
         self.validate()?;
         crate::check_code_base(&self.symbol(), code_base, 8)?;
         let mut s = Asm::new(code_base);
-        let done = s.label();
-        let row = s.label();
-        s.i(ld32m(m(2), m(0), 0)); // current row of x
-        s.i(ld32m(m(3), m(0), 1)); // y, linear
-        s.i(ld32m(m(6), m(0), 4)); // rows left
-        s.brz(m(6), done);
-        s.i(ld32m(m(7), m(0), 5)); // groups per row
-        s.i(inti(IntOp::Sub, m(10), m(7), 1));
-        s.bind(row);
-        // Pass 1: sum into $a6.
-        s.i(mov(m(4), m(2)));
-        s.i(zero_a(6));
-        s.i(zero_a(14));
-        s.rpt(m(7), |b| {
-            b.b(ld64s(0, 4), fbin(Add, FVec::F32, 6, 6, 14));
-            b.i(Inst::FSum {
-                vec: FVec::F16V4,
-                d: a(14),
-                a: a(0),
-            });
-        });
-        s.i(fbin(Add, FVec::F32, 6, 6, 14));
-        s.i(ld32(a(14), m(0), 6)); // 1 / width
-        s.i(fbin(Mul, FVec::F32, 6, 6, 14));
-        s.i(bcast2(12, 6)); // mean pair
-        // Pass 2: squared deviations into the pair $a8:9.
-        s.i(mov(m(4), m(2)));
-        for r in [2, 3, 4, 5, 8, 9] {
-            s.i(zero_a(r));
+        if self.column_split() {
+            self.emit_split(&mut s);
+        } else {
+            self.emit_rows(&mut s);
         }
-        s.rpt(m(7), |b| {
-            b.b(ld64s(0, 4), fmac(FVec::F32V2, 8, 2, 2));
-            b.i(fmac(FVec::F32V2, 8, 4, 4));
-            b.i(to_f32(2, 0));
-            b.i(to_f32(4, 1));
-            b.i(fbin(Sub, FVec::F32V2, 2, 2, 12));
-            b.i(fbin(Sub, FVec::F32V2, 4, 4, 12));
-        });
-        s.i(fmac(FVec::F32V2, 8, 2, 2));
-        s.i(fmac(FVec::F32V2, 8, 4, 4));
-        s.i(Inst::FSum {
-            vec: FVec::F32V2,
-            d: a(14),
-            a: a(8),
-        });
-        s.i(ld32(a(6), m(0), 6));
-        s.i(fbin(Mul, FVec::F32, 14, 14, 6));
-        s.i(ld32(a(6), m(0), 7)); // eps
-        s.i(fbin(Add, FVec::F32, 14, 14, 6));
-        s.i(fun(FUnOp::Rsqrt, 14, 14));
-        s.i(bcast2(6, 14)); // rstd pair
-        // Pass 3.
-        s.i(mov(m(4), m(2)));
-        s.i(ld32m(m(8), m(0), 2)); // gamma
-        s.i(ld32m(m(9), m(0), 3)); // beta
-        Self::normalise_group(&mut s, false);
-        s.rpt(m(10), |b| Self::normalise_group(b, true));
-        s.i(fmac(FVec::F16V4, 8, 0, 10));
-        s.i(st64s(8, 3));
-        s.i(mov(m(2), m(4)));
-        s.i(inti(IntOp::Sub, m(6), m(6), 1));
-        s.brnz(m(6), row);
-        s.bind(done);
-        s.i(Inst::Exit);
         Ok(KernelCode {
             symbol: self.symbol(),
             code_base,
@@ -238,16 +464,20 @@ impl Kernel for LayerNorm {
 
     fn contract(&self) -> Contract {
         let bytes = self.rows * self.width * 2;
-        simple_contract(
-            self,
-            vec![
-                Operand::new("in", Role::Input, bytes, 8),
-                Operand::new("gamma", Role::Weights, self.width * 2, 8),
-                Operand::new("beta", Role::Weights, self.width * 2, 8),
-                Operand::new("out", Role::Output, bytes, 8),
-            ],
-            u32::from(STRIDE) * crate::WORKERS,
-        )
+        let operands = vec![
+            Operand::new("in", Role::Input, bytes, 8),
+            Operand::new("gamma", Role::Weights, self.width * 2, 8),
+            Operand::new("beta", Role::Weights, self.width * 2, 8),
+            Operand::new("out", Role::Output, bytes, 8),
+        ];
+        if self.column_split() {
+            let state = u32::from(SPLIT_STRIDE) * WORKERS + self.rows * SPLIT_ROW_BYTES;
+            let mut c = simple_contract(self, operands, state);
+            c.supervisor_bytes = SPLIT_SNIPPET_BYTES;
+            c
+        } else {
+            simple_contract(self, operands, u32::from(STRIDE) * WORKERS)
+        }
     }
 
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
@@ -258,7 +488,31 @@ impl Kernel for LayerNorm {
         let gamma = operand(addrs, &name, "gamma")?;
         let beta = operand(addrs, &name, "beta")?;
         let row_bytes = self.width * 2;
+        let inv_width = crate::mutation::factor("layernorm") / self.width as f32;
         let mut buf = StateBuf::default();
+        if self.column_split() {
+            let stride = u32::from(SPLIT_STRIDE);
+            let sums = stride * WORKERS;
+            let squares = sums + self.rows * SPLIT_ROW_BYTES / 2;
+            for (i, (g0, g)) in split(self.groups()).into_iter().enumerate() {
+                let record = i as u32 * stride;
+                buf.u32(inp + g0 * 8)
+                    .u32(out + g0 * 8)
+                    .u32(gamma + g0 * 8)
+                    .u32(beta + g0 * 8)
+                    .u32(self.rows)
+                    .u32(g)
+                    .f32(inv_width)
+                    .f32(self.eps)
+                    .u32(row_bytes)
+                    .u32(sums - record)
+                    .u32(squares - record)
+                    .pad_to((i + 1) * usize::from(SPLIT_STRIDE));
+            }
+            // The partials need no initial value: each is written before it is read.
+            buf.pad_to((stride * WORKERS + self.rows * SPLIT_ROW_BYTES) as usize);
+            return Ok(buf.finish(SPLIT_STRIDE));
+        }
         for (i, (r0, r)) in split(self.rows).into_iter().enumerate() {
             buf.u32(inp + r0 * row_bytes)
                 .u32(out + r0 * row_bytes)
@@ -266,23 +520,35 @@ impl Kernel for LayerNorm {
                 .u32(beta)
                 .u32(r)
                 .u32(self.groups())
-                .f32(crate::mutation::factor("layernorm") / self.width as f32)
+                .f32(inv_width)
                 .f32(self.eps)
                 .pad_to((i + 1) * usize::from(STRIDE));
         }
         Ok(buf.finish(STRIDE))
     }
 
+    fn supervisor(&self, call: &Call<'_>, code_base: u32) -> Result<Vec<Word>, KernelError> {
+        let _ = code_base;
+        let st = self.state(call.addrs)?;
+        if !self.column_split() {
+            return crate::runall_snippet(&self.symbol(), call, &st);
+        }
+        // The checks of the single-shot snippet cover the first launch; the other
+        // entries lie inside the same code.
+        crate::runall_snippet(&self.symbol(), call, &st)?;
+        Ok(split_snippet(
+            call.entry,
+            call.state + st.runall_offset,
+            self.split_entries(),
+            st.stride,
+        ))
+    }
+
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        let g = u64::from(self.groups());
-        crate::single_shot_cycles(
-            t,
-            split(self.rows)
-                .into_iter()
-                .map(|(_, r)| match u64::from(r) {
-                    0 => 5,
-                    r => crate::issue_slots(t, 7 + r * (17 * g + 36), r),
-                }),
-        )
+        if self.column_split() {
+            self.split_cycles(t)
+        } else {
+            self.rows_cycles(t)
+        }
     }
 }

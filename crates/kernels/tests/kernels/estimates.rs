@@ -52,8 +52,19 @@ fn estimates_track_simulation() {
     for (r, k) in [(4, 16), (6, 32), (13, 48), (100, 64)] {
         check(&Rearrange::new(r, k));
     }
-    for (r, w) in [(3, 4), (6, 8), (13, 64), (20, 100)] {
-        check(&LayerNorm::new(r, w, 1e-5));
+    for (r, w) in [
+        (3, 4),
+        (6, 8),
+        (13, 64),
+        (20, 100),
+        (1, 24),
+        (1, 1152),
+        (2, 1152),
+        (3, 100),
+        (5, 28),
+        (9, 1152),
+    ] {
+        check_exact(&LayerNorm::new(r, w, 1e-5));
     }
     for n in [8, 96, 1000] {
         check(&Gelu::new(n));

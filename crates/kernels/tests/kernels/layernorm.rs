@@ -11,9 +11,18 @@ fn layernorm_matches_reference() {
         (7, 1152, 1e-6),
         (13, 100, 1e-5),
         (6, 8, 1e-2),
+        // Fewer rows than workers: columns split across workers.
+        (1, 1152, 1e-6),
+        (2, 1152, 1e-6),
+        (3, 100, 1e-5),
+        (5, 24, 1e-2),
+        (9, 1152, 1e-6),
     ];
+    // Both variants must be exercised: whole rows per worker, and columns split.
+    let mut variants = [false; 2];
     for (seed, &(rows, width, eps)) in shapes.iter().enumerate() {
         let k = LayerNorm::new(rows, width, eps);
+        variants[usize::from(k.column_split())] = true;
         let mut r = rng(200 + seed as u64);
         let (rows_u, w_u) = (rows as usize, width as usize);
         // A large common offset exercises the two-pass variance.
@@ -56,4 +65,5 @@ fn layernorm_matches_reference() {
             scale[i] * 2f64.powi(-10) + 1e-4
         });
     }
+    assert_eq!(variants, [true; 2], "shapes cover both variants");
 }
