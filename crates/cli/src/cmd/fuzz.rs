@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tessera_fuzz::{Report, RunOptions, Target, run_one, run_target, target, targets};
+use tessera_fuzz::{Report, RunOptions, Target, input_for, run_one, run_target, target, targets};
 
 #[derive(Args)]
 pub struct BenchFuzzArgs {
@@ -29,6 +29,13 @@ pub struct BenchFuzzArgs {
     /// Run one input file through `--target` and print what happened.
     #[arg(long, requires = "target")]
     pub replay: Option<PathBuf>,
+    /// Run only input number N of `--target` (under `--seed`), e.g. a report's
+    /// slowest input, and print what happened.
+    #[arg(long, requires = "target", conflicts_with = "replay")]
+    pub index: Option<u64>,
+    /// With `--index`: also write that input to this file.
+    #[arg(long, requires = "index")]
+    pub save: Option<PathBuf>,
     /// List the targets and exit.
     #[arg(long)]
     pub list: bool,
@@ -67,6 +74,14 @@ pub fn bench(a: BenchFuzzArgs) -> anyhow::Result<Outcome> {
     if let Some(path) = &a.replay {
         let input =
             std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        return replay(&*chosen[0], &input, a.json);
+    }
+    if let Some(i) = a.index {
+        let input = input_for(&*chosen[0], a.seed, i);
+        if let Some(path) = &a.save {
+            std::fs::write(path, &input)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
         return replay(&*chosen[0], &input, a.json);
     }
     let opts = RunOptions {
