@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How a run is set up.
@@ -23,6 +24,11 @@ pub struct RunOptions {
     pub hang_after: Duration,
     /// Where to write the input of every panic and hang (`<target>-<seed>-<index>.bin`).
     pub crash_dir: Option<PathBuf>,
+    /// An execution still running after this long is a stall. A running execution
+    /// cannot be stopped, so the watchdog writes its input to the crash directory,
+    /// says so on stderr and ends the process with status 3, rather than let the
+    /// run wait forever. `None`: no watchdog.
+    pub stall_after: Option<Duration>,
 }
 
 impl Default for RunOptions {
@@ -32,6 +38,7 @@ impl Default for RunOptions {
             execs: 10_000,
             hang_after: Duration::from_secs(1),
             crash_dir: None,
+            stall_after: None,
         }
     }
 }
@@ -225,14 +232,109 @@ impl Tally {
     }
 }
 
-fn run_chunk(target: &dyn Target, opts: &RunOptions, range: std::ops::Range<u64>) -> Tally {
+/// What each worker thread is executing, for the watchdog: the input index plus
+/// one (0 when idle) and its start in nanoseconds since the run began.
+struct InFlight {
+    began: Instant,
+    slots: Vec<(AtomicU64, AtomicU64)>,
+}
+
+impl InFlight {
+    fn new() -> Self {
+        // One slot per rayon worker and one for a caller outside the pool.
+        let n = rayon::current_num_threads() + 1;
+        InFlight {
+            began: Instant::now(),
+            slots: (0..n)
+                .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+    fn now(&self) -> u64 {
+        u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+    /// Marks `index` as running on this thread; returns what to restore after it.
+    /// A thread blocked inside a reader's own parallel loop may run another chunk
+    /// (work stealing), so slots nest and are restored, not cleared.
+    fn enter(&self, index: u64) -> (usize, u64, u64) {
+        let slot = rayon::current_thread_index()
+            .map_or(self.slots.len() - 1, |i| i.min(self.slots.len() - 1));
+        let (idx, start) = &self.slots[slot];
+        let saved = (
+            slot,
+            idx.load(Ordering::SeqCst),
+            start.load(Ordering::SeqCst),
+        );
+        start.store(self.now(), Ordering::SeqCst);
+        idx.store(index + 1, Ordering::SeqCst);
+        saved
+    }
+    fn leave(&self, (slot, idx, start): (usize, u64, u64)) {
+        self.slots[slot].0.store(idx, Ordering::SeqCst);
+        self.slots[slot].1.store(start, Ordering::SeqCst);
+    }
+    /// The first execution running for longer than `limit`, with its duration.
+    fn stalled(&self, limit: Duration) -> Option<(u64, Duration)> {
+        let now = self.now();
+        self.slots.iter().find_map(|(idx, start)| {
+            let i = idx.load(Ordering::SeqCst);
+            let ran = Duration::from_nanos(now.saturating_sub(start.load(Ordering::SeqCst)));
+            (i != 0 && ran > limit).then(|| (i - 1, ran))
+        })
+    }
+}
+
+/// Polls `flight` until `done`; on a stall, keeps the input and ends the process.
+fn watchdog(
+    target: &dyn Target,
+    opts: &RunOptions,
+    limit: Duration,
+    flight: &InFlight,
+    done: &AtomicBool,
+) {
+    let tick = (limit / 10).clamp(Duration::from_millis(10), Duration::from_millis(500));
+    while !done.load(Ordering::SeqCst) {
+        std::thread::sleep(tick);
+        let Some((index, ran)) = flight.stalled(limit) else {
+            continue;
+        };
+        // The input is a function of (seed, target, index): make it again.
+        let input = input_for(target, opts.seed, index);
+        let kept = match &opts.crash_dir {
+            Some(dir) => {
+                let path = dir.join(format!("{}-{}-{index}.bin", target.name(), opts.seed));
+                match std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, &input)) {
+                    Ok(()) => format!("; input in {}", path.display()),
+                    Err(e) => format!("; cannot write {}: {e}", path.display()),
+                }
+            }
+            None => String::new(),
+        };
+        eprintln!(
+            "stall: {} input {index} (seed {}) still running after {:.1} s{kept}",
+            target.name(),
+            opts.seed,
+            ran.as_secs_f64()
+        );
+        std::process::exit(3);
+    }
+}
+
+fn run_chunk(
+    target: &dyn Target,
+    opts: &RunOptions,
+    flight: &InFlight,
+    range: std::ops::Range<u64>,
+) -> Tally {
     let mut t = Tally::default();
     for index in range {
         // A generator bug is reported like a reader's, with no input to keep.
         let (input, start, r) = match guarded(|| input_for(target, opts.seed, index)) {
             Ok(input) => {
                 let start = Instant::now();
+                let saved = flight.enter(index);
                 let r = run_one(target, &input);
+                flight.leave(saved);
                 (input, start, r)
             }
             Err(m) => (
@@ -305,16 +407,26 @@ pub fn run_target(
                 eprintln!("panic outside a fuzz execution: {info}");
             }
         }));
-        let tallies = (0..chunks)
-            .into_par_iter()
-            .map(|c| {
-                let lo = c * CHUNK;
-                let hi = (lo + CHUNK).min(opts.execs);
-                let t = run_chunk(target, opts, lo..hi);
-                progress(hi - lo);
-                t
-            })
-            .collect();
+        let flight = InFlight::new();
+        let done = AtomicBool::new(false);
+        let tallies = std::thread::scope(|s| {
+            if let Some(limit) = opts.stall_after {
+                let (flight, done) = (&flight, &done);
+                s.spawn(move || watchdog(target, opts, limit, flight, done));
+            }
+            let tallies = (0..chunks)
+                .into_par_iter()
+                .map(|c| {
+                    let lo = c * CHUNK;
+                    let hi = (lo + CHUNK).min(opts.execs);
+                    let t = run_chunk(target, opts, &flight, lo..hi);
+                    progress(hi - lo);
+                    t
+                })
+                .collect();
+            done.store(true, Ordering::SeqCst);
+            tallies
+        });
         panic::set_hook(previous);
         tallies
     };
@@ -351,4 +463,27 @@ pub fn run_target(
         ok_classes: all.ok_classes,
         crashes: all.crashes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_sees_a_long_execution_and_nested_ones_restore_it() {
+        let f = InFlight::new();
+        assert_eq!(f.stalled(Duration::ZERO), None);
+        let outer = f.enter(7);
+        std::thread::sleep(Duration::from_millis(20));
+        // A chunk stolen while the reader waits runs on the same slot...
+        let inner = f.enter(9);
+        assert_eq!(f.stalled(Duration::from_millis(10)), None);
+        f.leave(inner);
+        // ...and the outer execution is watched again once it returns.
+        let (index, ran) = f.stalled(Duration::from_millis(10)).expect("outer is long");
+        assert_eq!(index, 7);
+        assert!(ran >= Duration::from_millis(20));
+        f.leave(outer);
+        assert_eq!(f.stalled(Duration::ZERO), None);
+    }
 }

@@ -23,6 +23,10 @@ pub struct BenchFuzzArgs {
     /// An execution slower than this many milliseconds counts as a hang.
     #[arg(long, default_value_t = 1_000)]
     pub hang_ms: u64,
+    /// An execution still running after this many seconds stops the whole run
+    /// (exit status 3), its input kept in the crash directory.
+    #[arg(long, default_value_t = 60)]
+    pub stall_s: u64,
     /// Where the inputs of panics and hangs are written.
     #[arg(long, default_value = "fuzz-crashes")]
     pub crash_dir: PathBuf,
@@ -89,6 +93,7 @@ pub fn bench(a: BenchFuzzArgs) -> anyhow::Result<Outcome> {
         execs: a.execs,
         hang_after: Duration::from_millis(a.hang_ms),
         crash_dir: Some(a.crash_dir.clone()),
+        stall_after: Some(Duration::from_secs(a.stall_s)),
     };
     let start = Instant::now();
     let mut reports = Vec::with_capacity(chosen.len());
