@@ -54,6 +54,8 @@ enum BenchCmd {
     Sensitivity(cmd::compile::BenchSensitivityArgs),
     /// Every finalist built and simulated: estimated against simulated cycles
     Select(cmd::compile::BenchSelectArgs),
+    /// Every reader of outside input against generated and mutated inputs.
+    Fuzz(cmd::fuzz::BenchFuzzArgs),
 }
 
 /// What a command reports back to `main`: success, or a result that is not an error
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
             BenchCmd::Place(a) => cmd::place::bench(a),
             BenchCmd::Sensitivity(a) => cmd::compile::sensitivity(a),
             BenchCmd::Select(a) => cmd::compile::bench_select(a),
+            BenchCmd::Fuzz(a) => cmd::fuzz::bench(a),
         },
     };
     match result {

@@ -253,9 +253,62 @@ impl EncoderLayerConfig {
                 self.width, self.heads
             )));
         }
+        if self.layers > MAX_LAYERS {
+            return Err(GraphError::Config(format!(
+                "layers {} is more than {MAX_LAYERS}",
+                self.layers
+            )));
+        }
+        let side = self.image_size / self.patch;
+        let tokens = side.checked_mul(side);
+        let (b, c, p, w, h, m) = (
+            Some(self.batch),
+            Some(self.channels),
+            Some(self.patch),
+            Some(self.width),
+            Some(self.heads),
+            Some(self.mlp_hidden),
+        );
+        // Every tensor the builder shapes is at most one of these, so its element
+        // count (and every product on the way) is checked before anything multiplies
+        // unchecked.
+        let largest = [
+            ("the patches", [b, tokens, p, p, c]),
+            ("the patch projection", [p, p, c, w, Some(1)]),
+            ("the activations", [b, tokens, w, Some(1), Some(1)]),
+            ("the MLP activations", [b, tokens, m, Some(1), Some(1)]),
+            ("the attention scores", [b, h, tokens, tokens, Some(1)]),
+            ("the MLP weights", [w, m, Some(1), Some(1), Some(1)]),
+        ];
+        for (what, dims) in largest {
+            let n = dims
+                .iter()
+                .try_fold(1usize, |acc, d| d.and_then(|d| acc.checked_mul(d)));
+            if n.is_none_or(|n| n > MAX_ELEMENTS) {
+                return Err(GraphError::Config(format!(
+                    "{what} would hold more than 2^40 elements (batch {}, image_size {}, patch {}, \
+                     channels {}, width {}, heads {}, mlp_hidden {})",
+                    self.batch,
+                    self.image_size,
+                    self.patch,
+                    self.channels,
+                    self.width,
+                    self.heads,
+                    self.mlp_hidden
+                )));
+            }
+        }
         check_eps(self.eps)
     }
 }
+
+/// The most layers a configuration may ask for: So400m has 27. A mistyped count
+/// must be refused, not build a graph of millions of operations.
+pub const MAX_LAYERS: usize = 1024;
+
+/// The most elements any tensor of a configuration may hold: far beyond any
+/// machine's memory, and small enough that shape arithmetic cannot overflow.
+pub const MAX_ELEMENTS: usize = 1 << 40;
 
 impl Default for EncoderLayerConfig {
     fn default() -> Self {

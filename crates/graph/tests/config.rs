@@ -100,3 +100,49 @@ fn limits_are_errors_not_overflows() {
     );
     mlp(&MlpConfig::tiny(MAX_BATCH)).unwrap();
 }
+
+/// Found by `tessera bench fuzz --target config`: dimensions that each pass the
+/// positivity and divisibility checks overflowed shape arithmetic in the graph
+/// builder (a panic in debug builds, a wrapped shape in release), and a huge layer
+/// count built operations until memory ran out. All are refused when read (the
+/// per-dimension limit of docs/limits.md now catches the first three; the
+/// 2^40-element bound stays behind it for products of dimensions in range).
+#[test]
+fn fuzz_found_huge_dimensions_are_refused_when_read() {
+    let cases = [
+        (
+            "patch = 178510\nimage_size = 2856160\nchannels = 6\nheads = 2\n\
+             width = 9223372036854775808\nlayers = 2\neps = 1\n",
+            "image_size 2856160 is above the largest accepted",
+        ),
+        (
+            "patch = 7\nimage_size = 56\nchannels = 9223372036854775807\nheads = 3\n\
+             width = 39\nmlp_hidden = 11\nlayers = 4\n",
+            "channels 9223372036854775807 is above the largest accepted",
+        ),
+        (
+            "image_size = 4294967296\npatch = 1\nwidth = 16\nheads = 1\n",
+            "image_size 4294967296 is above the largest accepted",
+        ),
+        (
+            "layers = 1099511627776",
+            "layers 1099511627776 is above the largest accepted",
+        ),
+        ("layers = 5000", "layers 5000 is more than 1024"),
+    ];
+    for (text, want) in cases {
+        let err = match EncoderLayerConfig::from_toml(text, "fuzz.toml", 2) {
+            Ok(cfg) => panic!("{text}: accepted {cfg:?}"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(want), "{text}: {err}");
+    }
+    // The most layers still build.
+    let cfg = EncoderLayerConfig::from_toml(
+        "image_size = 16\npatch = 4\nwidth = 32\nheads = 4\nmlp_hidden = 64\nlayers = 1024\n",
+        "ok.toml",
+        2,
+    )
+    .unwrap();
+    encoder_layer(&cfg).unwrap();
+}

@@ -555,11 +555,14 @@ impl<'a> Assembler<'a> {
                             "`.tiles` must come before any `.tile`",
                         ));
                     }
-                    if !(1..=1 << 20).contains(n) {
+                    // The machine's own bound, checked before `.tile all` expands to
+                    // one image per tile, not after the whole listing is laid out.
+                    let max = tessera_machine::MAX_TILES;
+                    if !(1..=max as i64).contains(n) {
                         return Err(self.diag(
                             l.line,
                             col,
-                            format!("tile count {n} is out of range 1..=1048576"),
+                            format!("tile count {n} is out of range 1..={max}"),
                         ));
                     }
                     m.tiles = *n as u32;

@@ -401,12 +401,16 @@ impl Machine {
                 r.start.into(),
                 0..=u64::from(r.end.saturating_sub(1)),
             )?;
-            if r.element_bytes < 8 || !r.element_bytes.is_power_of_two() {
+            // Bounded by the address space before `element_span` doubles it.
+            if r.element_bytes < 8
+                || !r.element_bytes.is_power_of_two()
+                || u64::from(r.element_bytes) > ADDRESS_LIMIT
+            {
                 return Err(MachineError::Field {
                     name: self.name.clone(),
                     field: format!("regions[{i}].element_bytes"),
                     value: r.element_bytes.to_string(),
-                    accepted: "a power of two of at least 8".into(),
+                    accepted: format!("a power of two from 8 to {ADDRESS_LIMIT}"),
                 });
             }
             if (r.start % r.element_span()) != 0 || (r.end - r.start) % r.element_span() != 0 {

@@ -423,6 +423,33 @@ fn read_header(data: &[u8]) -> Result<[&[u8]; 4], PackageError> {
     Ok(bodies)
 }
 
+/// Recomputes the section checksums and the header checksum of `data` in place,
+/// for every section whose table entry lies inside `data`; returns `false`, leaving
+/// `data` alone, when the input is too short to hold a section table. For tests and
+/// fuzzing: a corrupted field behind valid checksums reaches the reader's field
+/// checks instead of stopping at the first checksum.
+pub fn reseal_checksums(data: &mut [u8]) -> bool {
+    let table_end = HEADER_FIXED_BYTES + SECTIONS.len() * TABLE_ENTRY_BYTES;
+    if data.len() < table_end + 4 {
+        return false;
+    }
+    for i in 0..SECTIONS.len() {
+        let e = HEADER_FIXED_BYTES + i * TABLE_ENTRY_BYTES;
+        let offset = le_u64(&data[e + 8..e + 16]);
+        let len = le_u64(&data[e + 16..e + 24]);
+        if let Some(end) = offset.checked_add(len)
+            && end <= data.len() as u64
+        {
+            // Both bounded by the slice length, hence in usize.
+            let crc = crc32fast::hash(&data[offset as usize..end as usize]);
+            data[e + 4..e + 8].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+    let crc = crc32fast::hash(&data[..table_end]);
+    data[table_end..table_end + 4].copy_from_slice(&crc.to_le_bytes());
+    true
+}
+
 fn le_u32(b: &[u8]) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[..4]);
@@ -895,6 +922,15 @@ fn validate_binding(m: &Machine, b: &HostBinding) -> Result<(), PackageError> {
     };
     if b.name.is_empty() {
         return Err(err("binding name is empty".into()));
+    }
+    // A loader allocates the host buffer from this field alone; every host byte a
+    // slice can carry lands in some tile's SRAM, so the chip's memory bounds it.
+    let chip_bytes = u64::from(m.tiles) * u64::from(m.sram_bytes());
+    if u64::from(b.bytes) > chip_bytes {
+        return Err(err(format!(
+            "a {}-byte host buffer is larger than the machine's {chip_bytes} bytes of SRAM",
+            b.bytes
+        )));
     }
     if !b.data.is_empty() {
         if b.kind != BindingKind::Weight {

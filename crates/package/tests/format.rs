@@ -564,3 +564,45 @@ fn only_weight_bindings_carry_data_of_their_size() {
     p.bindings[0].data.pop();
     assert!(matches!(validate(&p), Err(PackageError::BadBinding { .. })));
 }
+
+#[test]
+fn reseal_checksums_matches_a_hand_fix_and_leaves_valid_files_alone() {
+    let bytes = write_package(&small_package());
+    let mut same = bytes.clone();
+    assert!(reseal_checksums(&mut same));
+    assert_eq!(same, bytes);
+    // A field corrupted behind resealed checksums reaches the section parser.
+    let mut corrupt = bytes.clone();
+    let at = corrupt.len() - 3;
+    corrupt[at] ^= 0x5a;
+    let mut by_hand = corrupt.clone();
+    fix_checksums(&mut by_hand);
+    assert!(reseal_checksums(&mut corrupt));
+    assert_eq!(corrupt, by_hand);
+    assert!(!matches!(
+        read_package(&corrupt),
+        Err(PackageError::SectionChecksum { .. } | PackageError::HeaderChecksum { .. })
+    ));
+    // Too short for a section table: untouched.
+    let mut short = bytes[..40].to_vec();
+    assert!(!reseal_checksums(&mut short));
+    assert_eq!(short, bytes[..40]);
+}
+
+/// Found by `tessera bench fuzz --target package`: a binding of 4 GiB with no
+/// slices was accepted, and the simulator allocated its host buffer from the field.
+#[test]
+fn fuzz_found_a_host_buffer_larger_than_the_chip_is_refused() {
+    let mut p = small_package();
+    p.bindings[0].bytes = u32::MAX;
+    p.bindings[0].slices.clear();
+    let e = rejected(&p);
+    assert!(
+        matches!(&e, PackageError::BadBinding { reason, .. } if reason.contains("larger than the machine")),
+        "{e}"
+    );
+    // The whole chip's SRAM is still a valid size.
+    let m = Machine::small();
+    p.bindings[0].bytes = m.tiles * m.sram_bytes();
+    validate(&p).unwrap();
+}

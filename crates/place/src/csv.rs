@@ -123,6 +123,10 @@ pub fn parse_csv(text: &str, origin: &str) -> Result<FlatProblem, PlaceError> {
         if upper < lower {
             return Err(err(n, format!("upper {upper} is below lower {lower}")));
         }
+        // Lifetime lengths are differences: bounded here, they cannot overflow.
+        if lower.unsigned_abs() > 1 << 60 || upper.unsigned_abs() > 1 << 60 {
+            return Err(err(n, "a lifetime bound is beyond +-2^60".into()));
+        }
         let size = int(size_col, "size")?;
         let size = u64::try_from(size).map_err(|_| err(n, format!("negative size {size}")))?;
         if size > 1 << 50 {

@@ -1,5 +1,6 @@
 pub mod asm;
 pub mod compile;
+pub mod fuzz;
 pub mod machine;
 pub mod place;
 pub mod sim;
