@@ -48,20 +48,7 @@ fn walk_toml(v: &mut toml::Value, rng: &mut Rng) {
                 }
             }
         }
-        V::Array(a) if !a.is_empty() && rng.random_bool(0.85) => {
-            let i = rng.random_range(0..a.len());
-            match rng.random_range(0..8u32) {
-                0 => {
-                    a.remove(i);
-                }
-                1 => a.push(a[i].clone()),
-                2 => {
-                    let j = rng.random_range(0..a.len());
-                    a.swap(i, j);
-                }
-                _ => walk_toml(&mut a[i], rng),
-            }
-        }
+        V::Array(a) if !a.is_empty() && rng.random_bool(0.85) => mutate_array(a, rng, walk_toml),
         _ => *v = toml_extreme(v, rng),
     }
 }
@@ -151,20 +138,7 @@ fn walk_json(v: &mut serde_json::Value, rng: &mut Rng) {
                 }
             }
         }
-        V::Array(a) if !a.is_empty() && rng.random_bool(0.85) => {
-            let i = rng.random_range(0..a.len());
-            match rng.random_range(0..8u32) {
-                0 => {
-                    a.remove(i);
-                }
-                1 => a.push(a[i].clone()),
-                2 => {
-                    let j = rng.random_range(0..a.len());
-                    a.swap(i, j);
-                }
-                _ => walk_json(&mut a[i], rng),
-            }
-        }
+        V::Array(a) if !a.is_empty() && rng.random_bool(0.85) => mutate_array(a, rng, walk_json),
         _ => *v = json_extreme(v, rng),
     }
 }
@@ -229,4 +203,21 @@ fn line_edit(text: String, rng: &mut Rng) -> String {
     let mut out = lines.join("\n");
     out.push('\n');
     out
+}
+
+/// One change to a non-empty array of a TOML or JSON tree: drop, repeat or swap an
+/// element, or change inside one.
+fn mutate_array<T: Clone>(a: &mut Vec<T>, rng: &mut Rng, walk: fn(&mut T, &mut Rng)) {
+    let i = rng.random_range(0..a.len());
+    match rng.random_range(0..8u32) {
+        0 => {
+            a.remove(i);
+        }
+        1 => a.push(a[i].clone()),
+        2 => {
+            let j = rng.random_range(0..a.len());
+            a.swap(i, j);
+        }
+        _ => walk(&mut a[i], rng),
+    }
 }
