@@ -3,45 +3,16 @@
 //! wrong, or gives its result (exit 1) with a readable reason; none aborts, panics
 //! or runs for minutes.
 
+mod common;
+
+use common::{Run, scratch, tessera, tessera_env};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn text(&self) -> String {
-        format!("{}{}", self.stdout, self.stderr)
-    }
-}
-
-fn tessera_env(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run tessera");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-fn tessera(args: &[&str]) -> Run {
-    tessera_env(args, &[])
-}
-
-/// A fresh directory for one test.
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tessera-bad-input-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// `tessera compile --size tiny --machine small` with `args` after.
+fn compile_tiny(args: &[&str]) -> Run {
+    let mut all = vec!["compile", "--size", "tiny", "--machine", "small"];
+    all.extend_from_slice(args);
+    tessera(&all)
 }
 
 fn s(p: &Path) -> &str {
@@ -314,16 +285,7 @@ fn file_errors_name_the_file_and_say_it_once() {
 fn compile_json_has_each_key_once() {
     let dir = scratch("json");
     let out = dir.join("t.tpk");
-    let r = tessera(&[
-        "compile",
-        "--size",
-        "tiny",
-        "--machine",
-        "small",
-        "--json",
-        "-o",
-        s(&out),
-    ]);
+    let r = compile_tiny(&["--json", "-o", s(&out)]);
     assert_eq!(r.code, 0, "{}", r.text());
     assert_eq!(r.stdout.matches("\"package_bytes\"").count(), 1);
     let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
@@ -340,15 +302,7 @@ fn compile_json_has_each_key_once() {
 fn a_compiled_package_disassembles_and_reassembles_to_identical_bytes() {
     let dir = scratch("roundtrip");
     let (pkg, listing, again) = (dir.join("t.tpk"), dir.join("t.s"), dir.join("t2.tpk"));
-    let r = tessera(&[
-        "compile",
-        "--size",
-        "tiny",
-        "--machine",
-        "small",
-        "-o",
-        s(&pkg),
-    ]);
+    let r = compile_tiny(&["-o", s(&pkg)]);
     assert_eq!(r.code, 0, "{}", r.text());
     let r = tessera(&["disasm", s(&pkg)]);
     assert_eq!(r.code, 0, "{}", r.text());
@@ -422,17 +376,7 @@ fn extreme_options_are_refused_or_handled() {
     let dir = scratch("options");
     let out = dir.join("o.tpk");
     // Every seed is valid: the inputs' seed wraps instead of overflowing.
-    let r = tessera(&[
-        "compile",
-        "--size",
-        "tiny",
-        "--machine",
-        "small",
-        "--seed",
-        "18446744073709551615",
-        "-o",
-        s(&out),
-    ]);
+    let r = compile_tiny(&["--seed", "18446744073709551615", "-o", s(&out)]);
     assert_eq!(r.code, 0, "{}", r.text());
     // A million finalists would be a million whole compiles, silently.
     let r = tessera(&[

@@ -5,14 +5,12 @@
 
 use std::process::Command;
 
+mod common;
+
+/// Exit code and everything printed.
 fn tessera(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("run tessera");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text)
+    let r = common::tessera(args);
+    (r.code, r.text())
 }
 
 #[test]

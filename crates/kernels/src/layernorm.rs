@@ -296,40 +296,41 @@ impl LayerNorm {
         s.i(Inst::Exit);
     }
 
+    /// A launch that leaves one f32 partial per row in the table at `m(table)`
+    /// (this worker's slot): per row, `before` (what the pass needs first), the
+    /// pass over the worker's chunk, then the partial in `a(result)` stored.
+    fn partial_launch(
+        s: &mut Asm,
+        table: u8,
+        before: impl Fn(&mut Asm),
+        pass: impl Fn(&mut Asm),
+        result: u8,
+    ) {
+        let row = s.label();
+        Self::split_prologue(s);
+        s.i(int(IntOp::Add, m(12), m(table), m(1)));
+        s.bind(row);
+        before(s);
+        s.i(mov(m(4), m(2)));
+        pass(s);
+        s.i(Inst::St32 {
+            s: a(result),
+            base: m(12),
+            imm: 0,
+        });
+        s.i(inti(IntOp::Add, m(12), m(12), SPLIT_ROW_BYTES as u16 / 2));
+        Self::split_next_row(s, row, false);
+    }
+
     /// The column-split variant's three launches; returns their entry offsets.
     fn emit_split(&self, s: &mut Asm) -> [u32; 3] {
         let base = s.at();
         let mut entries = [0; 3];
         // Launch 1: partial sums.
-        let row = s.label();
-        Self::split_prologue(s);
-        s.i(int(IntOp::Add, m(12), m(13), m(1)));
-        s.bind(row);
-        s.i(mov(m(4), m(2)));
-        Self::sum_pass(s);
-        s.i(Inst::St32 {
-            s: a(6),
-            base: m(12),
-            imm: 0,
-        });
-        s.i(inti(IntOp::Add, m(12), m(12), SPLIT_ROW_BYTES as u16 / 2));
-        Self::split_next_row(s, row, false);
+        Self::partial_launch(s, 13, |_| {}, Self::sum_pass, 6);
         // Launch 2: partial sums of squared deviations from the combined mean.
         entries[1] = s.at() - base;
-        let row = s.label();
-        Self::split_prologue(s);
-        s.i(int(IntOp::Add, m(12), m(14), m(1)));
-        s.bind(row);
-        Self::combine_mean(s);
-        s.i(mov(m(4), m(2)));
-        Self::deviation_pass(s);
-        s.i(Inst::St32 {
-            s: a(14),
-            base: m(12),
-            imm: 0,
-        });
-        s.i(inti(IntOp::Add, m(12), m(12), SPLIT_ROW_BYTES as u16 / 2));
-        Self::split_next_row(s, row, false);
+        Self::partial_launch(s, 14, Self::combine_mean, Self::deviation_pass, 14);
         // Launch 3: normalise the chunk with the combined statistics.
         entries[2] = s.at() - base;
         let row = s.label();

@@ -45,6 +45,15 @@ pub enum PlaceError {
     Invalid(String),
     #[error("cannot read {path}: {message}")]
     Io { path: String, message: String },
+    #[error(
+        "--capacity {capacity} is out of range: a `{machine}` tile has {sram} bytes of SRAM \
+         (accepted: 1 to {sram}); a capacity can only narrow the space"
+    )]
+    Capacity {
+        capacity: u64,
+        machine: String,
+        sram: u64,
+    },
 }
 
 /// Which modes to run.
@@ -115,6 +124,22 @@ pub struct TileOutcome {
     pub placement: Option<TilePlacement>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diagnosis: Option<Diagnosis>,
+}
+
+impl Options {
+    /// A tile capacity narrows the machine's SRAM and cannot widen it: refused
+    /// outside `1..=` one tile's SRAM bytes, rather than clamped without a word.
+    pub fn check_capacity(&self, m: &Machine) -> Result<(), PlaceError> {
+        let sram = u64::from(m.sram_bytes());
+        match self.capacity {
+            Some(capacity) if capacity == 0 || capacity > sram => Err(PlaceError::Capacity {
+                capacity,
+                machine: m.name.clone(),
+                sram,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// What the ladder produced on one instance.

@@ -207,16 +207,8 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
 fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
     let pb = progress(a.json, "compiling (plan, place, emit)");
     let mut opts = CompileOptions::default();
-    if let Some(c) = a.capacity {
-        let sram = u64::from(p.machine.sram_bytes());
-        if c == 0 || c > sram {
-            anyhow::bail!(
-                "--capacity {c} is out of range: the machine `{}` has {sram} bytes of SRAM per tile (accepted: 1 to {sram})",
-                p.machine.name
-            );
-        }
-        opts.place.capacity = Some(c);
-    }
+    opts.place.capacity = a.capacity;
+    opts.place.check_capacity(&p.machine)?;
     if a.weaken_rearrange_contract {
         opts.lower.rearrange_declared_align = Some(2);
         opts.exploit_declared_alignment = true;

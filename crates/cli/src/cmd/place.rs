@@ -207,16 +207,7 @@ pub fn run(a: PlaceArgs) -> anyhow::Result<Outcome> {
         .unwrap_or_else(|| "c600".into());
     let machine = Machine::load(&machine_name)?;
     problem.check_tiles(&machine, &origin, &text)?;
-    if let Some(c) = a.capacity
-        && c > u64::from(machine.sram_bytes())
-    {
-        anyhow::bail!(
-            "--capacity {c} is above the {} bytes of SRAM of a `{}` tile: it can only narrow \
-             the space",
-            machine.sram_bytes(),
-            machine.name
-        );
-    }
+    opts.check_capacity(&machine)?;
     let results = place_tiles(&machine, &problem.tiles, &opts);
     let mut tiles = Vec::with_capacity(results.len());
     for r in results {
