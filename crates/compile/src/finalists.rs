@@ -94,7 +94,8 @@ pub fn beam(
     k: usize,
     exchange_bytes_per_cycle: u32,
 ) -> Vec<BTreeMap<String, usize>> {
-    let groups = linked_groups(ops);
+    let producers: Vec<Option<usize>> = (0..ops.len()).map(|i| producer(ops, i)).collect();
+    let groups = linked_groups(ops, &producers);
     // (summed estimate, strategies off their default, choices per operation)
     let mut states: Vec<(u64, usize, Vec<usize>)> = vec![(0, 0, vec![0; ops.len()])];
     for members in &groups {
@@ -105,13 +106,13 @@ pub fn beam(
                 let mut ch = ch.clone();
                 let mut c = *cost;
                 let mut o = *off;
+                // Members are in lowering order and a producer comes before its
+                // consumer, so its choice is set by the time the link is charged.
                 for (&op, &i) in members.iter().zip(combo) {
                     ch[op] = i;
                     c += ops[op].candidates[i].estimated_cycles;
                     o += usize::from(i > 0);
-                }
-                for (&op, &i) in members.iter().zip(combo) {
-                    if let Some(p) = producer(ops, op) {
+                    if let Some(p) = producers[op] {
                         c += layout_cost(
                             &ops[p].candidates[ch[p]],
                             &ops[op].candidates[i],
@@ -161,7 +162,7 @@ fn producer(ops: &[OpCandidates], op: usize) -> Option<usize> {
 
 /// Operations joined by `input_from` links, each group in lowering order, groups
 /// in the order of their first operation.
-fn linked_groups(ops: &[OpCandidates]) -> Vec<Vec<usize>> {
+fn linked_groups(ops: &[OpCandidates], producers: &[Option<usize>]) -> Vec<Vec<usize>> {
     // A group's combinations are its members' strategy counts multiplied; past
     // this many a link is still charged but its operations are searched apart
     // (the beam is then no longer exact for them).
@@ -169,7 +170,7 @@ fn linked_groups(ops: &[OpCandidates]) -> Vec<Vec<usize>> {
     let mut group_of: Vec<usize> = (0..ops.len()).collect();
     let mut size: Vec<usize> = ops.iter().map(|o| o.candidates.len().max(1)).collect();
     for i in 0..ops.len() {
-        if let Some(p) = producer(ops, i) {
+        if let Some(p) = producers[i] {
             let g = group_of[p];
             let joined = size[g].saturating_mul(ops[i].candidates.len().max(1));
             if joined <= MAX_COMBINATIONS {
