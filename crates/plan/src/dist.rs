@@ -136,10 +136,7 @@ pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, Dis
                 let src_off = ((row - s.rows.start) * s.width() + (col - s.cols.start)) * eb;
                 let dst_off = ((row - d.rows.start) * d.width() + (col - d.cols.start)) * eb;
                 let bytes = (end - col) * eb;
-                let from = Loc {
-                    buf: s.at.buf,
-                    offset: s.at.offset + src_off,
-                };
+                let from = s.at.plus(src_off);
                 if group.sends_any(from, dst_off) {
                     let key = (from.buf, from.offset, bytes);
                     let next = pieces.len() as u32;
