@@ -7,7 +7,7 @@
 //! `add_bias` load one group ahead, with the first group peeled; `out` may be the same
 //! buffer as `a` (each group is stored after it is loaded), never a partial overlap.
 
-use tessera_isa::{FBinOp, FVec, Inst, IntOp, Word};
+use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, Word};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
@@ -40,6 +40,15 @@ pub struct ReduceAdd {
     pub n: u32,
 }
 
+/// `out = (sum over i < k of in[i]) / (sum over i < k of sums[i])`: `in` is
+/// `[k][n]` f16 summed in f32, `sums` `k` f32 (the denominators of a softmax cut over
+/// tiles, whose numerators `in` are already multiplied out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReduceNorm {
+    pub k: u32,
+    pub n: u32,
+}
+
 impl Add {
     pub const NAME: &'static str = "add_f16";
     pub fn new(n: u32) -> Add {
@@ -56,6 +65,13 @@ impl ReduceAdd {
     pub const NAME: &'static str = "reduce_add_f16";
     pub fn new(k: u32, n: u32) -> ReduceAdd {
         ReduceAdd { k, n }
+    }
+}
+
+impl ReduceNorm {
+    pub const NAME: &'static str = "reduce_norm_f16";
+    pub fn new(k: u32, n: u32) -> ReduceNorm {
+        ReduceNorm { k, n }
     }
 }
 
@@ -243,7 +259,7 @@ impl Kernel for ReduceAdd {
         check_columns(&name, self.k, self.n)
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        code(self, code_base, || reduce_code(code_base))
+        code(self, code_base, || reduce_code(code_base, None))
     }
     fn contract(&self) -> Contract {
         simple_contract(
@@ -257,31 +273,98 @@ impl Kernel for ReduceAdd {
     }
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
         self.validate()?;
-        let name = self.symbol();
-        let inp = operand(addrs, &name, "in")?;
-        let out = operand(addrs, &name, "out")?;
-        let mut buf = StateBuf::default();
-        for (i, (o0, o, tail)) in reduce_split(self.n).into_iter().enumerate() {
-            buf.u32(inp + o0 * 16)
-                .u32(out + o0 * 16)
-                .u32(o)
-                .u32(self.n * 2)
-                .u32(self.k - 1)
-                .u32(u32::from(tail))
-                .pad_to((i + 1) * usize::from(STRIDE));
-        }
-        Ok(buf.finish(STRIDE))
+        reduce_state(&self.symbol(), self.k, self.n, addrs, false)
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        let k = u64::from(self.k);
-        crate::single_shot_cycles(
-            t,
-            reduce_split(self.n).into_iter().map(|(_, o, tail)| {
-                let tail = if tail { 2 * k + 9 } else { 1 };
-                8 + u64::from(o) * (3 * k + 14) + tail
-            }),
+        reduce_cycles(t, self.k, self.n, false)
+    }
+}
+
+impl Kernel for ReduceNorm {
+    fn symbol(&self) -> String {
+        format!("{}_k{}_n{}", Self::NAME, self.k, self.n)
+    }
+    fn validate(&self) -> Result<(), KernelError> {
+        let name = self.symbol();
+        if self.k < 2 || self.k / 2 > RPT_MAX || self.k - 1 > RPT_MAX {
+            return Err(invalid(&name, "k must be 2..=4096"));
+        }
+        check_columns(&name, self.k, self.n)
+    }
+    fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
+        code(self, code_base, || {
+            reduce_code(code_base, Some(self.k))
+        })
+    }
+    fn contract(&self) -> Contract {
+        simple_contract(
+            self,
+            vec![
+                Operand::new("in", Role::Input, self.k * self.n * 2, 8),
+                Operand::new("sums", Role::Input, self.k * 4, 8),
+                Operand::new("out", Role::Output, self.n * 2, 8),
+            ],
+            u32::from(STRIDE) * WORKERS,
         )
     }
+    fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
+        self.validate()?;
+        reduce_state(&self.symbol(), self.k, self.n, addrs, true)
+    }
+    fn estimate_cycles_with(&self, t: &Timing) -> u64 {
+        reduce_cycles(t, self.k, self.n, true)
+    }
+}
+
+fn reduce_state(
+    name: &str,
+    k: u32,
+    n: u32,
+    addrs: &OperandAddrs,
+    norm: bool,
+) -> Result<VertexState, KernelError> {
+    let inp = operand(addrs, name, "in")?;
+    let out = operand(addrs, name, "out")?;
+    let sums = if norm {
+        operand(addrs, name, "sums")?
+    } else {
+        0
+    };
+    let mut buf = StateBuf::default();
+    for (i, (o0, o, tail)) in reduce_split(n).into_iter().enumerate() {
+        buf.u32(inp + o0 * 16)
+            .u32(out + o0 * 16)
+            .u32(o)
+            .u32(n * 2)
+            .u32(k - 1)
+            .u32(u32::from(tail))
+            .u32(sums)
+            .pad_to((i + 1) * usize::from(STRIDE));
+    }
+    Ok(buf.finish(STRIDE))
+}
+
+/// Worker issues as [`reduce_code`] emits them; `norm` adds the denominator's sum
+/// (pairs, an odd last one, the pair reduction and `1/x` with its broadcast, the
+/// reciprocal holding extra slots) and two products per half octet.
+fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool) -> u64 {
+    let k64 = u64::from(k);
+    let scaled = u64::from(norm);
+    let prologue = if norm {
+        let pairs = (k64 - 2) / 2;
+        let repeat = if pairs > 0 { 1 + 2 * pairs } else { 0 };
+        let pad = u64::from(pairs == 0);
+        2 + repeat + 2 * (k64 % 2) + 2 + crate::issue_slots(t, 1, 1) + pad
+    } else {
+        0
+    };
+    crate::single_shot_cycles(
+        t,
+        reduce_split(n).into_iter().map(|(_, o, tail)| {
+            let tail = if tail { 2 * k64 + 9 + 2 * scaled } else { 1 };
+            8 + prologue + u64::from(o) * (3 * k64 + 14 + 4 * scaled) + tail
+        }),
+    )
 }
 
 /// Each worker's octets (8 columns) of a `reduce_add` as (first, count), and whether
@@ -300,7 +383,11 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
 /// sum eight f16 per issue, so a partial costs three issues per eight columns (two
 /// loads and a pointer step), against eight with `f16v2tof32` and `f32v2add`; the
 /// sum is the same f32 sum in the same order.
-fn reduce_code(code_base: u32) -> Vec<Word> {
+///
+/// With `norm` (`reduce_norm`, its `k`), every worker first sums the `k` f32
+/// denominators into `$a8` (pairs at a time), takes `1/x` and broadcasts it to
+/// `$a8:9`, and scales each f32 pair by it before rounding to f16.
+fn reduce_code(code_base: u32, norm: Option<u32>) -> Vec<Word> {
     let acc8 = Inst::F16Acc {
         a: a(0),
         quad: true,
@@ -325,6 +412,47 @@ fn reduce_code(code_base: u32) -> Vec<Word> {
     s.i(ld32m(m(6), m(0), 3)); // partial stride (bytes)
     s.i(ld32m(m(7), m(0), 4)); // k - 1
     s.i(ld32m(m(9), m(0), 5)); // trailing group of 4
+    if let Some(k) = norm {
+        s.i(ld32m(m(10), m(0), 6)); // denominators
+        s.i(ld64s(8, 10));
+        let pairs = (k - 2) / 2;
+        if pairs > 0 {
+            s.rpti(pairs as u16, |b| {
+                b.i(ld64s(10, 10));
+                b.i(fbin(FBinOp::Add, FVec::F32V2, 8, 8, 10));
+            });
+        }
+        if k % 2 == 1 {
+            s.i(Inst::Ld32 {
+                d: a(10),
+                base: m(10),
+                imm: 0,
+            });
+            s.i(fbin(FBinOp::Add, FVec::F32, 8, 8, 10));
+        }
+        s.i(fbin(FBinOp::Add, FVec::F32, 8, 8, 9));
+        s.i(Inst::FUn {
+            op: FUnOp::Recip,
+            d: a(8),
+            a: a(8),
+        });
+        s.i(Inst::FBcast {
+            vec: FVec::F32V2,
+            d: a(8),
+            a: a(8),
+        });
+        // Keep the bundles below where they were: one padding issue here, rather
+        // than padding inside the loops.
+        if !s.at().is_multiple_of(8) {
+            s.i(Inst::Nop);
+        }
+    }
+    let scale = |s: &mut Asm| {
+        if norm.is_some() {
+            s.i(fbin(FBinOp::Mul, FVec::F32V2, 4, 4, 8));
+            s.i(fbin(FBinOp::Mul, FVec::F32V2, 6, 6, 8));
+        }
+    };
     s.brz(m(8), tail);
     s.bind(octet);
     s.i(mov(m(5), m(4)));
@@ -340,10 +468,12 @@ fn reduce_code(code_base: u32) -> Vec<Word> {
     s.b(inti(IntOp::Add, m(4), m(4), 16), acc8);
     s.b(inti(IntOp::Sub, m(8), m(8), 1), gina(4));
     s.i(gina(6));
+    scale(&mut s);
     s.i(to_f16(0, 4));
     s.i(to_f16(1, 6));
     s.b(st64s(0, 3), gina(4));
     s.i(gina(6));
+    scale(&mut s);
     s.i(to_f16(2, 4));
     s.i(to_f16(3, 6));
     s.i(st64s(2, 3));
@@ -360,6 +490,7 @@ fn reduce_code(code_base: u32) -> Vec<Word> {
     s.i(acc4);
     s.i(gina(4));
     s.i(gina(6));
+    scale(&mut s);
     s.i(to_f16(0, 4));
     s.i(to_f16(1, 6));
     s.i(st64s(0, 3));

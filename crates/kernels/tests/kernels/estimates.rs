@@ -1,8 +1,8 @@
 //! The cost model's per-kernel estimates against simulated cycles.
 
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, BlocksToRows, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd, Softmax,
-    TransposeBlocks, ZeroFill,
+    Add, AddBias, AmpMatmul, BlocksToRows, ExpShift, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd,
+    ReduceNorm, RowMax, Softmax, TransposeBlocks, ZeroFill,
 };
 
 use crate::harness::{layout, run};
@@ -77,6 +77,15 @@ fn estimates_track_simulation() {
     }
     for (k, n) in [(2, 8), (2, 4), (3, 100), (6, 96), (17, 2224), (9, 3344)] {
         check_exact(&ReduceAdd::new(k, n));
+    }
+    for (k, n) in [(2, 8), (3, 100), (23, 80), (46, 84), (5, 4)] {
+        check_exact(&ReduceNorm::new(k, n));
+    }
+    for n in [1, 3, 4, 5, 8, 9, 31, 32, 729] {
+        check_exact(&RowMax::new(n));
+    }
+    for (n, ld, g) in [(32, 32, 23), (9, 16, 23), (16, 16, 46), (1, 4, 1), (6, 8, 2), (7, 16, 3), (729, 736, 4)] {
+        check_exact(&ExpShift::new(n, ld, g, 0.125));
     }
     for (r, n, ld) in [
         (1, 1, 4),

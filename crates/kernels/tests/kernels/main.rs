@@ -10,3 +10,4 @@ mod layouts;
 mod matmul;
 mod rearrange;
 mod softmax;
+mod split_softmax;
