@@ -338,3 +338,53 @@ fn compiles_are_byte_identical_across_runs_and_thread_counts() {
         "one thread differs from the default"
     );
 }
+
+/// The pooling head's single query with its keys cut over the tiles of each (image,
+/// head) pair, one and two key blocks per tile, a last run of one real key: it
+/// validates, and a 1% error in the shifted exponentials' scale is a mismatch.
+#[test]
+fn a_single_query_cut_over_tiles_validates() {
+    let dir = common::scratch("single-query");
+    let c = dir.join("c49.toml");
+    // 98 px in 14 px patches: 49 tokens, four key blocks, the last with one real key.
+    std::fs::write(
+        &c,
+        "image_size = 98\nchannels = 3\npatch = 14\nwidth = 64\nheads = 2\nmlp_hidden = 128\nlayers = 1\neps = 1e-6\n",
+    )
+    .unwrap();
+    let config = c.to_str().unwrap();
+    for (tiles, cut) in [
+        ("12", "cut over 2 tiles each of 2 key blocks"),
+        ("16", "cut over 4 tiles each of 1 key blocks"),
+    ] {
+        let (code, text) = tessera(&[
+            "run",
+            "--config",
+            config,
+            "--machine",
+            "small",
+            "--tiles",
+            tiles,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["status"], "ok");
+        let decisions = v["decisions"].to_string();
+        assert!(decisions.contains(cut), "{decisions}");
+    }
+    let (code, text) = tessera(&[
+        "run",
+        "--config",
+        config,
+        "--machine",
+        "small",
+        "--tiles",
+        "16",
+        "--mutate-kernel",
+        "softmax",
+        "--json",
+    ]);
+    assert_eq!(code, 1, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

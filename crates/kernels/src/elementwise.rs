@@ -292,9 +292,7 @@ impl Kernel for ReduceNorm {
         check_columns(&name, self.k, self.n)
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        code(self, code_base, || {
-            reduce_code(code_base, Some(self.k))
-        })
+        code(self, code_base, || reduce_code(code_base, Some(self.k)))
     }
     fn contract(&self) -> Contract {
         simple_contract(

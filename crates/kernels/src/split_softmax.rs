@@ -119,10 +119,7 @@ fn fmov(d: u8, x: u8) -> Inst {
 
 /// Cycles of a call whose worker 0 takes `slots` issue slots and the others two.
 fn worker0_cycles(t: &Timing, slots: u64) -> u64 {
-    crate::single_shot_cycles(
-        t,
-        (0..WORKERS).map(|w| if w == 0 { slots } else { 2 }),
-    )
+    crate::single_shot_cycles(t, (0..WORKERS).map(|w| if w == 0 { slots } else { 2 }))
 }
 
 impl Kernel for RowMax {
@@ -224,8 +221,7 @@ impl Kernel for ExpShift {
     }
     fn validate(&self) -> Result<(), KernelError> {
         let name = self.symbol();
-        if self.n == 0 || !self.ld.is_multiple_of(4) || self.ld < self.n || self.ld / 4 > RPT_MAX
-        {
+        if self.n == 0 || !self.ld.is_multiple_of(4) || self.ld < self.n || self.ld / 4 > RPT_MAX {
             return Err(invalid(
                 &name,
                 "n must be positive, ld a multiple of 4 with n <= ld <= 16380",

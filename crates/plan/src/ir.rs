@@ -8,8 +8,8 @@ use std::fmt;
 
 use serde::Serialize;
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, BlocksToRows, Contract, Gelu, Kernel, LayerNorm, MemClass, Rearrange,
-    ReduceAdd, Softmax, TransposeBlocks, ZeroFill,
+    Add, AddBias, AmpMatmul, BlocksToRows, Contract, ExpShift, Gelu, Kernel, LayerNorm, MemClass,
+    Rearrange, ReduceAdd, ReduceNorm, RowMax, Softmax, TransposeBlocks, ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -76,6 +76,9 @@ pub enum KernelKind {
     ZeroFill(ZeroFill),
     BlocksToRows(BlocksToRows),
     TransposeBlocks(TransposeBlocks),
+    RowMax(RowMax),
+    ExpShift(ExpShift),
+    ReduceNorm(ReduceNorm),
 }
 
 impl KernelKind {
@@ -92,6 +95,9 @@ impl KernelKind {
             KernelKind::ZeroFill(k) => k,
             KernelKind::BlocksToRows(k) => k,
             KernelKind::TransposeBlocks(k) => k,
+            KernelKind::RowMax(k) => k,
+            KernelKind::ExpShift(k) => k,
+            KernelKind::ReduceNorm(k) => k,
         }
     }
     pub fn contract(&self) -> Contract {
@@ -121,6 +127,9 @@ kernel_kind_from!(
     ZeroFill => ZeroFill,
     BlocksToRows => BlocksToRows,
     TransposeBlocks => TransposeBlocks,
+    RowMax => RowMax,
+    ExpShift => ExpShift,
+    ReduceNorm => ReduceNorm,
 );
 
 /// A place inside a buffer.

@@ -84,7 +84,15 @@ fn estimates_track_simulation() {
     for n in [1, 3, 4, 5, 8, 9, 31, 32, 729] {
         check_exact(&RowMax::new(n));
     }
-    for (n, ld, g) in [(32, 32, 23), (9, 16, 23), (16, 16, 46), (1, 4, 1), (6, 8, 2), (7, 16, 3), (729, 736, 4)] {
+    for (n, ld, g) in [
+        (32, 32, 23),
+        (9, 16, 23),
+        (16, 16, 46),
+        (1, 4, 1),
+        (6, 8, 2),
+        (7, 16, 3),
+        (729, 736, 4),
+    ] {
         check_exact(&ExpShift::new(n, ld, g, 0.125));
     }
     for (r, n, ld) in [

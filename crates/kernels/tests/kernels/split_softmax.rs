@@ -3,7 +3,7 @@
 
 use half::f16;
 use rand::Rng;
-use tessera_kernels::{ExpShift, Kernel, ReduceNorm, RowMax};
+use tessera_kernels::{ExpShift, ReduceNorm, RowMax};
 
 use crate::harness::{f16_bytes, layout, random_f16, rng, run};
 
@@ -38,7 +38,10 @@ fn row_max_is_exact_for_every_remainder() {
     let mut r = rng(900);
     for n in [1u32, 2, 3, 4, 5, 6, 7, 8, 9, 16, 31, 32, 33, 729] {
         let x = random_f16(&mut r, n as usize, 20.0);
-        let want = x.iter().map(|v| v.to_f32()).fold(f32::NEG_INFINITY, f32::max);
+        let want = x
+            .iter()
+            .map(|v| v.to_f32())
+            .fold(f32::NEG_INFINITY, f32::max);
         assert_eq!(row_max(&x), want, "n {n}");
         // The maximum in each lane position, first and last.
         for at in [0, n as usize - 1] {
@@ -87,14 +90,14 @@ fn split_row(seed: u64, t: usize, per: usize, d: u32, scale: f32) {
         }
         sums.push(f32_at(&out.read("sum", 4), 0));
         // `e V` of the tile, as the AMP would give it (f32 sums rounded to f16).
-        for c in 0..d as usize {
+        partial.extend((0..d as usize).map(|c| {
             let acc: f32 = e[..x.len()]
                 .iter()
                 .enumerate()
                 .map(|(j, ej)| ej.to_f32() * v[i * per + j][c])
                 .sum();
-            partial.push(f16::from_f32(acc));
-        }
+            f16::from_f32(acc)
+        }));
     }
     let k = ReduceNorm::new(g, d);
     let out = run(
@@ -106,7 +109,10 @@ fn split_row(seed: u64, t: usize, per: usize, d: u32, scale: f32) {
     assert!(out.violations.is_empty(), "{:?}", out.violations);
     let got = out.read_f16("out", d as usize);
 
-    let m = s.iter().map(|x| x.to_f64()).fold(f64::NEG_INFINITY, f64::max);
+    let m = s
+        .iter()
+        .map(|x| x.to_f64())
+        .fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = s
         .iter()
         .map(|x| ((x.to_f64() - m) * f64::from(scale)).exp())
@@ -168,7 +174,9 @@ fn reduce_norm_divides_by_the_sum_of_the_sums() {
         }
         let rl = 1.0 / (pair[0] + pair[1]);
         for c in 0..n as usize {
-            let acc: f32 = (0..k as usize).map(|p| x[p * n as usize + c].to_f32()).sum();
+            let acc: f32 = (0..k as usize)
+                .map(|p| x[p * n as usize + c].to_f32())
+                .sum();
             let want = f16::from_f32(acc * rl);
             let diff = (got[c].to_f32() - want.to_f32()).abs();
             // One f32 summation order against another: at most one f16 step apart.

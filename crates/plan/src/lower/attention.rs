@@ -18,7 +18,10 @@
 //! The result is the head-padded context `[batch * tq, heads * dp]` in block
 //! layout, ready for the output projection.
 
-use tessera_kernels::{AmpMatmul, BlocksToRows, Rearrange, Softmax, TransposeBlocks, ZeroFill};
+use tessera_kernels::{
+    AmpMatmul, BlocksToRows, ExpShift, Rearrange, ReduceNorm, RowMax, Softmax, TransposeBlocks,
+    ZeroFill,
+};
 
 use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
@@ -97,6 +100,13 @@ pub(crate) fn attention(
     let per_rows = op.tq.div_ceil(rows_per);
     let share = tb.div_ceil(group.min(tb));
     let per_t = tb.div_ceil(share);
+    if op.tq == 1 && per_t >= 2 {
+        lw.plan.decisions.push(format!(
+            "{name}: {} images x {} heads, one query cut over {} tiles each of {} key blocks; keys {} padded to {}",
+            op.batch, op.heads, per_t, share, op.t, tp
+        ));
+        return single_query(lw, op, group, share, per_t);
+    }
     lw.plan.decisions.push(format!(
         "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} key blocks; keys {} padded to {}",
         op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
@@ -374,6 +384,313 @@ pub(crate) fn attention(
         let r = w.b * op.tq + w.r0;
         for c in 0..kc {
             out.push(chunk(w.ctx, c * w.rows * 32, r..r + w.rows, 0, w.h, c));
+        }
+    }
+    Ok(DistTensor {
+        rows: op.batch * op.tq,
+        cols: op.heads * op.dp,
+        elem_bytes: 2,
+        parts: out,
+    })
+}
+
+/// One tile of a single query's key cut: key blocks `blk0..blk0 + nbk` of one pair.
+struct KeyRun {
+    tile: u32,
+    b: u32,
+    h: u32,
+    /// Its place in the pair's group; member 0 combines.
+    m: u32,
+    blk0: u32,
+    nbk: u32,
+    /// Real keys of the run (the last run of a pair ends at the last token).
+    real: u32,
+    q: BufId,
+    /// Its keys, `[kc][16 * nbk][16]`, then its values in the same layout (the AMP
+    /// weight layout of `e V`).
+    kpart: BufId,
+    vpart: BufId,
+    kt: BufId,
+    scores: BufId,
+    /// Every member's maximum, `[g]` f32, its own at `m`.
+    maxes: BufId,
+    e: BufId,
+    /// Its `e V` and its sum of `e`: its own buffers, or on member 0 its rows of the
+    /// combination's inputs.
+    ev: Loc,
+    sum: Loc,
+}
+
+/// The single-query attention (the pooling head's probe) with the keys cut over the
+/// group instead of one tile holding the whole row while the rest only transpose:
+/// each member scores its run of keys, takes its maximum; the members exchange
+/// their maxima; each computes `e = exp(scale (s - M))` for the row's maximum `M`,
+/// `e V` over its values and the sum of `e`; member 0 sums the products and divides
+/// by the sum of the sums (`reduce_norm`). Exchanges: queries, keys and values;
+/// the maxima; the products and sums.
+fn single_query(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    group: u32,
+    share: u32,
+    g: u32,
+) -> Result<DistTensor, PlanError> {
+    let name = op.name;
+    let tiles = lw.machine.tiles;
+    let kc = op.dp / AMP_WIDTH;
+    let tp = op.t.next_multiple_of(AMP_WIDTH);
+    let tb = tp / AMP_WIDTH;
+    let mut runs: Vec<KeyRun> = Vec::new();
+    // Member 0's combination buffers, per pair.
+    let mut combine = Vec::new();
+    for b in 0..op.batch {
+        for h in 0..op.heads {
+            let pair = b * op.heads + h;
+            let tile0 = (pair * group) % tiles;
+            let ev_all = lw.buffer(
+                tile0,
+                format!("{name}.ev"),
+                g * op.dp * 2,
+                Category::Activation,
+            );
+            let sums = lw.buffer(tile0, format!("{name}.sums"), g * 4, Category::Activation);
+            let ctx = lw.buffer(
+                tile0,
+                format!("{name}.ctx"),
+                op.dp * 2,
+                Category::Activation,
+            );
+            combine.push((tile0, b, h, ev_all, sums, ctx));
+            for m in 0..g {
+                let tile = (pair * group + m) % tiles;
+                let blk0 = m * share;
+                let nbk = share.min(tb - blk0);
+                let real = op.t.min((blk0 + nbk) * AMP_WIDTH) - blk0 * AMP_WIDTH;
+                let mut blk = |what: &str, bytes: u32| {
+                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
+                };
+                let q = blk("q", op.dp * 2);
+                let kpart = blk("k", nbk * AMP_WIDTH * op.dp * 2);
+                let vpart = blk("v", nbk * AMP_WIDTH * op.dp * 2);
+                let kt = blk("kt", nbk * kc * 512);
+                let scores = blk("scores", nbk * AMP_WIDTH * 2);
+                let maxes = blk("maxes", g * 4);
+                let e = blk("e", nbk * AMP_WIDTH * 2);
+                let (ev, sum) = if m == 0 {
+                    (
+                        Loc {
+                            buf: ev_all,
+                            offset: 0,
+                        },
+                        Loc {
+                            buf: sums,
+                            offset: 0,
+                        },
+                    )
+                } else {
+                    (
+                        Loc {
+                            buf: blk("ev.part", op.dp * 2),
+                            offset: 0,
+                        },
+                        Loc {
+                            buf: blk("sum", 4),
+                            offset: 0,
+                        },
+                    )
+                };
+                runs.push(KeyRun {
+                    tile,
+                    b,
+                    h,
+                    m,
+                    blk0,
+                    nbk,
+                    real,
+                    q,
+                    kpart,
+                    vpart,
+                    kt,
+                    scores,
+                    maxes,
+                    e,
+                    ev,
+                    sum,
+                });
+            }
+        }
+    }
+    let like = |src: &DistTensor, parts: Vec<Part>| DistTensor {
+        rows: src.rows,
+        cols: src.cols,
+        elem_bytes: 2,
+        parts,
+    };
+    let chunk =
+        |buf: BufId, offset: u32, rows: std::ops::Range<u32>, first: u32, h: u32, c: u32| {
+            let c0 = first + h * op.dp + c * AMP_WIDTH;
+            Part {
+                at: Loc { buf, offset },
+                rows,
+                cols: c0..c0 + AMP_WIDTH,
+            }
+        };
+    let bad = |what: &str, e: crate::dist::DistError| {
+        PlanError::Unsupported(format!("{name}: {what} do not cover the head: {e}"))
+    };
+    let (q_src, q_first) = op.q;
+    let (k_src, k_first) = op.k;
+    let (v_src, v_first) = op.v;
+    let (mut q_parts, mut k_parts, mut v_parts) = (Vec::new(), Vec::new(), Vec::new());
+    for r in &runs {
+        let qr = if op.shared_q { 0 } else { r.b * op.tq };
+        let k0 = r.b * op.t + r.blk0 * AMP_WIDTH;
+        let keys = k0..k0 + r.real;
+        for c in 0..kc {
+            q_parts.push(chunk(r.q, c * 32, qr..qr + 1, q_first, r.h, c));
+            let at = c * r.nbk * 512;
+            k_parts.push(chunk(r.kpart, at, keys.clone(), k_first, r.h, c));
+            v_parts.push(chunk(r.vpart, at, keys.clone(), v_first, r.h, c));
+        }
+    }
+    let mut copies = redistribute(q_src, &like(q_src, q_parts)).map_err(|e| bad("queries", e))?;
+    copies.extend(redistribute(k_src, &like(k_src, k_parts)).map_err(|e| bad("keys", e))?);
+    copies.extend(redistribute(v_src, &like(v_src, v_parts)).map_err(|e| bad("values", e))?);
+    lw.exchange(&format!("{name}.qkv"), copies);
+
+    // Scores of each run (zero key and value rows past the last token) and their
+    // maximum.
+    let step = lw.compute_step();
+    let at = |buf| Loc { buf, offset: 0 };
+    for r in &runs {
+        let pad = r.nbk * AMP_WIDTH - r.real;
+        if pad > 0 {
+            for buf in [r.kpart, r.vpart] {
+                lw.call(
+                    r.tile,
+                    step,
+                    ZeroFill::new(kc, pad * 32, r.nbk * 512),
+                    &[(
+                        "out",
+                        Loc {
+                            buf,
+                            offset: r.real * 32,
+                        },
+                    )],
+                );
+            }
+        }
+        lw.call(
+            r.tile,
+            step,
+            TransposeBlocks::new(kc, r.nbk),
+            &[("in", at(r.kpart)), ("out", at(r.kt))],
+        );
+        amp(
+            lw,
+            r.tile,
+            step,
+            name,
+            (1, kc, r.nbk),
+            at(r.q),
+            at(r.kt),
+            at(r.scores),
+        );
+        lw.call(
+            r.tile,
+            step,
+            RowMax::new(r.real),
+            &[
+                ("in", at(r.scores)),
+                (
+                    "out",
+                    Loc {
+                        buf: r.maxes,
+                        offset: r.m * 4,
+                    },
+                ),
+            ],
+        );
+    }
+    let mut copies = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        let pair0 = i - r.m as usize;
+        let dsts = (0..g as usize)
+            .filter(|&o| o != r.m as usize)
+            .map(|o| Loc {
+                buf: runs[pair0 + o].maxes,
+                offset: r.m * 4,
+            })
+            .collect();
+        copies.push(Copy {
+            src: Loc {
+                buf: r.maxes,
+                offset: r.m * 4,
+            },
+            bytes: 4,
+            dsts,
+        });
+    }
+    lw.exchange(&format!("{name}.max"), copies);
+
+    let step = lw.compute_step();
+    for r in &runs {
+        lw.call(
+            r.tile,
+            step,
+            ExpShift::new(r.real, r.nbk * AMP_WIDTH, g, op.scale),
+            &[
+                ("in", at(r.scores)),
+                ("maxes", at(r.maxes)),
+                ("out", at(r.e)),
+                ("sum", r.sum),
+            ],
+        );
+        amp(
+            lw,
+            r.tile,
+            step,
+            name,
+            (1, r.nbk, kc),
+            at(r.e),
+            at(r.vpart),
+            r.ev,
+        );
+    }
+    let mut copies = Vec::new();
+    for r in runs.iter().filter(|r| r.m > 0) {
+        let (_, _, _, ev_all, sums, _) = combine[(r.b * op.heads + r.h) as usize];
+        copies.push(Copy {
+            src: r.ev,
+            bytes: op.dp * 2,
+            dsts: vec![Loc {
+                buf: ev_all,
+                offset: r.m * op.dp * 2,
+            }],
+        });
+        copies.push(Copy {
+            src: r.sum,
+            bytes: 4,
+            dsts: vec![Loc {
+                buf: sums,
+                offset: r.m * 4,
+            }],
+        });
+    }
+    lw.exchange(&format!("{name}.ev"), copies);
+
+    let step = lw.compute_step();
+    let mut out = Vec::new();
+    for &(tile, b, h, ev_all, sums, ctx) in &combine {
+        lw.call(
+            tile,
+            step,
+            ReduceNorm::new(g, op.dp),
+            &[("in", at(ev_all)), ("sums", at(sums)), ("out", at(ctx))],
+        );
+        let r = b * op.tq;
+        for c in 0..kc {
+            out.push(chunk(ctx, c * 32, r..r + 1, 0, h, c));
         }
     }
     Ok(DistTensor {
