@@ -3,11 +3,12 @@
 //! of `rearrange_row_major_to_amp_f16`.
 //!
 //! Worker `w` owns a contiguous range of rows and, for every block, copies its rows'
-//! 32-byte pieces with four `ld64step` and four `st64step`. The input pointer runs
-//! linearly through the worker's part of a block; the output pointer is bumped by one
-//! row minus 32 bytes after each piece (a register add, since a row can be longer
-//! than `st64step`'s ±1016-byte step). `in` and `out` must be distinct buffers: a
-//! worker's stores land in rows other workers are still reading.
+//! 32-byte pieces, one `ldst64pace` per 8-byte word (the piece copy it shares with
+//! the rearrangement). The input pointer runs linearly through the worker's part of
+//! a block; the output pointer is bumped by one row minus 32 bytes after each piece.
+//! `in` and `out` must be distinct buffers in different memory elements: a worker's
+//! stores land in rows other workers are still reading, and every issue both loads
+//! and stores.
 
 use tessera_machine::Timing;
 
@@ -23,8 +24,6 @@ pub struct BlocksToRows {
     /// 16-wide column blocks; the output row has `16*nb` elements.
     pub nb: u32,
 }
-
-const STRIDE: u16 = 32;
 
 impl BlocksToRows {
     pub const NAME: &'static str = "blocks_to_rows_f16";
@@ -78,11 +77,10 @@ impl Kernel for BlocksToRows {
                 mem_class: MemClass::Executable,
             },
             supervisor_bytes: crate::RUNALL_SNIPPET_BYTES,
-            operands: vec![
+            operands: crate::rearrange::piece_copy_operands(
                 Operand::new("in", Role::Input, self.bytes(), 8),
                 Operand::new("out", Role::Output, self.bytes(), 8),
-                Operand::new("state", Role::State, u32::from(STRIDE) * crate::WORKERS, 8),
-            ],
+            ),
         }
     }
 

@@ -2,10 +2,9 @@
 //! chunk-major `[k/16][rows][16]` f16.
 //!
 //! Worker `w` owns a contiguous range of rows and, for every 16-wide chunk, copies
-//! its rows' 32-byte pieces with four `ld64step` and four `st64step`. The output
-//! pointer runs linearly through the worker's part of a chunk; the input pointer is
-//! bumped by one row minus 32 bytes after each piece (a register add, since a row can
-//! be longer than `ld64step`'s ±1016-byte step).
+//! its rows' 32-byte pieces, one `ldst64pace` per 8-byte word ([`piece_copy`]). The
+//! output pointer runs linearly through the worker's part of a chunk; the input
+//! pointer is bumped by one row minus 32 bytes after each piece.
 
 use tessera_isa::{Inst, IntOp};
 use tessera_machine::Timing;
@@ -93,11 +92,10 @@ impl Kernel for Rearrange {
                 mem_class: MemClass::Executable,
             },
             supervisor_bytes: crate::RUNALL_SNIPPET_BYTES,
-            operands: vec![
+            operands: piece_copy_operands(
                 Operand::new("in", Role::Input, self.bytes(), al),
                 Operand::new("out", Role::Output, self.bytes(), al),
-                Operand::new("state", Role::State, u32::from(STRIDE) * crate::WORKERS, 8),
-            ],
+            ),
         }
     }
 
@@ -114,6 +112,20 @@ impl Kernel for Rearrange {
     }
 }
 
+/// The operands of a piece copy: `in` and `out` in different memory elements (every
+/// issue loads from one and stores to the other), and the state.
+pub(crate) fn piece_copy_operands(inp: Operand, out: Operand) -> Vec<Operand> {
+    let mut ops = vec![inp, out];
+    crate::contract::separate_all(&mut ops, &["in", "out"]);
+    ops.push(Operand::new(
+        "state",
+        Role::State,
+        u32::from(STRIDE) * crate::WORKERS,
+        8,
+    ));
+    ops
+}
+
 /// Which side of a piece copy walks rows (a row's 32-byte piece, then the next
 /// row's): the other side runs linearly through one 16-wide chunk after another.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -126,9 +138,16 @@ pub(crate) enum Strided {
 
 /// The worker code both layout conversions share. Record: the strided side's start
 /// for the current chunk, the linear side's pointer, rows, chunks, row bytes minus
-/// 32, and the linear side's skip to the next chunk. Per row: four `ld64step` and
-/// four `st64step` of one 32-byte piece and one pointer add on the strided side
-/// (a register add, since a row can be longer than `ld64step`'s ±1016-byte step).
+/// 32, and the linear side's skip to the next chunk.
+///
+/// Each 8-byte word is copied by one `ldst64pace`, which stores the word loaded by
+/// the previous issue while it loads the next, so a row's 32-byte piece costs four
+/// issues and one pointer add on the strided side (a register add, since a row can
+/// be longer than `ld64step`'s ±1016-byte step): the add goes before the piece's
+/// last load on the source side, after its last store on the destination side. A
+/// chunk's first word is loaded by an `ld64step` and its last piece ends with an
+/// `st64step`, so nothing is read past a worker's rows. `ldst64pace` needs its load
+/// and store in different memory elements: the contract separates `in` and `out`.
 pub(crate) fn piece_copy(code_base: u32, strided: Strided) -> Vec<tessera_isa::Word> {
     let mut s = Asm::new(code_base);
     let done = s.label();
@@ -137,6 +156,13 @@ pub(crate) fn piece_copy(code_base: u32, strided: Strided) -> Vec<tessera_isa::W
         Strided::Source => (m(8), m(3)),
         Strided::Destination => (m(3), m(8)),
     };
+    // `a0:1` and `a2:3` take turns: each issue stores one and loads the other.
+    let copy = |d: u8| Inst::Ldst64Pace {
+        d: a(d),
+        s: a(2 - d),
+        pl: src,
+        ps: dst,
+    };
     s.i(ld32m(m(2), m(0), 0)); // strided side of the current chunk
     s.i(ld32m(m(3), m(0), 1)); // linear side
     s.i(ld32m(m(4), m(0), 2)); // rows of this worker
@@ -144,29 +170,33 @@ pub(crate) fn piece_copy(code_base: u32, strided: Strided) -> Vec<tessera_isa::W
     s.i(ld32m(m(5), m(0), 3)); // chunks left
     s.i(ld32m(m(6), m(0), 4)); // row bytes - 32
     s.i(ld32m(m(7), m(0), 5)); // linear skip to the next chunk
+    s.i(inti(IntOp::Sub, m(9), m(4), 1)); // pieces before the last
     s.bind(chunk);
     s.i(mov(m(8), m(2)));
-    s.rpt(m(4), |b| {
-        for r in 0..4 {
-            b.i(Inst::Ld64Step {
-                d: a(2 * r),
-                base: src,
-                inc: 1,
-            });
-        }
+    s.i(Inst::Ld64Step {
+        d: a(0),
+        base: src,
+        inc: 1,
+    });
+    s.rpt(m(9), |b| {
+        b.i(copy(2));
+        b.i(copy(0));
+        b.i(copy(2));
         if strided == Strided::Source {
             b.i(int(IntOp::Add, m(8), m(8), m(6)));
         }
-        for r in 0..4 {
-            b.i(Inst::St64Step {
-                s: a(2 * r),
-                base: dst,
-                inc: 1,
-            });
-        }
+        b.i(copy(0));
         if strided == Strided::Destination {
             b.i(int(IntOp::Add, m(8), m(8), m(6)));
         }
+    });
+    s.i(copy(2));
+    s.i(copy(0));
+    s.i(copy(2));
+    s.i(Inst::St64Step {
+        s: a(2),
+        base: dst,
+        inc: 1,
     });
     s.i(inti(IntOp::Add, m(2), m(2), 32));
     s.i(int(IntOp::Add, m(3), m(3), m(7)));
@@ -196,14 +226,14 @@ pub(crate) fn piece_copy_state(strided: u32, linear: u32, rows: u32, chunks: u32
     buf.finish(STRIDE)
 }
 
-/// Cycles of a piece copy: each worker's issues are 5 without rows, otherwise 8
-/// plus, per chunk, 9 per row and 6.
+/// Cycles of a piece copy: each worker's issues are 5 without rows, otherwise 9
+/// plus, per chunk, 5 per row and 6.
 pub(crate) fn piece_copy_cycles(t: &Timing, rows: u32, chunks: u32) -> u64 {
     let issues = |r: u32| {
         if r == 0 {
             5
         } else {
-            8 + u64::from(chunks) * (9 * u64::from(r) + 6)
+            9 + u64::from(chunks) * (5 * u64::from(r) + 6)
         }
     };
     crate::single_shot_cycles(t, split(rows).into_iter().map(|(_, r)| issues(r)))
