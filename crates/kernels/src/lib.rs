@@ -311,22 +311,6 @@ pub(crate) fn single_shot_cycles(t: &Timing, worker_slots: impl IntoIterator<Ite
 /// Where the cost model lays out a supervisor snippet it walks.
 pub(crate) const ESTIMATE_CODE_BASE: u32 = 0x4_C000;
 
-/// `k`'s supervisor snippet at placeholder addresses (each operand 4 KiB apart,
-/// aligned for any contract): what the cost model walks. Loop counts never depend
-/// on addresses.
-pub(crate) fn estimate_snippet(k: &dyn Kernel) -> Result<Vec<Word>, KernelError> {
-    let mut addrs = OperandAddrs::new();
-    for (i, op) in k.contract().operands.iter().enumerate() {
-        addrs = addrs.with(&op.name, 0x8_0000 + 0x1000 * i as u32);
-    }
-    let call = Call {
-        entry: ESTIMATE_CODE_BASE,
-        state: 0x6_0000,
-        addrs: &addrs,
-    };
-    k.supervisor(&call, ESTIMATE_CODE_BASE)
-}
-
 pub(crate) use timing::supervisor_cycles;
 
 #[cfg(test)]

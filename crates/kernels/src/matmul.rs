@@ -5,19 +5,26 @@
 //! `[nb][kc][16][16]`, each 16x16 block row-major with `W[kk][j]` = weight from input
 //! `c*16+kk` to output `b*16+j` (see [`pack_weights`]); the output is `[nb][rows][16]`.
 //!
-//! The supervisor snippet loops over blocks `b` and chunks `c`: it loads the block's
-//! 32 weight quads, writes the call header (A chunk, partial-in, output) into the
-//! state, runs the workers and waits. Partials ping-pong between `p0` and `p1`; the
-//! first chunk has no partial-in buffer: its workers take the zero-partial path, which
-//! feeds a zeroed register pair to the AMP instead of a third stream.
+//! The supervisor snippet loops over blocks `b` and chunks `c`: per call it waits for
+//! the previous run, loads the block's 32 weight quads and runs the workers on the
+//! call header (A chunk, partial-in, output) at the start of the state. Everything
+//! else (the next call's header and pointers, the loop counters) is done while the
+//! workers run: the supervisor issues there only in the slots of workers that have
+//! exited, which is after every worker has read the header, and otherwise those slots
+//! would go unused. Partials ping-pong between `p0` and `p1`; the first chunk has no
+//! partial-in buffer: its workers start at a second entry point, the zero-partial
+//! path, which feeds a zeroed register pair to the AMP instead of a third stream. The
+//! last chunk of a block, which writes the output, is the chunk loop peeled once.
 //!
 //! Each worker streams its rows through the engine, four `amp` issues per row,
 //! software-pipelined by one row (the engine hands out the previous row's results)
 //! and by one issue on both sides (loads lead, stores lag), so no stream reads or
-//! writes past its rows.
+//! writes past its rows. The row split is known when the kernel is emitted, so the
+//! worker code is specialised to it (see [`Rows`]): every worker issue costs a full
+//! barrel round, every supervisor issue one cycle.
 
 use half::f16;
-use tessera_isa::{AReg, Inst, IntOp, Word};
+use tessera_isa::{AReg, Inst, IntOp, MReg, Word};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, MZ, a, code_bytes, int, inti, ld32m, m, mov, setzi, st32m};
@@ -39,8 +46,23 @@ pub struct AmpMatmul {
 
 /// Bytes of the call header at the start of the state buffer.
 const HEADER: u32 = 12;
-const STRIDE: u16 = 8;
+/// Word index of a worker's record (row offset, count) relative to its `$m0`.
+const RECORD: u16 = HEADER as u16 / 4;
 const STATE_BYTES: u32 = 64;
+
+/// How the worker code finds its rows, fixed by `split(rows)` at emit time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// Every worker has the same `q >= 2` rows: all workers get the same `$m0` (stride
+    /// 0), find the header there, their row offset as `$m1 * 32q` and the repeat
+    /// count as an immediate. No records.
+    Even { q: u32 },
+    /// Every worker has at least two rows: records of (row offset, rows - 2).
+    Records,
+    /// Some worker has fewer than two rows: records of (row offset, rows), and the
+    /// worker branches on its row count and on the partial-in being zero.
+    Few,
+}
 
 impl AmpMatmul {
     pub const NAME: &'static str = "amp_matmul";
@@ -58,47 +80,89 @@ impl AmpMatmul {
         (self.kc - 1).min(2)
     }
 
-    fn worker_code(&self, s: &mut Asm) {
-        let done = s.label();
-        let zero = s.label();
-        let one_pin = s.label();
-        let one_zero = s.label();
-        s.i(inti(IntOp::Shl, m(2), m(1), 3));
-        s.i(int(IntOp::Sub, m(2), m(0), m(2))); // call header
-        s.i(ld32m(m(3), m(2), 0)); // A chunk
-        s.i(ld32m(m(4), m(2), 1)); // partial-in, 0 = zeros
-        s.i(ld32m(m(5), m(2), 2)); // output
-        s.i(ld32m(m(6), m(0), HEADER as u16 / 4)); // row offset (bytes)
-        s.i(ld32m(m(7), m(0), HEADER as u16 / 4 + 1)); // rows
-        s.brz(m(7), done);
-        s.i(int(IntOp::Add, m(3), m(3), m(6)));
-        s.i(int(IntOp::Add, m(5), m(5), m(6)));
-        s.i(inti(IntOp::Sub, m(8), m(7), 1));
-        s.brz(m(4), zero);
-        s.i(int(IntOp::Add, m(4), m(4), m(6)));
-        s.brz(m(8), one_pin);
-        rows_loop(s, Feed::Partials);
-        s.bind(one_pin);
-        one_row(s, Feed::Partials);
-        s.bind(zero);
-        // `$a6:7` is the zero partial: workers start with every register but
-        // `$m0`/`$m1` zeroed (ISA, `run`) and nothing here writes it.
-        s.brz(m(8), one_zero);
-        rows_loop(s, Feed::Zeros);
-        s.bind(one_zero);
-        one_row(s, Feed::Zeros);
-        s.bind(done);
-        s.i(Inst::Exit);
+    fn layout(&self) -> Rows {
+        let (q, extra) = (self.rows / WORKERS, self.rows % WORKERS);
+        if q < 2 {
+            Rows::Few
+        } else if extra == 0 && 32 * q < 1 << 12 {
+            Rows::Even { q }
+        } else {
+            Rows::Records
+        }
+    }
+
+    fn stride(&self) -> u16 {
+        match self.layout() {
+            Rows::Even { .. } => 0,
+            Rows::Records | Rows::Few => 8,
+        }
+    }
+
+    /// Emits the worker code; returns the byte offset of the zero-partial entry
+    /// (the code's start is the partials entry). The supervisor overwrites the
+    /// header once any worker has exited, so every path reads it before it can exit.
+    fn worker_code(&self, s: &mut Asm) -> u32 {
+        let start = s.at();
+        match self.layout() {
+            Rows::Few => {
+                few_rows(s);
+                0
+            }
+            Rows::Even { q } => {
+                let count = Count::Imm(q as u16 - 2);
+                let mut zero_entry = 0;
+                for f in [Feed::Partials, Feed::Zeros] {
+                    if f == Feed::Zeros {
+                        zero_entry = s.at() - start;
+                    }
+                    // Every worker's `$m0` is the header.
+                    s.i(ld32m(m(3), m(0), 0));
+                    if f == Feed::Partials {
+                        s.i(ld32m(m(4), m(0), 1));
+                    }
+                    s.i(ld32m(m(5), m(0), 2));
+                    s.i(inti(IntOp::Mul, m(6), m(1), (32 * q) as u16)); // row offset
+                    offset_pointers(s, f, count);
+                    rows_loop(s, f, count);
+                }
+                zero_entry
+            }
+            Rows::Records => {
+                let mut zero_entry = 0;
+                for f in [Feed::Partials, Feed::Zeros] {
+                    if f == Feed::Zeros {
+                        zero_entry = s.at() - start;
+                    }
+                    s.i(inti(IntOp::Shl, m(2), m(1), 3));
+                    s.i(int(IntOp::Sub, m(2), m(0), m(2))); // call header
+                    s.i(ld32m(m(3), m(2), 0));
+                    if f == Feed::Partials {
+                        s.i(ld32m(m(4), m(2), 1));
+                    }
+                    s.i(ld32m(m(5), m(2), 2));
+                    s.i(ld32m(m(6), m(0), RECORD));
+                    offset_pointers(s, f, Count::Record);
+                    rows_loop(s, f, Count::Record);
+                }
+                zero_entry
+            }
+        }
     }
 
     /// Issues of one worker run with `r` rows, as emitted: setup, then four per row
-    /// plus pipeline fill and drain; the partials path has one more pointer add.
-    fn worker_issues(r: u32, partials: bool) -> u64 {
-        let extra = u64::from(partials);
-        match u64::from(r) {
-            0 => 9,
-            1 => 24 + extra,
-            r => 4 * r + 22 + extra,
+    /// plus pipeline fill and drain (see [`rows_loop`]).
+    fn worker_issues(&self, r: u32, partials: bool) -> u64 {
+        let (r, p) = (u64::from(r), u64::from(partials));
+        match self.layout() {
+            // Three or two header loads, the offset, one or two adds.
+            Rows::Even { .. } => 4 * r + 9 + 4 + 2 * p,
+            // Header address, header loads, record load, adds.
+            Rows::Records => 4 * r + 9 + 7 + 2 * p,
+            Rows::Few => match r {
+                0 => 9,
+                1 => 24 + p,
+                r => 4 * r + 22 + p,
+            },
         }
     }
 
@@ -114,8 +178,10 @@ impl AmpMatmul {
         } else {
             p0
         };
+        let zero_entry = call.entry + self.zero_entry_offset();
         for (what, v) in [
             ("entry", call.entry),
+            ("zero-partial entry", zero_entry),
             ("state", call.state),
             ("a", a_addr),
             ("w", w_addr),
@@ -133,92 +199,173 @@ impl AmpMatmul {
             }
         }
         crate::check_code_base(&name, code_base, 4)?;
+        let sup = Sup {
+            entry: call.entry,
+            zero_entry,
+            state: call.state,
+            stride: self.stride(),
+            a: a_addr,
+            w: w_addr,
+            out: out_addr,
+            p0,
+            p1,
+            rb: self.block_bytes(),
+        };
         let mut s = Asm::new(code_base);
-        s.i(setzi(m(0), call.entry));
-        s.i(setzi(m(1), call.state));
-        s.i(setzi(m(2), w_addr)); // advanced 16 bytes by every weight load
         if self.kc == 1 {
-            self.single_chunk_loop(&mut s, a_addr, out_addr);
+            self.single_chunk_loop(&mut s, &sup);
         } else {
-            self.chunk_loop(&mut s, a_addr, out_addr, p0, p1);
+            self.chunk_loop(&mut s, &sup);
         }
         Ok(s.finish())
     }
 
-    /// `kc == 1`: no partials, and A and the partial-in stay put, so only the output
-    /// block advances between calls.
-    fn single_chunk_loop(&self, s: &mut Asm, a_addr: u32, out_addr: u32) {
-        let block = s.label();
-        s.i(setzi(m(5), a_addr));
-        s.i(setzi(m(3), out_addr));
+    fn zero_entry_offset(&self) -> u32 {
+        self.worker_code(&mut Asm::new(0))
+    }
+
+    /// `kc == 1`: every call takes the zero-partial path on the same A, so only the
+    /// output block advances between calls.
+    fn single_chunk_loop(&self, s: &mut Asm, c: &Sup) {
+        let loops = self.nb > 1;
+        s.i(setzi(m(1), c.state));
+        s.i(setzi(m(5), c.a));
+        s.i(setzi(m(3), c.out));
+        s.i(setzi(m(2), c.w)); // advanced 16 bytes by every weight load
+        s.i(setzi(m(0), c.zero_entry));
+        if loops {
+            s.i(setzi(m(9), c.rb));
+            s.i(setzi(m(4), self.nb));
+        }
         s.i(st32m(m(5), m(1), 0));
         s.i(st32m(MZ, m(1), 1));
         s.i(st32m(m(3), m(1), 2));
-        if self.nb > 1 {
-            s.i(setzi(m(4), self.nb));
-            s.i(setzi(m(9), self.block_bytes()));
-        }
-        s.bind(block);
-        load_weights(s);
-        s.i(Inst::RunAll {
-            entry: m(0),
-            state: m(1),
-            stride: STRIDE,
-        });
-        s.i(Inst::SyncLocal);
-        if self.nb > 1 {
+        let block = s.label();
+        if loops {
             s.i(int(IntOp::Add, m(3), m(3), m(9)));
-            s.i(st32m(m(3), m(1), 2));
+            s.bind(block);
+            // Waits for the previous block's run; at entry it has none.
+            s.i(Inst::SyncLocal);
+        }
+        load_weights(s);
+        c.run(s);
+        if loops {
+            // The workers run: the next block's header, then the loop test.
             s.i(inti(IntOp::Sub, m(4), m(4), 1));
+            s.i(st32m(m(3), m(1), 2));
+            s.i(int(IntOp::Add, m(3), m(3), m(9)));
             s.brnz(m(4), block);
         }
+        s.i(Inst::SyncLocal);
     }
 
     /// `kc >= 2`: per block, chunk 0 reads no partials and writes `p0`; chunk c
     /// reads the buffer chunk c-1 wrote and writes the other one, except that the
-    /// last chunk writes the block's output.
-    fn chunk_loop(&self, s: &mut Asm, a_addr: u32, out_addr: u32, p0: u32, p1: u32) {
+    /// last chunk writes the block's output. Registers hold the header of the call
+    /// after the one running: `$m5` A chunk, `$m7` partial-in, `$m8` output.
+    fn chunk_loop(&self, s: &mut Asm, c: &Sup) {
+        let blocks = self.nb > 1;
+        // Chunks 0..kc-1 run in the loop, the last one after it.
+        let looped = self.kc - 1;
+        s.i(setzi(m(1), c.state));
+        s.i(setzi(m(5), c.a));
+        s.i(setzi(m(8), c.p0));
+        s.i(setzi(m(2), c.w)); // advanced 16 bytes by every weight load
+        s.i(setzi(m(0), c.zero_entry));
+        s.i(setzi(m(3), c.out)); // output of the current block
+        s.i(setzi(m(9), c.rb));
+        s.i(setzi(m(10), c.p0 ^ c.p1));
+        if blocks {
+            s.i(setzi(m(4), self.nb));
+            s.i(setzi(m(11), c.p0));
+            s.i(setzi(m(12), c.a));
+        }
+        s.i(st32m(m(5), m(1), 0));
+        s.i(st32m(MZ, m(1), 1));
+        s.i(st32m(m(8), m(1), 2));
+        next_chunk(s, m(5), m(8));
+        if looped > 1 {
+            s.i(setzi(m(6), looped));
+        }
         let block = s.label();
         let chunk = s.label();
-        let not_last = s.label();
-        s.i(setzi(m(3), out_addr)); // output of the current block
-        if self.nb > 1 {
-            s.i(setzi(m(4), self.nb));
-        }
-        s.i(setzi(m(9), self.block_bytes()));
-        s.i(setzi(m(10), p0 ^ p1));
         s.bind(block);
-        s.i(setzi(m(5), a_addr));
-        s.i(setzi(m(6), self.kc));
-        s.i(mov(m(7), MZ)); // partial-in of chunk 0: none
-        s.i(setzi(m(8), p0));
         s.bind(chunk);
+        // Waits for the previous run; at entry there is none.
+        s.i(Inst::SyncLocal);
         load_weights(s);
-        s.i(mov(m(12), m(8)));
-        s.i(inti(IntOp::Sub, m(11), m(6), 1));
-        s.brnz(m(11), not_last);
-        s.i(mov(m(12), m(3)));
-        s.bind(not_last);
+        c.run(s);
+        // The workers run: the next call's header, then the loop test.
+        if looped > 1 {
+            s.i(inti(IntOp::Sub, m(6), m(6), 1));
+        }
         s.i(st32m(m(5), m(1), 0));
         s.i(st32m(m(7), m(1), 1));
-        s.i(st32m(m(12), m(1), 2));
+        s.i(st32m(m(8), m(1), 2));
+        next_chunk(s, m(5), m(8));
+        s.i(setzi(m(0), c.entry));
+        if looped > 1 {
+            s.brnz(m(6), chunk);
+        }
+        // The last chunk: the header the loop stored names a partial buffer as
+        // the output.
+        s.i(Inst::SyncLocal);
+        load_weights(s);
+        s.i(st32m(m(3), m(1), 2));
+        c.run(s);
+        if blocks {
+            // The workers run: the next block's chunk 0 header, the registers for
+            // its chunk 1, then the loop test.
+            s.i(inti(IntOp::Sub, m(4), m(4), 1));
+            s.i(st32m(m(12), m(1), 0));
+            s.i(st32m(MZ, m(1), 1));
+            s.i(st32m(m(11), m(1), 2));
+            s.i(int(IntOp::Add, m(3), m(3), m(9)));
+            s.i(setzi(m(0), c.zero_entry));
+            s.i(int(IntOp::Add, m(5), m(12), m(9)));
+            s.i(mov(m(7), m(11)));
+            s.i(int(IntOp::Xor, m(8), m(11), m(10)));
+            if looped > 1 {
+                s.i(setzi(m(6), looped));
+            }
+            s.brnz(m(4), block);
+        }
+        s.i(Inst::SyncLocal);
+    }
+}
+
+/// Addresses the supervisor snippet is built from.
+struct Sup {
+    entry: u32,
+    zero_entry: u32,
+    state: u32,
+    stride: u16,
+    a: u32,
+    w: u32,
+    out: u32,
+    p0: u32,
+    p1: u32,
+    /// Bytes of one `[rows][16]` block.
+    rb: u32,
+}
+
+impl Sup {
+    fn run(&self, s: &mut Asm) {
         s.i(Inst::RunAll {
             entry: m(0),
             state: m(1),
-            stride: STRIDE,
+            stride: self.stride,
         });
-        s.i(Inst::SyncLocal);
-        s.i(mov(m(7), m(12)));
-        s.i(int(IntOp::Xor, m(8), m(8), m(10)));
-        s.i(int(IntOp::Add, m(5), m(5), m(9)));
-        s.i(inti(IntOp::Sub, m(6), m(6), 1));
-        s.brnz(m(6), chunk);
-        if self.nb > 1 {
-            s.i(int(IntOp::Add, m(3), m(3), m(9)));
-            s.i(inti(IntOp::Sub, m(4), m(4), 1));
-            s.brnz(m(4), block);
-        }
     }
+}
+
+/// Registers of the call after next from those of the next call (`a`, `out`;
+/// `$m7` becomes the partial-in): the A chunk advances one block, the partials
+/// swap buffers.
+fn next_chunk(s: &mut Asm, a: MReg, out: MReg) {
+    s.i(int(IntOp::Add, a, a, m(9)));
+    s.i(mov(m(7), out));
+    s.i(int(IntOp::Xor, out, out, m(10)));
 }
 
 fn load_weights(s: &mut Asm) {
@@ -227,12 +374,60 @@ fn load_weights(s: &mut Asm) {
     }
 }
 
+/// Adds the row offset (`$m6`) to the stream pointers; the output's only when
+/// [`rows_loop`] does not (`Count::Imm`).
+fn offset_pointers(s: &mut Asm, f: Feed, count: Count) {
+    s.i(int(IntOp::Add, m(3), m(3), m(6)));
+    if f == Feed::Partials {
+        s.i(int(IntOp::Add, m(4), m(4), m(6)));
+    }
+    if !matches!(count, Count::Imm(_)) {
+        s.i(int(IntOp::Add, m(5), m(5), m(6)));
+    }
+}
+
+/// The legacy worker for splits with fewer than two rows per worker: one entry,
+/// branching on the row count (`$m7`) and on a zero partial-in.
+fn few_rows(s: &mut Asm) {
+    let done = s.label();
+    let zero = s.label();
+    let one_pin = s.label();
+    let one_zero = s.label();
+    s.i(inti(IntOp::Shl, m(2), m(1), 3));
+    s.i(int(IntOp::Sub, m(2), m(0), m(2))); // call header
+    s.i(ld32m(m(3), m(2), 0)); // A chunk
+    s.i(ld32m(m(4), m(2), 1)); // partial-in, 0 = zeros
+    s.i(ld32m(m(5), m(2), 2)); // output
+    s.i(ld32m(m(6), m(0), RECORD)); // row offset (bytes)
+    s.i(ld32m(m(7), m(0), RECORD + 1)); // rows
+    // Workers without rows exit here, after reading the header like the others.
+    s.brz(m(7), done);
+    s.i(int(IntOp::Add, m(3), m(3), m(6)));
+    s.i(int(IntOp::Add, m(5), m(5), m(6)));
+    s.i(inti(IntOp::Sub, m(8), m(7), 1));
+    s.brz(m(4), zero);
+    s.i(int(IntOp::Add, m(4), m(4), m(6)));
+    s.brz(m(8), one_pin);
+    rows_loop(s, Feed::Partials, Count::Rows);
+    s.bind(one_pin);
+    one_row(s, Feed::Partials);
+    s.bind(zero);
+    s.brz(m(8), one_zero);
+    rows_loop(s, Feed::Zeros, Count::Rows);
+    s.bind(one_zero);
+    one_row(s, Feed::Zeros);
+    s.bind(done);
+    s.i(Inst::Exit);
+}
+
 /// How partial sums enter the engine.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Feed {
     /// A third stream from the partial-in buffer (`$m4`) into `$a2:3`.
     Partials,
-    /// The zeroed pair `$a6:7`; only A and the output are streamed.
+    /// The zeroed pair `$a6:7`; only A and the output are streamed. Workers start
+    /// with every register but `$m0`/`$m1` zeroed (ISA, `run`) and nothing here
+    /// writes it.
     Zeros,
 }
 
@@ -294,23 +489,49 @@ fn store() -> Inst {
     }
 }
 
-/// Rows (`$m7`) >= 2. Issue t (0-based over 4*rows amp issues plus four draining
+/// Where a worker's `rpt` count (its rows - 2) comes from.
+#[derive(Clone, Copy)]
+enum Count {
+    /// The same for every worker: an immediate.
+    Imm(u16),
+    /// The second word of the worker's record.
+    Record,
+    /// Computed from the row count in `$m7`.
+    Rows,
+}
+
+/// At least two rows. Issue t (0-based over 4*rows amp issues plus four draining
 /// ones) feeds input word t, loaded by issue t-1, and yields output word t-4, stored
-/// by issue t+1. The first load and the repeat count are placed so that neither the
-/// bundles nor the repeat body need padding.
-fn rows_loop(s: &mut Asm, f: Feed) {
+/// by issue t+1; so issues 5..4*rows-2 both load and store, and the first store
+/// comes after the `rpt`. The first load is placed so that the bundles need no
+/// padding; the `rpt` needs one single word before it, which computes what it can:
+/// the output pointer or the count.
+fn rows_loop(s: &mut Asm, f: Feed, count: Count) {
     s.single_or_bundle(f.load());
     for t in 0..5u8 {
         s.b(f.load(), f.amp(t % 4));
     }
-    s.b(f.load_store(), f.amp(1));
-    s.b(f.load_store(), f.amp(2));
-    s.i(inti(IntOp::Sub, m(8), m(7), 2));
-    s.rpt(m(8), |b| {
-        for p in [3, 0, 1, 2] {
+    let body = |b: &mut Asm| {
+        for p in [1, 2, 3, 0] {
             b.b(f.load_store(), f.amp(p));
         }
-    });
+    };
+    match count {
+        Count::Imm(n) => {
+            s.i(int(IntOp::Add, m(5), m(5), m(6)));
+            s.rpti(n, body);
+        }
+        Count::Record => {
+            s.i(ld32m(m(8), m(0), RECORD + 1));
+            s.rpt(m(8), body);
+        }
+        Count::Rows => {
+            s.i(inti(IntOp::Sub, m(8), m(7), 2));
+            s.rpt(m(8), body);
+        }
+    }
+    s.b(f.load_store(), f.amp(1));
+    s.b(f.load_store(), f.amp(2));
     s.b(store(), f.amp(3));
     for p in 0..4 {
         s.b(store(), f.amp(p));
@@ -358,7 +579,8 @@ impl Kernel for AmpMatmul {
         self.validate()?;
         crate::check_code_base(&self.symbol(), code_base, 8)?;
         let mut s = Asm::new(code_base);
-        self.worker_code(&mut s);
+        // The zero-partial entry's offset is recomputed by the supervisor snippet.
+        let _ = self.worker_code(&mut s);
         Ok(KernelCode {
             symbol: self.symbol(),
             code_base,
@@ -419,11 +641,20 @@ impl Kernel for AmpMatmul {
         let _ = addrs;
         let mut buf = StateBuf::default();
         buf.pad_to(HEADER as usize);
+        let layout = self.layout();
         for (r0, r) in split(self.rows) {
-            buf.u32(r0 * 32).u32(r);
+            match layout {
+                Rows::Even { .. } => {}
+                Rows::Records => {
+                    buf.u32(r0 * 32).u32(r - 2);
+                }
+                Rows::Few => {
+                    buf.u32(r0 * 32).u32(r);
+                }
+            }
         }
         buf.pad_to(STATE_BYTES as usize);
-        Ok(buf.finish(STRIDE))
+        Ok(buf.finish(self.stride()))
     }
 
     fn supervisor(&self, call: &Call<'_>, code_base: u32) -> Result<Vec<Word>, KernelError> {
@@ -432,71 +663,91 @@ impl Kernel for AmpMatmul {
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        // Every `runall` is followed at once by `sync local`, after which the
-        // supervisor resumes when the last worker exits, with every register long
-        // ready. So a call costs its supervisor snippet walked with workers that
-        // exit at once, plus, per run, what the real workers take beyond that.
-        let zero = crate::run_cycles(t, [0; WORKERS as usize]);
-        let run = |partials: bool| {
-            crate::run_cycles(
-                t,
-                split(self.rows)
-                    .into_iter()
-                    .map(|(_, r)| Self::worker_issues(r, partials)),
-            )
-            .saturating_sub(zero)
+        // The supervisor's work between runs depends on which slots the workers
+        // leave free, so the snippet is walked with the real workers. Every pass of
+        // a loop costs the same once the pipeline is in its steady state, so small
+        // instances (one to four chunks, one to three blocks) are walked once per
+        // timing and row count and extended linearly: the planner asks for
+        // thousands of estimates.
+        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb);
+        let per_chunk = |nb: u32| -> u64 {
+            match self.kc {
+                0..=3 => walk(self.kc.max(1), nb),
+                // Two chunks run straight through; from three on the chunk loop
+                // loops, and each further chunk adds one pass.
+                kc => {
+                    let (three, four) = (walk(3, nb), walk(4, nb));
+                    three + u64::from(kc - 3) * four.saturating_sub(three)
+                }
+            }
         };
-        let (kc, nb) = (u64::from(self.kc.max(1)), u64::from(self.nb.max(1)));
-        let runs = if kc == 1 {
-            nb * run(false)
-        } else {
-            nb * (run(false) + (kc - 1) * run(true))
-        };
-        supervisor_only_cycles(t, self.kc, self.nb) + runs
+        // One block emits no block loop at all; from two blocks on it is a loop.
+        match self.nb {
+            0 | 1 => per_chunk(1),
+            2 => per_chunk(2),
+            nb => {
+                let (two, three) = (per_chunk(2), per_chunk(3));
+                two + u64::from(nb - 2) * three.saturating_sub(two)
+            }
+        }
     }
 }
 
-/// Cycles of the matmul's supervisor snippet for `kc` chunks and `nb` blocks with
-/// workers that exit at once. Every pass of a loop costs the same once the
-/// pipeline is in its steady state, so small instances (one to three blocks and
-/// chunks) are walked once per timing and extended linearly: the planner asks for
-/// thousands of estimates.
-fn supervisor_only_cycles(t: &Timing, kc: u32, nb: u32) -> u64 {
+/// Cycles of the snippet of `AmpMatmul::new(rows, kc, nb)` walked with its workers
+/// (cached: see `estimate_cycles_with`).
+fn walked(t: &Timing, rows: u32, kc: u32, nb: u32) -> u64 {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
-    static WALKS: Mutex<BTreeMap<(u32, u32, u32, u32), u64>> = Mutex::new(BTreeMap::new());
-    let walk = |kc: u32, nb: u32| -> u64 {
-        let key = (t.worker_issue_interval, t.supervisor_result_latency, kc, nb);
-        if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
-            return c;
-        }
-        let c = crate::estimate_snippet(&AmpMatmul::new(1, kc, nb)).map_or(u64::MAX / 4, |words| {
-            crate::supervisor_cycles(t, &words, |_| vec![0; WORKERS as usize])
-        });
-        if let Ok(mut w) = WALKS.lock() {
-            w.insert(key, c);
-        }
-        c
-    };
-    let per_chunk = |nb: u32| -> u64 {
-        match kc {
-            0 | 1 => walk(1, nb),
-            2 => walk(2, nb),
-            kc => {
-                let (two, three) = (walk(2, nb), walk(3, nb));
-                two + u64::from(kc - 2) * three.saturating_sub(two)
-            }
-        }
-    };
-    // One block emits no block loop at all; from two blocks on it is a loop.
-    match nb {
-        0 | 1 => per_chunk(1),
-        2 => per_chunk(2),
-        nb => {
-            let (two, three) = (per_chunk(2), per_chunk(3));
-            two + u64::from(nb - 2) * three.saturating_sub(two)
-        }
+    type Key = (u32, u32, u32, u32, u32);
+    static WALKS: Mutex<BTreeMap<Key, u64>> = Mutex::new(BTreeMap::new());
+    let key = (
+        t.worker_issue_interval,
+        t.supervisor_result_latency,
+        rows,
+        kc,
+        nb,
+    );
+    if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
+        return c;
     }
+    let k = AmpMatmul::new(rows, kc, nb);
+    // Placeholder addresses: the snippet's timing does not depend on them, and
+    // `supervisor_words` does not insist on a shape that fits a tile (the walked
+    // instance may be larger than the one estimated).
+    let addrs = OperandAddrs::new()
+        .with("a", 0x1000)
+        .with("w", 0x2000)
+        .with("out", 0x3000)
+        .with("p0", 0x4000)
+        .with("p1", 0x5000);
+    let call = Call {
+        entry: crate::ESTIMATE_CODE_BASE,
+        state: 0x6000,
+        addrs: &addrs,
+    };
+    let issues = |partials: bool| -> Vec<u64> {
+        split(rows)
+            .into_iter()
+            .map(|(_, r)| k.worker_issues(r, partials))
+            .collect()
+    };
+    let (zeros, partials) = (issues(false), issues(true));
+    let c = k
+        .supervisor_words(&call, crate::ESTIMATE_CODE_BASE)
+        .map_or(u64::MAX / 4, |words| {
+            // Run `k` is chunk `k % kc`; chunk 0 has no partial-in.
+            crate::supervisor_cycles(t, &words, |run| {
+                if (run as u32).is_multiple_of(kc.max(1)) {
+                    zeros.clone()
+                } else {
+                    partials.clone()
+                }
+            })
+        });
+    if let Ok(mut w) = WALKS.lock() {
+        w.insert(key, c);
+    }
+    c
 }
 
 /// Packs a row-major `[16*kc, 16*nb]` weight matrix into the `[nb][kc][16][16]` order

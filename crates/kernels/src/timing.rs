@@ -93,7 +93,7 @@ pub(crate) fn supervisor_cycles(
 }
 
 /// Word index of a branch target, given that snippets are laid out from address
-/// 0 in the estimate (see [`crate::estimate_base`]).
+/// [`crate::ESTIMATE_CODE_BASE`] in the estimate.
 fn index_of(words: &[Word], target: u32) -> usize {
     let mut addr = crate::ESTIMATE_CODE_BASE;
     for (i, w) in words.iter().enumerate() {

@@ -72,6 +72,12 @@ fn matmul_matches_reference() {
         (6, 5, 1),
         (100, 2, 2),
         (5, 16, 1),
+        (24, 3, 3),
+        (36, 4, 2),
+        (13, 4, 3),
+        (12, 1, 3),
+        (8, 3, 2),
+        (804, 1, 1),
     ];
     for (seed, &(rows, kc, nb)) in shapes.iter().enumerate() {
         let k = AmpMatmul::new(rows, kc, nb);
