@@ -17,6 +17,13 @@
 //!
 //! The result is the head-padded context `[batch * tq, heads * dp]` in block
 //! layout, ready for the output projection.
+//!
+//! A single query (the pooling head's probe) would leave all but one tile of a
+//! group idle, one worker running the whole softmax row. There the keys are cut
+//! over the group instead (`single_query`): each member scores its run of keys,
+//! the run maxima are exchanged, each member exponentiates with the row's maximum
+//! and multiplies by its run of values, and member 0 adds the partial products and
+//! divides by the summed denominators (`row_max`, `exp_shift`, `reduce_norm`).
 
 use tessera_kernels::{
     AmpMatmul, BlocksToRows, ExpShift, Rearrange, ReduceNorm, RowMax, Softmax, TransposeBlocks,
