@@ -47,10 +47,15 @@ pub struct Softmax {
     pub ld: u32,
     /// Multiplies every score before the exponential; `0 < scale <= 16`.
     pub scale: f32,
+    /// Leave the normalisation to the caller: `out` gets the exponentials `e` (pass 3
+    /// is not run) and the operand `recip` each row's `1/sum` as f32. A caller whose
+    /// next step is `P V` scales its few output rows instead of every probability
+    /// (`ScaleRows`).
+    pub recip: bool,
 }
 
-/// A worker record: `in` row, `out` row, rows, `scale`, `-scale`, a spare word, then
-/// the last group's mask (four f16 lanes) at byte 24 for one `ld64`.
+/// A worker record: `in` row, `out` row, rows, `scale`, `-scale`, the `recip` row
+/// (with `recip`; otherwise unused), then the last group's mask (four f16 lanes) at byte 24 for one `ld64`.
 const STRIDE: u16 = 32;
 /// `ld64` offset (in 8-byte units) of the mask in a record.
 const MASK_AT: u16 = 3;
@@ -88,6 +93,7 @@ const PAD_GROUPS: MReg = MReg(9); // Z: zero groups stored after a row
 const C_BITS: MReg = MReg(10); // C, re-broadcast into the argument pairs
 const PASS2_REPEATS: MReg = MReg(11);
 const ROW_BYTES: MReg = MReg(12); // 2 ld
+const RECIP: MReg = MReg(13); // with `recip`: where the row's 1/sum goes
 
 /// One issue: a main-pipe instruction, an aux-pipe instruction, or both (a bundle).
 #[derive(Debug, Clone, Copy)]
@@ -253,12 +259,27 @@ impl Softmax {
             n,
             ld: n.next_multiple_of(4),
             scale,
+            recip: false,
         }
     }
 
     /// Rows `ld` elements apart (a multiple of 4, at least `n`).
     pub fn with_ld(rows: u32, n: u32, ld: u32, scale: f32) -> Softmax {
-        Softmax { rows, n, ld, scale }
+        Softmax {
+            rows,
+            n,
+            ld,
+            scale,
+            recip: false,
+        }
+    }
+
+    /// The same softmax with the normalisation left to the caller (`recip`).
+    pub fn with_recip(self) -> Softmax {
+        Softmax {
+            recip: true,
+            ..self
+        }
     }
 
     /// 4-element groups per row, the last one possibly partial.
@@ -298,12 +319,21 @@ impl Softmax {
     /// Worker issues of one row (closed form of the emitted code; `Tally` checks it).
     pub(crate) fn row_issues(&self) -> u64 {
         let (g, z) = (u64::from(self.groups()), u64::from(self.pad_groups()));
-        19 * g + 15 + 2 * u64::from(self.masked()) + if z > 0 { z + 1 } else { 0 }
+        let m = u64::from(self.masked());
+        if self.recip {
+            // Passes 1 and 2, the last group's end, the sum and its reciprocal stored,
+            // the row bookkeeping beside them, the padding.
+            13 * g + 14 + 3 * m + if z > 0 { z + 2 } else { 0 }
+        } else {
+            19 * g + 15 + 2 * m + if z > 0 { z + 1 } else { 0 }
+        }
     }
 
     /// Worker issues before the row loop.
     pub(crate) fn setup_issues(&self) -> u64 {
-        11 + if self.pad_groups() > 0 { 2 } else { 0 } + u64::from(self.masked())
+        11 + if self.pad_groups() > 0 { 2 } else { 0 }
+            + u64::from(self.masked())
+            + u64::from(self.recip)
     }
 
     /// Issues of a worker without rows (load the count, branch, `exit`).
@@ -385,6 +415,9 @@ impl Softmax {
         setup.push(mi(mov(WR, OUT)));
         if masked {
             setup.push(mi(ld64(W, m(0), MASK_AT)));
+        }
+        if self.recip {
+            setup.push(mi(ld32m(RECIP, m(0), 5)));
         }
         block(&mut s, &setup, End::Any);
         let setup = s.len() as u64;
@@ -468,6 +501,24 @@ impl Softmax {
         } else {
             Vec::new()
         };
+        if self.recip {
+            self.recip_row_end(&mut s, tail);
+            if z > 0 {
+                repeat(&mut s, PAD_GROUPS, z, &[mi(st64s(X, WR.0))], End::Any);
+            }
+            s.brnz(ROWS, row);
+            let per_row = (s.len() as i64 - row_start + repeated) as u64;
+            s.bind(done);
+            s.i(Inst::Exit);
+            return Ok((
+                s.finish(),
+                Tally {
+                    setup,
+                    per_row,
+                    idle,
+                },
+            ));
+        }
         tail.extend([
             ai(exp(D0)),
             ai(exp(D0 + 1)),
@@ -534,6 +585,62 @@ impl Softmax {
         ))
     }
 
+    /// With `recip`, the end of a row after pass 2's repeat: `tail` (a masked last
+    /// group), the last group's exponentials, sums and store, then `1/sum` stored
+    /// beside the row bookkeeping. The padding groups follow, zeroed through pass 2's
+    /// write pointer, which thereby ends at the next row.
+    fn recip_row_end(&self, s: &mut Asm, mut tail: Vec<Issue>) {
+        let z = self.pad_groups();
+        tail.extend([
+            ai(exp(D0)),
+            ai(exp(D0 + 1)),
+            ai(exp(D1)),
+            ai(exp(D1 + 1)),
+            ai(add2(S1, D0)),
+            ai(to_f16(W, D0)),
+            ai(add2(S2, D1)),
+            ai(to_f16(W + 1, D1)),
+            bi(st64s(W, WR.0), add2(S1, S2)),
+        ]);
+        // Main-pipe work in order; the store of `1/sum` comes third or later, after
+        // the reciprocal's issue (the second aux-pipe instruction).
+        let mut main = vec![inti(IntOp::Sub, ROWS, ROWS, 1)];
+        if z > 0 {
+            main.push(int(IntOp::Add, IN, IN, PAD_BYTES));
+        }
+        main.push(mov(RD, IN));
+        if self.masked() {
+            // `W` is free once the last group is stored.
+            main.push(ld64(W, m(0), MASK_AT));
+        }
+        main.push(Inst::St32 {
+            s: a(S2),
+            base: RECIP,
+            imm: 0,
+        });
+        main.push(inti(IntOp::Add, RECIP, RECIP, 4));
+        let mut aux = vec![
+            Inst::FSum {
+                vec: FVec::F32V2,
+                d: a(S2),
+                a: a(S1),
+            },
+            fun(FUnOp::Recip, S2, S2),
+        ];
+        if z > 0 {
+            aux.push(bcast2(X, AZ));
+        }
+        for i in 0..main.len().max(aux.len()) {
+            tail.push(match (main.get(i), aux.get(i)) {
+                (Some(&mi_), Some(&ax)) => bi(mi_, ax),
+                (Some(&mi_), None) => mi(mi_),
+                (None, Some(&ax)) => ai(ax),
+                (None, None) => unreachable!(),
+            });
+        }
+        block(s, &tail, End::Any);
+    }
+
     /// The tally of the emitted code (tests compare it with the closed form).
     #[cfg(test)]
     pub(crate) fn tally(&self) -> Result<Tally, KernelError> {
@@ -543,7 +650,14 @@ impl Softmax {
 
 impl Kernel for Softmax {
     fn symbol(&self) -> String {
-        format!("{}_r{}_n{}_ld{}", Self::NAME, self.rows, self.n, self.ld)
+        let mode = if self.recip { "_exp" } else { "" };
+        format!(
+            "{}{mode}_r{}_n{}_ld{}",
+            Self::NAME,
+            self.rows,
+            self.n,
+            self.ld
+        )
     }
 
     fn validate(&self) -> Result<(), KernelError> {
@@ -584,10 +698,16 @@ impl Kernel for Softmax {
         let bytes = self.rows * self.ld * 2;
         simple_contract(
             self,
-            vec![
+            [
                 Operand::new("in", Role::Input, bytes, 8),
                 Operand::new("out", Role::Output, bytes, 8),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                self.recip
+                    .then(|| Operand::new("recip", Role::Output, self.rows * 4, 8)),
+            )
+            .collect(),
             u32::from(STRIDE) * WORKERS,
         )
     }
@@ -597,6 +717,11 @@ impl Kernel for Softmax {
         let name = self.symbol();
         let inp = operand(addrs, &name, "in")?;
         let out = operand(addrs, &name, "out")?;
+        let recip = if self.recip {
+            operand(addrs, &name, "recip")?
+        } else {
+            0
+        };
         let row_bytes = self.ld * 2;
         let mask = self.mask();
         let mut buf = StateBuf::default();
@@ -606,7 +731,7 @@ impl Kernel for Softmax {
                 .u32(r)
                 .f32(self.scale * crate::mutation::factor("softmax"))
                 .f32(-self.scale * crate::mutation::factor("softmax"))
-                .u32(0)
+                .u32(recip + 4 * r0)
                 .u32(mask as u32)
                 .u32((mask >> 32) as u32)
                 .pad_to((i + 1) * usize::from(STRIDE));
@@ -642,6 +767,7 @@ mod tests {
             for extra in [0, 4, 12, 28] {
                 let ld = n.next_multiple_of(4) + extra;
                 v.push(Softmax::with_ld(7, n, ld, 0.125));
+                v.push(Softmax::with_ld(7, n, ld, 0.125).with_recip());
             }
         }
         v

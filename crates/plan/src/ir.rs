@@ -9,7 +9,7 @@ use std::fmt;
 use serde::Serialize;
 use tessera_kernels::{
     Add, AddBias, AmpMatmul, BlocksToRows, Contract, ExpShift, Gelu, Kernel, LayerNorm, MemClass,
-    Rearrange, ReduceAdd, ReduceNorm, RowMax, Softmax, TransposeBlocks, ZeroFill,
+    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleRows, Softmax, TransposeBlocks, ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -79,6 +79,7 @@ pub enum KernelKind {
     RowMax(RowMax),
     ExpShift(ExpShift),
     ReduceNorm(ReduceNorm),
+    ScaleRows(ScaleRows),
 }
 
 impl KernelKind {
@@ -98,6 +99,7 @@ impl KernelKind {
             KernelKind::RowMax(k) => k,
             KernelKind::ExpShift(k) => k,
             KernelKind::ReduceNorm(k) => k,
+            KernelKind::ScaleRows(k) => k,
         }
     }
     pub fn contract(&self) -> Contract {
@@ -130,6 +132,7 @@ kernel_kind_from!(
     RowMax => RowMax,
     ExpShift => ExpShift,
     ReduceNorm => ReduceNorm,
+    ScaleRows => ScaleRows,
 );
 
 /// A place inside a buffer.

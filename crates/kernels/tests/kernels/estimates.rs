@@ -2,7 +2,7 @@
 
 use tessera_kernels::{
     Add, AddBias, AmpMatmul, BlocksToRows, ExpShift, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd,
-    ReduceNorm, RowMax, Softmax, TransposeBlocks, ZeroFill,
+    ReduceNorm, RowMax, ScaleRows, Softmax, TransposeBlocks, ZeroFill,
 };
 
 use crate::harness::{layout, run};
@@ -125,9 +125,13 @@ fn estimates_track_simulation() {
         (12, 729, 732),
     ] {
         check(&Softmax::with_ld(r, n, ld, 0.125));
+        check(&Softmax::with_ld(r, n, ld, 0.125).with_recip());
     }
     for (r, nb) in [(1, 1), (5, 2), (13, 3), (32, 46), (100, 4)] {
         check_exact(&BlocksToRows::new(r, nb));
+    }
+    for (r, nb) in [(1, 1), (5, 2), (16, 5), (32, 5), (7, 46)] {
+        check_exact(&ScaleRows::new(r, nb));
     }
     for (kc, tb) in [(1, 1), (1, 7), (2, 3), (3, 13), (5, 46)] {
         check_exact(&TransposeBlocks::new(kc, tb));

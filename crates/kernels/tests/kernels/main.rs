@@ -9,5 +9,6 @@ mod layernorm;
 mod layouts;
 mod matmul;
 mod rearrange;
+mod scale_rows;
 mod softmax;
 mod split_softmax;

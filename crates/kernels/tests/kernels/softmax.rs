@@ -141,6 +141,56 @@ fn softmax_matches_reference() {
     }
 }
 
+/// With `recip`, `out` holds the exponentials and `recip` each row's `1/sum`: their
+/// product is the softmax within the same bound (less the final rounding, which the
+/// caller's scaling does), and the padding columns are `+0`.
+#[test]
+fn recip_leaves_the_normalisation_to_the_caller() {
+    let cases: [(u32, u32, u32, f32, f32); 7] = [
+        (1, 1, 4, 1.0, 4.0),
+        (5, 3, 4, 1.0, 6.0),
+        (7, 5, 8, 1.0, 3.0),
+        (3, 13, 16, 2.0, 20.0),
+        (12, 196, 196, 0.125, 8.0),
+        (16, 729, 736, 0.117_851_13, 12.0),
+        (32, 729, 736, 0.117_851_13, 40.0),
+    ];
+    for (seed, &(rows, n, ld, scale, spread)) in cases.iter().enumerate() {
+        let k = Softmax::with_ld(rows, n, ld, scale).with_recip();
+        let x = scores(1300 + seed as u64, (rows * n) as usize, spread / scale, 1.0);
+        let addrs = layout(&k);
+        let inputs = vec![("in", f16_bytes(&padded(&k, &x))), ("out", garbage_out(&k))];
+        let out = run(&k, &addrs, &inputs);
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let (n, ld) = (n as usize, ld as usize);
+        let e = out.read_f16("out", rows as usize * ld);
+        let recip: Vec<f32> = out
+            .read("recip", rows * 4)
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for (r, row) in x.chunks(n).enumerate() {
+            let want = reference(row, k.scale);
+            let g = &e[r * ld..(r + 1) * ld];
+            for (c, (&ev, &w)) in g.iter().zip(&want).enumerate() {
+                let p = ev.to_f64() * f64::from(recip[r]);
+                let err = (p - w).abs();
+                assert!(
+                    err <= tolerance(w, k.n),
+                    "{}: row {r} column {c}: e {ev} x 1/sum {} = {p}, want {w}",
+                    k.symbol(),
+                    recip[r]
+                );
+                assert!(ev.to_f64() <= 1.04, "{}: e above 1", k.symbol());
+            }
+            for (c, v) in g.iter().enumerate().skip(n) {
+                assert_eq!(v.to_bits(), 0, "{}: row {r} padding column {c}", k.symbol());
+            }
+        }
+    }
+}
+
 /// Many rows at SigLIP So400m's shape: the measured worst error quoted in
 /// docs/kernels.md, against the bound's ~1.5 ulp.
 #[test]

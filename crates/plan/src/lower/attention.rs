@@ -9,11 +9,13 @@
 //!   block layout (both straight from the projections' blocks);
 //! - compute: zero the key rows past the last token (the key dimension is padded to
 //!   16), transpose the key blocks into the AMP weight layout (`K^T`);
-//! - compute: scores on the AMP, to row-major, softmax (f32, row maximum
-//!   subtracted, padding columns written as zeros), back to chunk-major;
+//! - compute: scores on the AMP, to row-major, the softmax's exponentials (f32,
+//!   row maximum subtracted, padding columns written as zeros) and each row's
+//!   `1/sum`, back to chunk-major;
 //! - exchange: the head's values, whose block layout is the AMP weight layout of
 //!   `P V` as it stands;
-//! - compute: zero the value rows past the last token, `P V` on the AMP.
+//! - compute: zero the value rows past the last token, `e V` on the AMP, each
+//!   context row scaled by its `1/sum` (16 x `dp` products a row instead of `tk`).
 //!
 //! The result is the head-padded context `[batch * tq, heads * dp]` in block
 //! layout, ready for the output projection.
@@ -26,8 +28,8 @@
 //! divides by the summed denominators (`row_max`, `exp_shift`, `reduce_norm`).
 
 use tessera_kernels::{
-    AmpMatmul, BlocksToRows, ExpShift, Rearrange, ReduceNorm, RowMax, Softmax, TransposeBlocks,
-    ZeroFill,
+    AmpMatmul, BlocksToRows, ExpShift, Rearrange, ReduceNorm, RowMax, ScaleRows, Softmax,
+    TransposeBlocks, ZeroFill,
 };
 
 use crate::PlanError;
@@ -67,6 +69,9 @@ struct RowWork {
     w1: BufId,
     s_blk: BufId,
     s_rm: BufId,
+    /// Each query row's `1/sum`, f32: the softmax leaves the normalisation to the
+    /// context rows.
+    recip: BufId,
     v_w: BufId,
     ctx: BufId,
 }
@@ -142,6 +147,7 @@ pub(crate) fn attention(
                     w1: blk("kt", tp * op.dp * 2),
                     s_blk: blk("scores.amp", rows * tp * 2),
                     s_rm: blk("scores", rows * tp * 2),
+                    recip: blk("recip", rows * 4),
                     v_w: blk("v", tp * op.dp * 2),
                     ctx: blk("ctx", rows * op.dp * 2),
                 });
@@ -333,8 +339,12 @@ pub(crate) fn attention(
         lw.call(
             w.tile,
             step,
-            Softmax::with_ld(w.rows, op.t, tp, op.scale),
-            &[("in", at(w.s_rm)), ("out", at(w.s_rm))],
+            Softmax::with_ld(w.rows, op.t, tp, op.scale).with_recip(),
+            &[
+                ("in", at(w.s_rm)),
+                ("out", at(w.s_rm)),
+                ("recip", at(w.recip)),
+            ],
         );
         let mut re = Rearrange::new(w.rows, tp);
         if let Some(al) = lw.opts.rearrange_declared_align {
@@ -387,6 +397,12 @@ pub(crate) fn attention(
             at(w.s_blk),
             at(w.v_w),
             at(w.ctx),
+        );
+        lw.call(
+            w.tile,
+            step,
+            ScaleRows::new(w.rows, kc),
+            &[("x", at(w.ctx)), ("f", at(w.recip))],
         );
         let r = w.b * op.tq + w.r0;
         for c in 0..kc {
