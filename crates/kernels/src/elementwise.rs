@@ -33,11 +33,14 @@ pub struct AddBias {
     pub n: u32,
 }
 
-/// `out = sum over i < k of in[i]`, `in` is `[k][n]` f16, accumulated in f32.
+/// `out = sum over i < k of in[i]`, `in` is `[k][n]` f16, accumulated in f32; with
+/// `addend`, `+ b` (`n` f16, a linear's bias slab) in the same f32 sum, so the
+/// separate `add` and its rounding go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReduceAdd {
     pub k: u32,
     pub n: u32,
+    pub addend: bool,
 }
 
 /// `out = (sum over i < k of in[i]) / (sum over i < k of sums[i])`: `in` is
@@ -64,7 +67,19 @@ impl AddBias {
 impl ReduceAdd {
     pub const NAME: &'static str = "reduce_add_f16";
     pub fn new(k: u32, n: u32) -> ReduceAdd {
-        ReduceAdd { k, n }
+        ReduceAdd {
+            k,
+            n,
+            addend: false,
+        }
+    }
+
+    /// The same reduction with the operand `b` added in.
+    pub fn with_addend(self) -> ReduceAdd {
+        ReduceAdd {
+            addend: true,
+            ..self
+        }
     }
 }
 
@@ -249,7 +264,8 @@ impl Kernel for AddBias {
 
 impl Kernel for ReduceAdd {
     fn symbol(&self) -> String {
-        format!("{}_k{}_n{}", Self::NAME, self.k, self.n)
+        let b = if self.addend { "_b" } else { "" };
+        format!("{}_k{}_n{}{b}", Self::NAME, self.k, self.n)
     }
     fn validate(&self) -> Result<(), KernelError> {
         let name = self.symbol();
@@ -260,25 +276,34 @@ impl Kernel for ReduceAdd {
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         code(self, code_base, || {
-            reduce_code(code_base, None, wide(self.n))
+            reduce_code(code_base, None, wide(self.n), self.addend)
         })
     }
     fn contract(&self) -> Contract {
-        simple_contract(
-            self,
-            vec![
-                reduce_input(self.k, self.n),
-                Operand::new("out", Role::Output, self.n * 2, 8),
-            ],
-            u32::from(STRIDE) * WORKERS,
-        )
+        let mut ops = vec![
+            reduce_input(self.k, self.n),
+            Operand::new("out", Role::Output, self.n * 2, 8),
+        ];
+        if self.addend {
+            // Read like one more partial: 128 bits at a time on the wide path.
+            let mut b = reduce_input(1, self.n);
+            b.name = "b".into();
+            ops.push(b);
+        }
+        simple_contract(self, ops, u32::from(STRIDE) * WORKERS)
     }
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
         self.validate()?;
-        reduce_state(&self.symbol(), self.k, self.n, addrs, false)
+        reduce_state(
+            &self.symbol(),
+            self.k,
+            self.n,
+            addrs,
+            Extra::addend(self.addend),
+        )
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        reduce_cycles(t, self.k, self.n, false)
+        reduce_cycles(t, self.k, self.n, false, self.addend)
     }
 }
 
@@ -295,7 +320,7 @@ impl Kernel for ReduceNorm {
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         code(self, code_base, || {
-            reduce_code(code_base, Some(self.k), wide(self.n))
+            reduce_code(code_base, Some(self.k), wide(self.n), false)
         })
     }
     fn contract(&self) -> Contract {
@@ -311,10 +336,10 @@ impl Kernel for ReduceNorm {
     }
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
         self.validate()?;
-        reduce_state(&self.symbol(), self.k, self.n, addrs, true)
+        reduce_state(&self.symbol(), self.k, self.n, addrs, Extra::Sums)
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        reduce_cycles(t, self.k, self.n, true)
+        reduce_cycles(t, self.k, self.n, true, false)
     }
 }
 
@@ -332,17 +357,38 @@ fn reduce_input(k: u32, n: u32) -> Operand {
     }
 }
 
+/// What a reduction's records carry besides the partials: `reduce_norm`'s
+/// denominators, or the addend `b` (as its distance from `in`, the same for every
+/// worker since both advance by the worker's first column).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Extra {
+    None,
+    Sums,
+    Addend,
+}
+
+impl Extra {
+    fn addend(yes: bool) -> Extra {
+        if yes { Extra::Addend } else { Extra::None }
+    }
+}
+
 fn reduce_state(
     name: &str,
     k: u32,
     n: u32,
     addrs: &OperandAddrs,
-    norm: bool,
+    extra: Extra,
 ) -> Result<VertexState, KernelError> {
     let inp = operand(addrs, name, "in")?;
     let out = operand(addrs, name, "out")?;
-    let sums = if norm {
+    let sums = if extra == Extra::Sums {
         operand(addrs, name, "sums")?
+    } else {
+        0
+    };
+    let addend = if extra == Extra::Addend {
+        operand(addrs, name, "b")?.wrapping_sub(inp)
     } else {
         0
     };
@@ -355,6 +401,7 @@ fn reduce_state(
             .u32(k - 1)
             .u32(u32::from(tail))
             .u32(sums)
+            .u32(addend)
             .pad_to((i + 1) * usize::from(STRIDE));
     }
     Ok(buf.finish(STRIDE))
@@ -363,7 +410,10 @@ fn reduce_state(
 /// Worker issues as [`reduce_code`] emits them; `norm` adds the denominator's sum
 /// (pairs, an odd last one, the pair reduction and `1/x` with its broadcast, the
 /// reciprocal holding extra slots) and two products per half octet.
-fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool) -> u64 {
+/// `addend` adds its pointer's load and an alignment `nop` once, and per octet the
+/// addend's address, load and accumulate (two issues wide, three otherwise; three in
+/// the tail).
+fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addend: bool) -> u64 {
     let k64 = u64::from(k);
     let scaled = u64::from(norm);
     let prologue = if norm {
@@ -377,9 +427,18 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool) -> u64 {
     crate::single_shot_cycles(
         t,
         reduce_split(n).into_iter().map(|(_, o, tail)| {
-            let tail = if tail { 2 * k64 + 9 + 2 * scaled } else { 1 };
+            let b = u64::from(addend);
+            let tail = if tail {
+                2 * k64 + 9 + 2 * scaled + 3 * b
+            } else {
+                1
+            };
             let per_partial = if wide(n) { 2 } else { 3 };
-            8 + prologue + u64::from(o) * (per_partial * k64 + 14 + 4 * scaled) + tail
+            let per_addend = if wide(n) { 2 } else { 3 };
+            8 + prologue
+                + 2 * b
+                + u64::from(o) * (per_partial * k64 + 14 + 4 * scaled + per_addend * b)
+                + tail
         }),
     )
 }
@@ -408,7 +467,7 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
 /// When every octet start is 16-byte aligned (`wide`: `n % 8 == 0`, and the contract
 /// asks for a 16-byte aligned `in` in interleaved memory), a partial's octet is one
 /// `ld128`, so a partial costs two issues per eight columns instead of three.
-fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool) -> Vec<Word> {
+fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool, addend: bool) -> Vec<Word> {
     let ld128 = || Inst::Ld128 {
         d: a(0),
         base: m(5),
@@ -438,6 +497,13 @@ fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool) -> Vec<Word> {
     s.i(ld32m(m(6), m(0), 3)); // partial stride (bytes)
     s.i(ld32m(m(7), m(0), 4)); // k - 1
     s.i(ld32m(m(9), m(0), 5)); // trailing group of 4
+    if addend {
+        s.i(ld32m(m(12), m(0), 7)); // b - in
+        // The octet loop's bundles stay aligned: one issue here, not one per octet.
+        if !s.at().is_multiple_of(8) {
+            s.i(Inst::Nop);
+        }
+    }
     if let Some(k) = norm {
         s.i(ld32m(m(10), m(0), 6)); // denominators
         s.i(ld64s(8, 10));
@@ -502,6 +568,32 @@ fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool) -> Vec<Word> {
             b.i(int(IntOp::Add, m(5), m(5), m(6)));
         }
     });
+    if addend {
+        // The last partial is accumulated while the addend's address is formed;
+        // the addend then goes in as one more partial.
+        s.b(int(IntOp::Add, m(11), m(4), m(12)), acc8);
+        if wide {
+            s.b(
+                Inst::Ld128 {
+                    d: a(0),
+                    base: m(11),
+                    imm: 0,
+                },
+                crate::asm::AUX_NOP,
+            );
+        } else {
+            s.i(Inst::Ld64 {
+                d: a(0),
+                base: m(11),
+                imm: 0,
+            });
+            s.i(Inst::Ld64 {
+                d: a(2),
+                base: m(11),
+                imm: 1,
+            });
+        }
+    }
     s.b(inti(IntOp::Add, m(4), m(4), 16), acc8);
     s.b(inti(IntOp::Sub, m(8), m(8), 1), gina(4));
     s.i(gina(6));
@@ -524,6 +616,15 @@ fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool) -> Vec<Word> {
         b.b(ld(0, 0), acc4);
         b.i(int(IntOp::Add, m(5), m(5), m(6)));
     });
+    if addend {
+        s.i(int(IntOp::Add, m(11), m(4), m(12)));
+        s.i(acc4);
+        s.i(Inst::Ld64 {
+            d: a(0),
+            base: m(11),
+            imm: 0,
+        });
+    }
     s.i(acc4);
     s.i(gina(4));
     s.i(gina(6));

@@ -69,6 +69,44 @@ fn add_bias_matches_reference() {
     }
 }
 
+/// With an addend, `b` goes into the same f32 sum after the partials: one rounding,
+/// bit-exact against that order, on the wide (n % 8 == 0) and narrow paths and with
+/// the last worker's trailing group of 4.
+#[test]
+fn reduce_add_with_addend_matches_reference() {
+    for (seed, &(kk, n)) in [
+        (2u32, 4u32),
+        (3, 28),
+        (6, 5184),
+        (9, 100),
+        (17, 1680),
+        (8, 12),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let k = ReduceAdd::new(kk, n).with_addend();
+        let mut r = rng(650 + seed as u64);
+        let x = random_f16(&mut r, (kk * n) as usize, 30.0);
+        let b = random_f16(&mut r, n as usize, 4.0);
+        let out = run(
+            &k,
+            &layout(&k),
+            &[("in", f16_bytes(&x)), ("b", f16_bytes(&b))],
+        );
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let n = n as usize;
+        let want: Vec<f16> = (0..n)
+            .map(|c| {
+                let s = (0..kk as usize).fold(0f32, |s, i| s + x[i * n + c].to_f32());
+                f16::from_f32(s + b[c].to_f32())
+            })
+            .collect();
+        assert_eq!(out.read_f16("out", n), want, "{}", k.symbol());
+    }
+}
+
 #[test]
 fn reduce_add_matches_reference() {
     for (seed, &(kk, n)) in [(2u32, 4u32), (3, 28), (5, 1152), (8, 100), (17, 12)]

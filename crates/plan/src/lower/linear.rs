@@ -430,19 +430,6 @@ fn one_pass(
             buf: p_bufs[&(i, j, l)],
             offset: 0,
         };
-        let y = if pk > 1 {
-            let y = lw.buffer(tile, format!("{name}.out"), elems * 2, Category::Activation);
-            let y = Loc { buf: y, offset: 0 };
-            lw.call(
-                tile,
-                step,
-                ReduceAdd::new(pk, elems),
-                &[("in", p), ("out", y)],
-            );
-            y
-        } else {
-            p
-        };
         let (b0, nb) = g.blocks[l];
         let value = |r: u32, q: u32, c: u32| {
             let local = j as u32 * slab + q;
@@ -452,10 +439,18 @@ fn one_pass(
                 0.0
             }
         };
-        // A whole-slab bias is one fast `add`; a 16-wide row per block is a call
-        // per block but far fewer bytes. A per-row constant (the position
-        // embedding) needs the whole slab.
-        if op.per_row || elems * 2 <= lw.opts.slab_bias_bytes {
+        // A whole-slab bias goes into the reduction's sum (or is one fast `add`
+        // when there is nothing to reduce); a 16-wide row per block is a call per
+        // block but far fewer bytes. A per-row constant (the position embedding)
+        // needs the whole slab.
+        let slab_bias = op.per_row || elems * 2 <= lw.opts.slab_bias_bytes;
+        let y = if pk > 1 {
+            let y = lw.buffer(tile, format!("{name}.out"), elems * 2, Category::Activation);
+            Loc { buf: y, offset: 0 }
+        } else {
+            p
+        };
+        if slab_bias {
             let key = (tile, rows, if op.per_row { base } else { 0 });
             let bias = match consts.bias.get(&key) {
                 Some(&b) => b,
@@ -472,23 +467,34 @@ fn one_pass(
                     b
                 }
             };
-            lw.call(
-                tile,
-                step,
-                tessera_kernels::Add::new(elems),
-                &[
-                    ("a", y),
-                    (
-                        "b",
-                        Loc {
-                            buf: bias,
-                            offset: 0,
-                        },
-                    ),
-                    ("out", y),
-                ],
-            );
+            let b = Loc {
+                buf: bias,
+                offset: 0,
+            };
+            if pk > 1 {
+                lw.call(
+                    tile,
+                    step,
+                    ReduceAdd::new(pk, elems).with_addend(),
+                    &[("in", p), ("b", b), ("out", y)],
+                );
+            } else {
+                lw.call(
+                    tile,
+                    step,
+                    tessera_kernels::Add::new(elems),
+                    &[("a", y), ("b", b), ("out", y)],
+                );
+            }
         } else {
+            if pk > 1 {
+                lw.call(
+                    tile,
+                    step,
+                    ReduceAdd::new(pk, elems),
+                    &[("in", p), ("out", y)],
+                );
+            }
             // One 16-wide bias row per block, broadcast over the block's rows.
             let key = (tile, 0, u32::MAX);
             let bias = match consts.bias.get(&key) {
