@@ -34,13 +34,14 @@ pub struct AddBias {
 }
 
 /// `out = sum over i < k of in[i]`, `in` is `[k][n]` f16, accumulated in f32; with
-/// `addend`, `+ b` (`n` f16, a linear's bias slab) in the same f32 sum, so the
-/// separate `add` and its rounding go.
+/// addends, `+ b` (`n` f16, a linear's bias slab) and then `+ c` (a residual) in the
+/// same f32 sum, so the separate `add`s and their roundings go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReduceAdd {
     pub k: u32,
     pub n: u32,
-    pub addend: bool,
+    /// 0, 1 (`b`) or 2 (`b` and `c`).
+    pub addends: u8,
 }
 
 /// `out = (sum over i < k of in[i]) / (sum over i < k of sums[i])`: `in` is
@@ -67,19 +68,17 @@ impl AddBias {
 impl ReduceAdd {
     pub const NAME: &'static str = "reduce_add_f16";
     pub fn new(k: u32, n: u32) -> ReduceAdd {
-        ReduceAdd {
-            k,
-            n,
-            addend: false,
-        }
+        ReduceAdd { k, n, addends: 0 }
     }
 
     /// The same reduction with the operand `b` added in.
     pub fn with_addend(self) -> ReduceAdd {
-        ReduceAdd {
-            addend: true,
-            ..self
-        }
+        ReduceAdd { addends: 1, ..self }
+    }
+
+    /// The same reduction with the operands `b` and `c` added in, in that order.
+    pub fn with_addends(self) -> ReduceAdd {
+        ReduceAdd { addends: 2, ..self }
     }
 }
 
@@ -264,7 +263,7 @@ impl Kernel for AddBias {
 
 impl Kernel for ReduceAdd {
     fn symbol(&self) -> String {
-        let b = if self.addend { "_b" } else { "" };
+        let b = ["", "_b", "_bc"][usize::from(self.addends.min(2))];
         format!("{}_k{}_n{}{b}", Self::NAME, self.k, self.n)
     }
     fn validate(&self) -> Result<(), KernelError> {
@@ -272,11 +271,14 @@ impl Kernel for ReduceAdd {
         if self.k < 2 || self.k - 1 > RPT_MAX {
             return Err(invalid(&name, "k must be 2..=4096 (k = 1 is a copy)"));
         }
+        if self.addends > 2 {
+            return Err(invalid(&name, "at most two addends"));
+        }
         check_columns(&name, self.k, self.n)
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         code(self, code_base, || {
-            reduce_code(code_base, None, wide(self.n), self.addend)
+            reduce_code(code_base, None, wide(self.n), self.addends)
         })
     }
     fn contract(&self) -> Contract {
@@ -284,10 +286,10 @@ impl Kernel for ReduceAdd {
             reduce_input(self.k, self.n),
             Operand::new("out", Role::Output, self.n * 2, 8),
         ];
-        if self.addend {
-            // Read like one more partial: 128 bits at a time on the wide path.
+        // Read like more partials: 128 bits at a time on the wide path.
+        for name in ["b", "c"].into_iter().take(usize::from(self.addends)) {
             let mut b = reduce_input(1, self.n);
-            b.name = "b".into();
+            b.name = name.into();
             ops.push(b);
         }
         simple_contract(self, ops, u32::from(STRIDE) * WORKERS)
@@ -299,11 +301,11 @@ impl Kernel for ReduceAdd {
             self.k,
             self.n,
             addrs,
-            Extra::addend(self.addend),
+            Extra::Addends(self.addends),
         )
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        reduce_cycles(t, self.k, self.n, false, self.addend)
+        reduce_cycles(t, self.k, self.n, false, self.addends)
     }
 }
 
@@ -320,7 +322,7 @@ impl Kernel for ReduceNorm {
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         code(self, code_base, || {
-            reduce_code(code_base, Some(self.k), wide(self.n), false)
+            reduce_code(code_base, Some(self.k), wide(self.n), 0)
         })
     }
     fn contract(&self) -> Contract {
@@ -339,7 +341,7 @@ impl Kernel for ReduceNorm {
         reduce_state(&self.symbol(), self.k, self.n, addrs, Extra::Sums)
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        reduce_cycles(t, self.k, self.n, true, false)
+        reduce_cycles(t, self.k, self.n, true, 0)
     }
 }
 
@@ -358,19 +360,13 @@ fn reduce_input(k: u32, n: u32) -> Operand {
 }
 
 /// What a reduction's records carry besides the partials: `reduce_norm`'s
-/// denominators, or the addend `b` (as its distance from `in`, the same for every
-/// worker since both advance by the worker's first column).
+/// denominators (word 6), or the addends (`b` in word 7, `c` in word 6, each as its
+/// distance from `in`, the same for every worker since all advance by the worker's
+/// first column).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Extra {
-    None,
     Sums,
-    Addend,
-}
-
-impl Extra {
-    fn addend(yes: bool) -> Extra {
-        if yes { Extra::Addend } else { Extra::None }
-    }
+    Addends(u8),
 }
 
 fn reduce_state(
@@ -382,15 +378,12 @@ fn reduce_state(
 ) -> Result<VertexState, KernelError> {
     let inp = operand(addrs, name, "in")?;
     let out = operand(addrs, name, "out")?;
-    let sums = if extra == Extra::Sums {
-        operand(addrs, name, "sums")?
-    } else {
-        0
-    };
-    let addend = if extra == Extra::Addend {
-        operand(addrs, name, "b")?.wrapping_sub(inp)
-    } else {
-        0
+    let distance = |op: &str| Ok::<u32, KernelError>(operand(addrs, name, op)?.wrapping_sub(inp));
+    let (word6, word7) = match extra {
+        Extra::Sums => (operand(addrs, name, "sums")?, 0),
+        Extra::Addends(0) => (0, 0),
+        Extra::Addends(1) => (0, distance("b")?),
+        Extra::Addends(_) => (distance("c")?, distance("b")?),
     };
     let mut buf = StateBuf::default();
     for (i, (o0, o, tail)) in reduce_split(n).into_iter().enumerate() {
@@ -400,8 +393,8 @@ fn reduce_state(
             .u32(n * 2)
             .u32(k - 1)
             .u32(u32::from(tail))
-            .u32(sums)
-            .u32(addend)
+            .u32(word6)
+            .u32(word7)
             .pad_to((i + 1) * usize::from(STRIDE));
     }
     Ok(buf.finish(STRIDE))
@@ -410,10 +403,10 @@ fn reduce_state(
 /// Worker issues as [`reduce_code`] emits them; `norm` adds the denominator's sum
 /// (pairs, an odd last one, the pair reduction and `1/x` with its broadcast, the
 /// reciprocal holding extra slots) and two products per half octet.
-/// `addend` adds its pointer's load and an alignment `nop` once, and per octet the
-/// addend's address, load and accumulate (two issues wide, three otherwise; three in
-/// the tail).
-fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addend: bool) -> u64 {
+/// Addends add their pointers' loads and an alignment `nop` once, and per octet
+/// each addend's address, load and accumulate (two issues wide, three otherwise;
+/// three in the tail).
+fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
     let k64 = u64::from(k);
     let scaled = u64::from(norm);
     let prologue = if norm {
@@ -427,7 +420,9 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addend: bool) -> u64 {
     crate::single_shot_cycles(
         t,
         reduce_split(n).into_iter().map(|(_, o, tail)| {
-            let b = u64::from(addend);
+            let b = u64::from(addends);
+            // One load per addend, and the alignment `nop` after a single one.
+            let setup = if addends > 0 { 2 } else { 0 };
             let tail = if tail {
                 2 * k64 + 9 + 2 * scaled + 3 * b
             } else {
@@ -436,7 +431,7 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addend: bool) -> u64 {
             let per_partial = if wide(n) { 2 } else { 3 };
             let per_addend = if wide(n) { 2 } else { 3 };
             8 + prologue
-                + 2 * b
+                + setup
                 + u64::from(o) * (per_partial * k64 + 14 + 4 * scaled + per_addend * b)
                 + tail
         }),
@@ -467,7 +462,10 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
 /// When every octet start is 16-byte aligned (`wide`: `n % 8 == 0`, and the contract
 /// asks for a 16-byte aligned `in` in interleaved memory), a partial's octet is one
 /// `ld128`, so a partial costs two issues per eight columns instead of three.
-fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool, addend: bool) -> Vec<Word> {
+fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool, addends: u8) -> Vec<Word> {
+    // `$m12` and `$m13` hold the addends' distances from `in` (`b`, `c`).
+    let distances = [m(12), m(13)];
+    let distances = &distances[..usize::from(addends)];
     let ld128 = || Inst::Ld128 {
         d: a(0),
         base: m(5),
@@ -497,12 +495,12 @@ fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool, addend: bool) -> V
     s.i(ld32m(m(6), m(0), 3)); // partial stride (bytes)
     s.i(ld32m(m(7), m(0), 4)); // k - 1
     s.i(ld32m(m(9), m(0), 5)); // trailing group of 4
-    if addend {
-        s.i(ld32m(m(12), m(0), 7)); // b - in
-        // The octet loop's bundles stay aligned: one issue here, not one per octet.
-        if !s.at().is_multiple_of(8) {
-            s.i(Inst::Nop);
-        }
+    for (&d, word) in distances.iter().zip([7, 6]) {
+        s.i(ld32m(d, m(0), word));
+    }
+    // The octet loop's bundles stay aligned: one issue here, not one per octet.
+    if addends > 0 && !s.at().is_multiple_of(8) {
+        s.i(Inst::Nop);
     }
     if let Some(k) = norm {
         s.i(ld32m(m(10), m(0), 6)); // denominators
@@ -568,10 +566,10 @@ fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool, addend: bool) -> V
             b.i(int(IntOp::Add, m(5), m(5), m(6)));
         }
     });
-    if addend {
-        // The last partial is accumulated while the addend's address is formed;
-        // the addend then goes in as one more partial.
-        s.b(int(IntOp::Add, m(11), m(4), m(12)), acc8);
+    for &d in distances {
+        // The last partial (or addend) is accumulated while the next addend's
+        // address is formed; the addend then goes in as one more partial.
+        s.b(int(IntOp::Add, m(11), m(4), d), acc8);
         if wide {
             s.b(
                 Inst::Ld128 {
@@ -616,8 +614,8 @@ fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool, addend: bool) -> V
         b.b(ld(0, 0), acc4);
         b.i(int(IntOp::Add, m(5), m(5), m(6)));
     });
-    if addend {
-        s.i(int(IntOp::Add, m(11), m(4), m(12)));
+    for &d in distances {
+        s.i(int(IntOp::Add, m(11), m(4), d));
         s.i(acc4);
         s.i(Inst::Ld64 {
             d: a(0),

@@ -18,6 +18,7 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(ReduceAdd::new(4, 1152)),
         Box::new(ReduceAdd::new(4, 1148).with_addend()),
         Box::new(ReduceAdd::new(6, 5184).with_addend()),
+        Box::new(ReduceAdd::new(17, 1684).with_addends()),
         Box::new(Softmax::new(5, 729, 0.125)),
         Box::new(Softmax::with_ld(13, 6, 16, 1.0)),
         Box::new(Softmax::with_ld(16, 729, 736, 0.125).with_recip()),

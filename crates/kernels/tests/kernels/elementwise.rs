@@ -69,11 +69,11 @@ fn add_bias_matches_reference() {
     }
 }
 
-/// With an addend, `b` goes into the same f32 sum after the partials: one rounding,
-/// bit-exact against that order, on the wide (n % 8 == 0) and narrow paths and with
-/// the last worker's trailing group of 4.
+/// With addends, `b` and then `c` go into the same f32 sum after the partials: one
+/// rounding, bit-exact against that order, on the wide (n % 8 == 0) and narrow paths
+/// and with the last worker's trailing group of 4.
 #[test]
-fn reduce_add_with_addend_matches_reference() {
+fn reduce_add_with_addends_matches_reference() {
     for (seed, &(kk, n)) in [
         (2u32, 4u32),
         (3, 28),
@@ -85,25 +85,33 @@ fn reduce_add_with_addend_matches_reference() {
     .iter()
     .enumerate()
     {
-        let k = ReduceAdd::new(kk, n).with_addend();
-        let mut r = rng(650 + seed as u64);
-        let x = random_f16(&mut r, (kk * n) as usize, 30.0);
-        let b = random_f16(&mut r, n as usize, 4.0);
-        let out = run(
-            &k,
-            &layout(&k),
-            &[("in", f16_bytes(&x)), ("b", f16_bytes(&b))],
-        );
-        out.assert_ok();
-        assert!(out.violations.is_empty(), "{:?}", out.violations);
-        let n = n as usize;
-        let want: Vec<f16> = (0..n)
-            .map(|c| {
-                let s = (0..kk as usize).fold(0f32, |s, i| s + x[i * n + c].to_f32());
-                f16::from_f32(s + b[c].to_f32())
-            })
-            .collect();
-        assert_eq!(out.read_f16("out", n), want, "{}", k.symbol());
+        for two in [false, true] {
+            let k = if two {
+                ReduceAdd::new(kk, n).with_addends()
+            } else {
+                ReduceAdd::new(kk, n).with_addend()
+            };
+            let mut r = rng(650 + seed as u64);
+            let x = random_f16(&mut r, (kk * n) as usize, 30.0);
+            let b = random_f16(&mut r, n as usize, 4.0);
+            let c = random_f16(&mut r, n as usize, 60.0);
+            let mut inputs = vec![("in", f16_bytes(&x)), ("b", f16_bytes(&b))];
+            if two {
+                inputs.push(("c", f16_bytes(&c)));
+            }
+            let out = run(&k, &layout(&k), &inputs);
+            out.assert_ok();
+            assert!(out.violations.is_empty(), "{:?}", out.violations);
+            let n = n as usize;
+            let want: Vec<f16> = (0..n)
+                .map(|j| {
+                    let s = (0..kk as usize).fold(0f32, |s, i| s + x[i * n + j].to_f32());
+                    let s = s + b[j].to_f32();
+                    f16::from_f32(if two { s + c[j].to_f32() } else { s })
+                })
+                .collect();
+            assert_eq!(out.read_f16("out", n), want, "{}", k.symbol());
+        }
     }
 }
 

@@ -98,6 +98,7 @@ fn estimates_track_simulation() {
     for (k, n) in [(2, 8), (2, 4), (3, 100), (6, 96), (17, 2224), (9, 3344)] {
         check_exact(&ReduceAdd::new(k, n));
         check_exact(&ReduceAdd::new(k, n).with_addend());
+        check_exact(&ReduceAdd::new(k, n).with_addends());
     }
     for (k, n) in [(2, 8), (3, 100), (23, 80), (46, 84), (5, 4)] {
         check_exact(&ReduceNorm::new(k, n));

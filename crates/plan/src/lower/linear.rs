@@ -444,6 +444,13 @@ fn one_pass(
         // block but far fewer bytes. A per-row constant (the position embedding)
         // needs the whole slab.
         let slab_bias = op.per_row || elems * 2 <= lw.opts.slab_bias_bytes;
+        // Only the slab's real blocks (a prefix) have residual bytes; padding
+        // blocks are never read downstream.
+        let real = (0..slab).filter(|q| j as u32 * slab + q < nb).count() as u32;
+        let residual = residual_bufs.get(&(i, j, l)).copied().filter(|_| real > 0);
+        // The residual joins the reduction too when it covers the whole slab and no
+        // GELU comes between.
+        let fused_residual = residual.filter(|_| pk > 1 && slab_bias && real == slab && !op.gelu);
         let y = if pk > 1 {
             let y = lw.buffer(tile, format!("{name}.out"), elems * 2, Category::Activation);
             Loc { buf: y, offset: 0 }
@@ -471,7 +478,25 @@ fn one_pass(
                 buf: bias,
                 offset: 0,
             };
-            if pk > 1 {
+            if let Some(res) = fused_residual {
+                lw.call(
+                    tile,
+                    step,
+                    ReduceAdd::new(pk, elems).with_addends(),
+                    &[
+                        ("in", p),
+                        ("b", b),
+                        (
+                            "c",
+                            Loc {
+                                buf: res,
+                                offset: 0,
+                            },
+                        ),
+                        ("out", y),
+                    ],
+                );
+            } else if pk > 1 {
                 lw.call(
                     tile,
                     step,
@@ -536,12 +561,7 @@ fn one_pass(
         if op.gelu {
             lw.call(tile, step, Gelu::new(elems), &[("in", y), ("out", y)]);
         }
-        // Only the slab's real blocks (a prefix) have residual bytes; padding
-        // blocks are never read downstream.
-        let real = (0..slab).filter(|q| j as u32 * slab + q < nb).count() as u32;
-        if let Some(&res) = residual_bufs.get(&(i, j, l))
-            && real > 0
-        {
+        if let Some(res) = residual.filter(|_| fused_residual.is_none()) {
             lw.call(
                 tile,
                 step,
