@@ -52,6 +52,12 @@ pub struct Softmax {
     /// next step is `P V` scales its few output rows instead of every probability
     /// (`ScaleRows`).
     pub recip: bool,
+    /// `in` and `out` in the AMP's block layout `[ld/16][rows][16]` (what
+    /// `amp_matmul` writes and reads) instead of row-major: a row is `ld/16` pieces
+    /// of 32 bytes, `32 rows` bytes apart, so the caller needs no layout copies.
+    /// Only with `recip`, `ld` a multiple of 16 and at most 32 rows (a piece's step
+    /// must fit `ld64step`'s increment).
+    pub blocked: bool,
 }
 
 /// A worker record: `in` row, `out` row, rows, `scale`, `-scale`, the `recip` row
@@ -94,6 +100,12 @@ const C_BITS: MReg = MReg(10); // C, re-broadcast into the argument pairs
 const PASS2_REPEATS: MReg = MReg(11);
 const ROW_BYTES: MReg = MReg(12); // 2 ld
 const RECIP: MReg = MReg(13); // with `recip`: where the row's 1/sum goes
+// Blocked: the row's start in `in` (rows are 32 bytes apart), the last group's
+// offset from it and its address (the padding registers are free: no repeats store
+// the padding).
+const ROWP: MReg = MReg(14);
+const LAST: MReg = MReg(9);
+const LAST_AT: MReg = MReg(8);
 
 /// One issue: a main-pipe instruction, an aux-pipe instruction, or both (a bundle).
 #[derive(Debug, Clone, Copy)]
@@ -260,6 +272,7 @@ impl Softmax {
             ld: n.next_multiple_of(4),
             scale,
             recip: false,
+            blocked: false,
         }
     }
 
@@ -271,6 +284,7 @@ impl Softmax {
             ld,
             scale,
             recip: false,
+            blocked: false,
         }
     }
 
@@ -279,6 +293,54 @@ impl Softmax {
         Softmax {
             recip: true,
             ..self
+        }
+    }
+
+    /// The same softmax on the AMP's block layout (`blocked`; implies `recip`).
+    pub fn with_blocked(self) -> Softmax {
+        Softmax {
+            recip: true,
+            blocked: true,
+            ..self
+        }
+    }
+
+    /// Largest `rows` of a blocked softmax: the step from a piece's last group to
+    /// the next piece, `4 rows - 3` words, must fit `ld64step`'s `i8` increment.
+    pub const BLOCKED_ROWS_MAX: u32 = 32;
+
+    /// `ld64step`/`st64step` increment after group `g` (8-byte words): the next
+    /// group, or in block layout after a piece's fourth group the next piece.
+    fn step(&self, g: u32) -> i8 {
+        if self.blocked && g % 4 == 3 {
+            (4 * self.rows - 3) as i8
+        } else {
+            1
+        }
+    }
+
+    /// Byte offset of group `g` from its row's start.
+    fn group_offset(&self, g: u32) -> u32 {
+        if self.blocked {
+            (g / 4) * self.rows * 32 + (g % 4) * 8
+        } else {
+            8 * g
+        }
+    }
+
+    fn ld64g(&self, d: u8, base: MReg, g: u32) -> Inst {
+        Inst::Ld64Step {
+            d: a(d),
+            base,
+            inc: self.step(g),
+        }
+    }
+
+    fn st64g(&self, s: u8, base: MReg, g: u32) -> Inst {
+        Inst::St64Step {
+            s: a(s),
+            base,
+            inc: self.step(g),
         }
     }
 
@@ -320,7 +382,11 @@ impl Softmax {
     pub(crate) fn row_issues(&self) -> u64 {
         let (g, z) = (u64::from(self.groups()), u64::from(self.pad_groups()));
         let m = u64::from(self.masked());
-        if self.recip {
+        if self.blocked {
+            // As below, with the last group's address formed, the padding stored
+            // beside the bookkeeping and three more pointer moves.
+            13 * g + 19 + 3 * m + z
+        } else if self.recip {
             // Passes 1 and 2, the last group's end, the sum and its reciprocal stored,
             // the row bookkeeping beside them, the padding.
             13 * g + 14 + 3 * m + if z > 0 { z + 2 } else { 0 }
@@ -331,6 +397,9 @@ impl Softmax {
 
     /// Worker issues before the row loop.
     pub(crate) fn setup_issues(&self) -> u64 {
+        if self.blocked {
+            return 13 + u64::from(self.masked());
+        }
         11 + if self.pad_groups() > 0 { 2 } else { 0 }
             + u64::from(self.masked())
             + u64::from(self.recip)
@@ -344,8 +413,8 @@ impl Softmax {
     /// with `C`; store `e(j-1)`; convert `x(j)` and form its arguments. With `masked`,
     /// the copy for a partial last group: the mask is loaded into `W` (free between
     /// the last conversion of `j-1` and its packing) and applied before conversion.
-    fn pass2_body(masked: bool) -> Vec<Issue> {
-        let mut v = vec![bi(ld64s(X, IN.0), exp(D0))];
+    fn pass2_body(&self, masked: bool, j: u32) -> Vec<Issue> {
+        let mut v = vec![bi(self.ld64g(X, IN, j), exp(D0))];
         if masked {
             v.push(bi(ld64(W, MReg(0), MASK_AT), exp(D0 + 1)));
             v.push(ai(exp(D1)));
@@ -360,7 +429,7 @@ impl Softmax {
             bi(mov_am(D0, C_BITS), to_f16(W, D0)),
             bi(mov_am(D0 + 1, C_BITS), add2(S2, D1)),
             bi(mov_am(D1, C_BITS), to_f16(W + 1, D1)),
-            bi(st64s(W, WR.0), to_f32(W, X)),
+            bi(self.st64g(W, WR, j - 1), to_f32(W, X)),
             bi(mov_am(D1 + 1, C_BITS), fmac(FVec::F32V2, D0, W, SC)),
             ai(to_f32(W, X + 1)),
             ai(fmac(FVec::F32V2, D1, W, SC)),
@@ -396,18 +465,30 @@ impl Softmax {
         s.i(ld32m(ROWS, m(0), 2));
         s.brz(ROWS, done);
         let idle = s.len() as u64 + 1;
+        // Blocked, the loops are unrolled by the four groups of a piece (the
+        // increments repeat every four groups): `q` repeats of four, `r` peeled.
+        let blocked = self.blocked;
+        let unroll = if blocked { 4 } else { 1 };
+        let (q1, r1) = ((g - 1) / unroll, (g - 1) % unroll);
+        let n2 = self.pass2_repeats();
+        let (q2, r2) = (n2 / unroll, n2 % unroll);
         let mut setup = vec![
             mi(ld32m(IN, m(0), 0)),
             mi(ld32m(OUT, m(0), 1)),
             mi(ld32(a(SC), m(0), 3)),
             bi(ld32(a(NEG_SCALE), m(0), 4), bcast2(SC, SC)),
-            mi(setzi(GROUPS_M1, g - 1)),
-            mi(setzi(PASS2_REPEATS, self.pass2_repeats())),
-            mi(setzi(ROW_BYTES, 2 * self.ld)),
+            mi(setzi(GROUPS_M1, q1)),
+            mi(setzi(PASS2_REPEATS, q2)),
         ];
-        if z > 0 {
-            setup.push(mi(setzi(PAD_GROUPS, z)));
-            setup.push(mi(setzi(PAD_BYTES, 8 * z)));
+        if blocked {
+            setup.push(mi(mov(ROWP, IN)));
+            setup.push(mi(setzi(LAST, self.group_offset(g - 1))));
+        } else {
+            setup.push(mi(setzi(ROW_BYTES, 2 * self.ld)));
+            if z > 0 {
+                setup.push(mi(setzi(PAD_GROUPS, z)));
+                setup.push(mi(setzi(PAD_BYTES, 8 * z)));
+            }
         }
         // Pointers and the mask for the first row; each row's end sets them for the
         // next, in main-pipe slots its floating point leaves free.
@@ -442,23 +523,35 @@ impl Softmax {
         // maxes groups 0..G-2 while loading 1..G-1, all inside the row. (A block
         // before a repeat must end with a single-pipe issue: a bundle ends 8-byte
         // aligned, where the `rpt` cannot sit.)
-        let mut p1 = vec![mi(ld64(S1, IN, (g - 1) as u16)), mi(ld64s(X, RD.0))];
+        let mut p1 = if blocked {
+            vec![
+                mi(int(IntOp::Add, LAST_AT, IN, LAST)),
+                mi(ld64(S1, LAST_AT, 0)),
+            ]
+        } else {
+            vec![mi(ld64(S1, IN, (g - 1) as u16))]
+        };
+        p1.push(mi(self.ld64g(X, RD, 0)));
         if masked {
             p1.push(ai(min4(S1, S1, W)));
         }
         block(&mut s, &p1, End::BeforeRpt);
+        let max_group = |j: u32| bi(self.ld64g(X, RD, j), fbin(Max, FVec::F16V4, S1, S1, X));
         repeat(
             &mut s,
             GROUPS_M1,
-            g - 1,
-            &[bi(ld64s(X, RD.0), fbin(Max, FVec::F16V4, S1, S1, X))],
+            q1,
+            &(1..=unroll).map(max_group).collect::<Vec<_>>(),
             End::Aligned,
         );
 
         // Reduce the maximum to f32, C = M * -scale; group 0 of pass 2. The sums are
         // zeroed and the argument pairs armed from the main pipe, beside the chain.
-        let mut head = vec![
-            bi(ld64s(X, IN.0), fbin(Max, FVec::F16V2, D0, S1, S1 + 1)),
+        let mut head: Vec<Issue> = (unroll * q1 + 1..=unroll * q1 + r1)
+            .map(max_group)
+            .collect();
+        head.extend([
+            bi(self.ld64g(X, IN, 0), fbin(Max, FVec::F16V2, D0, S1, S1 + 1)),
             bi(mov_am(S1, MZ), to_f32(D0, D0)),
             bi(mov_am(S1 + 1, MZ), fbin(Max, FVec::F32, D0, D0, D0 + 1)),
             bi(mov_am(S2, MZ), fbin(Mul, FVec::F32, D0, D0, NEG_SCALE)),
@@ -469,7 +562,7 @@ impl Softmax {
                 },
                 bcast2(D0, D0),
             ),
-        ];
+        ]);
         if masked && g == 1 {
             // The only group is the partial one; the mask is still in `W`.
             head.push(ai(min4(X, X, W)));
@@ -489,21 +582,24 @@ impl Softmax {
         repeat(
             &mut s,
             PASS2_REPEATS,
-            self.pass2_repeats(),
-            &Self::pass2_body(false),
+            q2,
+            &(1..=unroll)
+                .flat_map(|j| self.pass2_body(false, j))
+                .collect::<Vec<_>>(),
             End::Aligned,
         );
 
-        // [masked last group,] the last group's end, the sum and its reciprocal, and
-        // group 0 of pass 3 (reading back `e` from `out`).
-        let mut tail = if masked && g >= 2 {
-            Self::pass2_body(true)
-        } else {
-            Vec::new()
-        };
+        // [peeled groups, masked last group,] the last group's end, the sum and its
+        // reciprocal, and group 0 of pass 3 (reading back `e` from `out`).
+        let mut tail: Vec<Issue> = (unroll * q2 + 1..=unroll * q2 + r2)
+            .flat_map(|j| self.pass2_body(false, j))
+            .collect();
+        if masked && g >= 2 {
+            tail.extend(self.pass2_body(true, g - 1));
+        }
         if self.recip {
             self.recip_row_end(&mut s, tail);
-            if z > 0 {
+            if z > 0 && !blocked {
                 repeat(&mut s, PAD_GROUPS, z, &[mi(st64s(X, WR.0))], End::Any);
             }
             s.brnz(ROWS, row);
@@ -600,25 +696,41 @@ impl Softmax {
             ai(to_f16(W, D0)),
             ai(add2(S2, D1)),
             ai(to_f16(W + 1, D1)),
-            bi(st64s(W, WR.0), add2(S1, S2)),
+            bi(self.st64g(W, WR, self.groups() - 1), add2(S1, S2)),
         ]);
         // Main-pipe work in order; the store of `1/sum` comes third or later, after
-        // the reciprocal's issue (the second aux-pipe instruction).
+        // the reciprocal's issue (the second aux-pipe instruction), and blocked, the
+        // padding's stores after the zeros' broadcast (the third).
+        let store_recip = [
+            Inst::St32 {
+                s: a(S2),
+                base: RECIP,
+                imm: 0,
+            },
+            inti(IntOp::Add, RECIP, RECIP, 4),
+        ];
         let mut main = vec![inti(IntOp::Sub, ROWS, ROWS, 1)];
-        if z > 0 {
-            main.push(int(IntOp::Add, IN, IN, PAD_BYTES));
+        if self.blocked {
+            // The next row starts 32 bytes on, in `in` and in `out`.
+            main.push(inti(IntOp::Add, ROWP, ROWP, 32));
+            main.extend(store_recip);
+            let g = self.groups();
+            main.extend((g..g + z).map(|p| self.st64g(X, WR, p)));
+            main.push(inti(IntOp::Add, OUT, OUT, 32));
+            main.push(mov(IN, ROWP));
+            main.push(mov(RD, ROWP));
+            main.push(mov(WR, OUT));
+        } else {
+            if z > 0 {
+                main.push(int(IntOp::Add, IN, IN, PAD_BYTES));
+            }
+            main.push(mov(RD, IN));
+            main.extend(store_recip);
         }
-        main.push(mov(RD, IN));
         if self.masked() {
             // `W` is free once the last group is stored.
             main.push(ld64(W, m(0), MASK_AT));
         }
-        main.push(Inst::St32 {
-            s: a(S2),
-            base: RECIP,
-            imm: 0,
-        });
-        main.push(inti(IntOp::Add, RECIP, RECIP, 4));
         let mut aux = vec![
             Inst::FSum {
                 vec: FVec::F32V2,
@@ -650,7 +762,11 @@ impl Softmax {
 
 impl Kernel for Softmax {
     fn symbol(&self) -> String {
-        let mode = if self.recip { "_exp" } else { "" };
+        let mode = match (self.recip, self.blocked) {
+            (_, true) => "_exp_blk",
+            (true, false) => "_exp",
+            (false, false) => "",
+        };
         format!(
             "{}{mode}_r{}_n{}_ld{}",
             Self::NAME,
@@ -680,6 +796,14 @@ impl Kernel for Softmax {
         }
         if !(self.scale > 0.0 && self.scale <= Self::SCALE_MAX) {
             return Err(invalid(&name, "scale must be in (0, 16]"));
+        }
+        if self.blocked
+            && (!self.recip || !self.ld.is_multiple_of(16) || self.rows > Self::BLOCKED_ROWS_MAX)
+        {
+            return Err(invalid(
+                &name,
+                "block layout needs recip, ld a multiple of 16 and at most 32 rows",
+            ));
         }
         Ok(())
     }
@@ -722,7 +846,8 @@ impl Kernel for Softmax {
         } else {
             0
         };
-        let row_bytes = self.ld * 2;
+        // Where row `r0` starts: rows are 32-byte pieces apart in block layout.
+        let row_bytes = if self.blocked { 32 } else { self.ld * 2 };
         let mask = self.mask();
         let mut buf = StateBuf::default();
         for (i, (r0, r)) in split(self.rows).into_iter().enumerate() {
@@ -768,6 +893,13 @@ mod tests {
                 let ld = n.next_multiple_of(4) + extra;
                 v.push(Softmax::with_ld(7, n, ld, 0.125));
                 v.push(Softmax::with_ld(7, n, ld, 0.125).with_recip());
+                if ld.is_multiple_of(16) {
+                    v.push(Softmax::with_ld(7, n, ld, 0.125).with_blocked());
+                }
+            }
+            let ld = n.next_multiple_of(16);
+            for rows in [1, 6, 16, 32] {
+                v.push(Softmax::with_ld(rows, n, ld, 0.125).with_blocked());
             }
         }
         v

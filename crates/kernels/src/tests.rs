@@ -22,6 +22,7 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(Softmax::new(5, 729, 0.125)),
         Box::new(Softmax::with_ld(13, 6, 16, 1.0)),
         Box::new(Softmax::with_ld(16, 729, 736, 0.125).with_recip()),
+        Box::new(Softmax::with_ld(32, 729, 736, 0.125).with_blocked()),
         Box::new(ScaleRows::new(16, 5)),
         Box::new(ZeroFill::new(5, 224, 1472)),
         Box::new(ZeroFill::new(1, 8, 8)),

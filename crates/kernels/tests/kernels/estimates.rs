@@ -129,6 +129,15 @@ fn estimates_track_simulation() {
         check(&Softmax::with_ld(r, n, ld, 0.125));
         check(&Softmax::with_ld(r, n, ld, 0.125).with_recip());
     }
+    for (r, n, ld) in [
+        (1, 1, 16),
+        (5, 3, 16),
+        (16, 729, 736),
+        (32, 729, 736),
+        (7, 100, 112),
+    ] {
+        check(&Softmax::with_ld(r, n, ld, 0.125).with_blocked());
+    }
     for (r, nb) in [(1, 1), (5, 2), (13, 3), (32, 46), (100, 4)] {
         check_exact(&BlocksToRows::new(r, nb));
     }

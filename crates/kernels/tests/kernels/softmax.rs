@@ -191,6 +191,84 @@ fn recip_leaves_the_normalisation_to_the_caller() {
     }
 }
 
+/// Row-major `[rows][ld]` to the AMP's block layout `[ld/16][rows][16]`.
+fn to_blocks<T: Copy>(v: &[T], rows: usize, ld: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(v.len());
+    for b in 0..ld / 16 {
+        for r in 0..rows {
+            out.extend_from_slice(&v[r * ld + 16 * b..r * ld + 16 * b + 16]);
+        }
+    }
+    out
+}
+
+/// Blocked: scores in block layout in, exponentials in block layout out (in place
+/// or not), the same results as the row-major `recip` softmax: `e · recip` within
+/// the bound, padding columns `+0`.
+#[test]
+fn blocked_reads_and_writes_the_amp_layout() {
+    let cases: [(u32, u32, u32, f32, f32, bool); 9] = [
+        (1, 1, 16, 1.0, 4.0, false),
+        (5, 3, 16, 1.0, 6.0, false),
+        (7, 13, 16, 2.0, 20.0, true),
+        (6, 20, 32, 1.0, 3.0, false),
+        (12, 196, 208, 0.125, 8.0, false),
+        (16, 729, 736, 0.117_851_13, 12.0, true),
+        (32, 729, 736, 0.117_851_13, 40.0, false),
+        (3, 64, 64, 0.5, 10.0, false),
+        (31, 17, 32, 1.0, 5.0, true),
+    ];
+    for (seed, &(rows, n, ld, scale, spread, in_place)) in cases.iter().enumerate() {
+        let k = Softmax::with_ld(rows, n, ld, scale).with_blocked();
+        let x = scores(
+            1500 + seed as u64,
+            (rows * n) as usize,
+            spread / scale,
+            -2.0,
+        );
+        let (r, n, ld) = (rows as usize, n as usize, ld as usize);
+        let mut addrs = layout(&k);
+        let input = f16_bytes(&to_blocks(&padded(&k, &x), r, ld));
+        let inputs = if in_place {
+            addrs.insert("out", addrs.get("in").unwrap());
+            vec![("in", input)]
+        } else {
+            vec![("in", input), ("out", garbage_out(&k))]
+        };
+        let out = run(&k, &addrs, &inputs);
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let blocks = out.read_f16("out", r * ld);
+        let recip: Vec<f32> = out
+            .read("recip", rows * 4)
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for (row, xs) in x.chunks(n).enumerate() {
+            let want = reference(xs, k.scale);
+            for c in 0..ld {
+                let e = blocks[(c / 16) * r * 16 + row * 16 + c % 16];
+                if c >= n {
+                    assert_eq!(
+                        e.to_bits(),
+                        0,
+                        "{}: row {row} padding column {c}",
+                        k.symbol()
+                    );
+                    continue;
+                }
+                let p = e.to_f64() * f64::from(recip[row]);
+                assert!(
+                    (p - want[c]).abs() <= tolerance(want[c], k.n),
+                    "{}: row {row} column {c}: {p} want {}",
+                    k.symbol(),
+                    want[c]
+                );
+            }
+        }
+    }
+}
+
 /// Many rows at SigLIP So400m's shape: the measured worst error quoted in
 /// docs/kernels.md, against the bound's ~1.5 ulp.
 #[test]

@@ -9,9 +9,9 @@
 //!   block layout (both straight from the projections' blocks);
 //! - compute: zero the key rows past the last token (the key dimension is padded to
 //!   16), transpose the key blocks into the AMP weight layout (`K^T`);
-//! - compute: scores on the AMP, to row-major, the softmax's exponentials (f32,
-//!   row maximum subtracted, padding columns written as zeros) and each row's
-//!   `1/sum`, back to chunk-major;
+//! - compute: scores on the AMP, the softmax's exponentials (f32, row maximum
+//!   subtracted, padding columns written as zeros) and each row's `1/sum`, in place
+//!   on the AMP's block layout (over 32 rows a tile: to row-major and back);
 //! - exchange: the head's values, whose block layout is the AMP weight layout of
 //!   `P V` as it stands;
 //! - compute: zero the value rows past the last token, `e V` on the AMP, each
@@ -68,7 +68,8 @@ struct RowWork {
     /// The head's keys transposed, `[tb][kc][16][16]`, filled by the transposers.
     w1: BufId,
     s_blk: BufId,
-    s_rm: BufId,
+    /// Row-major scores, when the softmax cannot work on the block layout.
+    s_rm: Option<BufId>,
     /// Each query row's `1/sum`, f32: the softmax leaves the normalisation to the
     /// context rows.
     recip: BufId,
@@ -146,7 +147,7 @@ pub(crate) fn attention(
                     q_amp: blk("q", rows * op.dp * 2),
                     w1: blk("kt", tp * op.dp * 2),
                     s_blk: blk("scores.amp", rows * tp * 2),
-                    s_rm: blk("scores", rows * tp * 2),
+                    s_rm: (rows > Softmax::BLOCKED_ROWS_MAX).then(|| blk("scores", rows * tp * 2)),
                     recip: blk("recip", rows * 4),
                     v_w: blk("v", tp * op.dp * 2),
                     ctx: blk("ctx", rows * op.dp * 2),
@@ -330,32 +331,38 @@ pub(crate) fn attention(
             at(w.w1),
             at(w.s_blk),
         );
+        let softmax = Softmax::with_ld(w.rows, op.t, tp, op.scale);
+        let Some(s_rm) = w.s_rm else {
+            // In place on the AMP's block layout: `e` is what `e V` reads.
+            lw.call(
+                w.tile,
+                step,
+                softmax.with_blocked(),
+                &[
+                    ("in", at(w.s_blk)),
+                    ("out", at(w.s_blk)),
+                    ("recip", at(w.recip)),
+                ],
+            );
+            continue;
+        };
         lw.call(
             w.tile,
             step,
             BlocksToRows::new(w.rows, tb),
-            &[("in", at(w.s_blk)), ("out", at(w.s_rm))],
+            &[("in", at(w.s_blk)), ("out", at(s_rm))],
         );
         lw.call(
             w.tile,
             step,
-            Softmax::with_ld(w.rows, op.t, tp, op.scale).with_recip(),
-            &[
-                ("in", at(w.s_rm)),
-                ("out", at(w.s_rm)),
-                ("recip", at(w.recip)),
-            ],
+            softmax.with_recip(),
+            &[("in", at(s_rm)), ("out", at(s_rm)), ("recip", at(w.recip))],
         );
         let mut re = Rearrange::new(w.rows, tp);
         if let Some(al) = lw.opts.rearrange_declared_align {
             re.declared_align = al;
         }
-        lw.call(
-            w.tile,
-            step,
-            re,
-            &[("in", at(w.s_rm)), ("out", at(w.s_blk))],
-        );
+        lw.call(w.tile, step, re, &[("in", at(s_rm)), ("out", at(w.s_blk))]);
     }
 
     // Values (their block layout is the AMP weight layout of `P V` as it stands),
