@@ -58,13 +58,8 @@ impl Kernel for BlocksToRows {
     }
 
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        self.validate()?;
-        crate::check_code_base(&self.symbol(), code_base, 8)?;
-        Ok(KernelCode {
-            symbol: self.symbol(),
-            code_base,
-            entry: code_base,
-            words: crate::rearrange::piece_copy(code_base, crate::rearrange::Strided::Destination),
+        crate::single_entry(self, code_base, || {
+            crate::rearrange::piece_copy(code_base, crate::rearrange::Strided::Destination)
         })
     }
 

@@ -168,21 +168,6 @@ fn binary_cycles(t: &Timing, rows: u32, n: u32) -> u64 {
     )
 }
 
-fn code(
-    kernel: &impl Kernel,
-    code_base: u32,
-    words: impl FnOnce() -> Vec<Word>,
-) -> Result<KernelCode, KernelError> {
-    kernel.validate()?;
-    crate::check_code_base(&kernel.symbol(), code_base, 8)?;
-    Ok(KernelCode {
-        symbol: kernel.symbol(),
-        code_base,
-        entry: code_base,
-        words: words(),
-    })
-}
-
 impl Kernel for Add {
     fn symbol(&self) -> String {
         format!("{}_n{}", Self::NAME, self.n)
@@ -191,7 +176,7 @@ impl Kernel for Add {
         check_columns(&self.symbol(), 1, self.n)
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        code(self, code_base, || binary_code(code_base))
+        crate::single_entry(self, code_base, || binary_code(code_base))
     }
     fn contract(&self) -> Contract {
         let bytes = self.n * 2;
@@ -230,7 +215,7 @@ impl Kernel for AddBias {
         check_columns(&self.symbol(), self.rows, self.n)
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        code(self, code_base, || binary_code(code_base))
+        crate::single_entry(self, code_base, || binary_code(code_base))
     }
     fn contract(&self) -> Contract {
         let bytes = self.rows * self.n * 2;
@@ -277,7 +262,7 @@ impl Kernel for ReduceAdd {
         check_columns(&name, self.k, self.n)
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        code(self, code_base, || {
+        crate::single_entry(self, code_base, || {
             reduce_code(code_base, None, wide(self.n), self.addends)
         })
     }
@@ -321,7 +306,7 @@ impl Kernel for ReduceNorm {
         check_columns(&name, self.k, self.n)
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        code(self, code_base, || {
+        crate::single_entry(self, code_base, || {
             reduce_code(code_base, Some(self.k), wide(self.n), 0)
         })
     }

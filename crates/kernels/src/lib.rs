@@ -268,6 +268,23 @@ pub(crate) fn runall_snippet(
     ])
 }
 
+/// Worker code with one entry at its start, emitted after the kernel's parameter
+/// and code-base checks: how most kernels implement [`Kernel::emit`].
+pub(crate) fn single_entry(
+    kernel: &impl Kernel,
+    code_base: u32,
+    words: impl FnOnce() -> Vec<Word>,
+) -> Result<KernelCode, KernelError> {
+    kernel.validate()?;
+    check_code_base(&kernel.symbol(), code_base, 8)?;
+    Ok(KernelCode {
+        symbol: kernel.symbol(),
+        code_base,
+        entry: code_base,
+        words: words(),
+    })
+}
+
 /// Worker code needs an 8-byte aligned base (bundle padding is computed from it);
 /// supervisor snippets, which hold no bundles, a 4-byte aligned one.
 pub(crate) fn check_code_base(kernel: &str, code_base: u32, align: u32) -> Result<(), KernelError> {

@@ -72,14 +72,7 @@ impl Kernel for Rearrange {
     }
 
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        self.validate()?;
-        crate::check_code_base(&self.symbol(), code_base, 8)?;
-        Ok(KernelCode {
-            symbol: self.symbol(),
-            code_base,
-            entry: code_base,
-            words: piece_copy(code_base, Strided::Source),
-        })
+        crate::single_entry(self, code_base, || piece_copy(code_base, Strided::Source))
     }
 
     fn contract(&self) -> Contract {

@@ -117,14 +117,7 @@ impl Kernel for ScaleRows {
     }
 
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        self.validate()?;
-        crate::check_code_base(&self.symbol(), code_base, 8)?;
-        Ok(KernelCode {
-            symbol: self.symbol(),
-            code_base,
-            entry: code_base,
-            words: self.code(code_base),
-        })
+        crate::single_entry(self, code_base, || self.code(code_base))
     }
 
     fn contract(&self) -> Contract {

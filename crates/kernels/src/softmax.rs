@@ -615,16 +615,8 @@ impl Softmax {
                 },
             ));
         }
+        tail.extend(self.last_group_end());
         tail.extend([
-            ai(exp(D0)),
-            ai(exp(D0 + 1)),
-            ai(exp(D1)),
-            ai(exp(D1 + 1)),
-            ai(add2(S1, D0)),
-            ai(to_f16(W, D0)),
-            ai(add2(S2, D1)),
-            ai(to_f16(W + 1, D1)),
-            bi(st64s(W, WR.0), add2(S1, S2)),
             bi(
                 mov(RD, OUT),
                 Inst::FSum {
@@ -681,13 +673,10 @@ impl Softmax {
         ))
     }
 
-    /// With `recip`, the end of a row after pass 2's repeat: `tail` (a masked last
-    /// group), the last group's exponentials, sums and store, then `1/sum` stored
-    /// beside the row bookkeeping. The padding groups follow, zeroed through pass 2's
-    /// write pointer, which thereby ends at the next row.
-    fn recip_row_end(&self, s: &mut Asm, mut tail: Vec<Issue>) {
-        let z = self.pad_groups();
-        tail.extend([
+    /// Pass 2's last group after the repeat: its exponentials, sums, packing and
+    /// store, and the first add of the two pairs of sums.
+    fn last_group_end(&self) -> [Issue; 9] {
+        [
             ai(exp(D0)),
             ai(exp(D0 + 1)),
             ai(exp(D1)),
@@ -697,7 +686,16 @@ impl Softmax {
             ai(add2(S2, D1)),
             ai(to_f16(W + 1, D1)),
             bi(self.st64g(W, WR, self.groups() - 1), add2(S1, S2)),
-        ]);
+        ]
+    }
+
+    /// With `recip`, the end of a row after pass 2's repeat: `tail` (a masked last
+    /// group), the last group's exponentials, sums and store, then `1/sum` stored
+    /// beside the row bookkeeping. The padding groups follow, zeroed through pass 2's
+    /// write pointer, which thereby ends at the next row.
+    fn recip_row_end(&self, s: &mut Asm, mut tail: Vec<Issue>) {
+        let z = self.pad_groups();
+        tail.extend(self.last_group_end());
         // Main-pipe work in order; the store of `1/sum` comes third or later, after
         // the reciprocal's issue (the second aux-pipe instruction), and blocked, the
         // padding's stores after the zeros' broadcast (the third).
