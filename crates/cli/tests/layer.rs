@@ -388,3 +388,36 @@ fn a_single_query_cut_over_tiles_validates() {
     assert_eq!(code, 1, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// 81 tokens on two tiles a head: 41 query rows a tile, more than the softmax on
+/// the AMP's block layout takes (32), so the attention converts the scores to
+/// row-major and back around a row-major softmax; the run still validates.
+#[test]
+fn attention_over_32_rows_a_tile_takes_the_row_major_softmax() {
+    let dir = std::env::temp_dir().join(format!("rows41-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join("c.toml");
+    std::fs::write(
+        &c,
+        "image_size = 126\nchannels = 3\npatch = 14\nwidth = 64\nheads = 2\nmlp_hidden = 128\nlayers = 1\neps = 1e-6\n",
+    )
+    .unwrap();
+    let (code, text) = tessera(&[
+        "run",
+        "--config",
+        c.to_str().unwrap(),
+        "--machine",
+        "small",
+        "--tiles",
+        "4",
+        "--batch",
+        "1",
+        "--finalists",
+        "1",
+        "--json",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["status"], "ok", "{text}");
+}
