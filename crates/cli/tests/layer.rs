@@ -163,7 +163,7 @@ fn a_squeezed_compile_selects_a_lower_ranked_finalist_that_runs() {
         "--machine",
         "small",
         "--capacity",
-        "225888",
+        "224928",
         "--finalists",
         "6",
         "--json",

@@ -118,12 +118,17 @@ impl MatmulMapping {
         let rearrange = Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t);
         let exchange_in = u64::from(t.exchange_overhead_cycles) + a_bytes / xbw;
         let slab_elems = u32::try_from(slab_bytes / 2).unwrap_or(u32::MAX);
-        let mut reduce = Add::new(slab_elems).estimate_cycles_with(t);
-        if pk > 1 {
-            reduce += u64::from(t.exchange_overhead_cycles)
+        // The bias slab is added inside the reduction when there is one (the
+        // lowering's whole-slab case), otherwise by its own `add`.
+        let reduce = if pk > 1 {
+            u64::from(t.exchange_overhead_cycles)
                 + slab_bytes * u64::from(pk - 1) / xbw
-                + ReduceAdd::new(pk, slab_elems).estimate_cycles_with(t);
-        }
+                + ReduceAdd::new(pk, slab_elems)
+                    .with_addend()
+                    .estimate_cycles_with(t)
+        } else {
+            Add::new(slab_elems).estimate_cycles_with(t)
+        };
         MatmulMapping {
             shape,
             pr,
