@@ -21,6 +21,13 @@
 //! pass 3 instead would double the dominant cost, `f32exp` (a scalar instruction that
 //! holds two issue slots).
 //!
+//! Two variants serve the encoder attention: with `recip` pass 3 is left out (`out`
+//! holds `e`, and each row's `1/sum` goes to its own operand for the caller to scale
+//! the few rows of `e V` instead), and `blocked` reads and writes the AMP's block
+//! layout in place of row-major, its loops unrolled by the four groups of a 32-byte
+//! piece so that each `ld64step`/`st64step` knows whether it steps to the next group
+//! or the next piece.
+//!
 //! A partial last group (`n % 4 != 0`) is passed through `f16v4min` with a mask of
 //! `+inf` (valid lanes) and `-inf` (padding): whatever the padding holds becomes `-inf`,
 //! which the maximum ignores and whose exponential is 0. Loops are rotated with their
@@ -61,7 +68,8 @@ pub struct Softmax {
 }
 
 /// A worker record: `in` row, `out` row, rows, `scale`, `-scale`, the `recip` row
-/// (with `recip`; otherwise unused), then the last group's mask (four f16 lanes) at byte 24 for one `ld64`.
+/// (with `recip`; otherwise unused), then the last group's mask (four f16 lanes) at
+/// byte 24 for one `ld64`.
 const STRIDE: u16 = 32;
 /// `ld64` offset (in 8-byte units) of the mask in a record.
 const MASK_AT: u16 = 3;
