@@ -345,13 +345,8 @@ fn compiles_are_byte_identical_across_runs_and_thread_counts() {
 #[test]
 fn a_single_query_cut_over_tiles_validates() {
     let dir = common::scratch("single-query");
-    let c = dir.join("c49.toml");
     // 98 px in 14 px patches: 49 tokens, four key blocks, the last with one real key.
-    std::fs::write(
-        &c,
-        "image_size = 98\nchannels = 3\npatch = 14\nwidth = 64\nheads = 2\nmlp_hidden = 128\nlayers = 1\neps = 1e-6\n",
-    )
-    .unwrap();
+    let c = small_layer_config(&dir, 98);
     let config = c.to_str().unwrap();
     for (tiles, cut) in [
         ("12", "cut over 2 tiles each of 2 key blocks"),
@@ -389,19 +384,27 @@ fn a_single_query_cut_over_tiles_validates() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A one-layer config of width 64 and two heads, with `image_size` px images in
+/// 14 px patches, written into `dir`.
+fn small_layer_config(dir: &std::path::Path, image_size: u32) -> std::path::PathBuf {
+    let c = dir.join(format!("c{image_size}.toml"));
+    std::fs::write(
+        &c,
+        format!(
+            "image_size = {image_size}\nchannels = 3\npatch = 14\nwidth = 64\nheads = 2\nmlp_hidden = 128\nlayers = 1\neps = 1e-6\n"
+        ),
+    )
+    .unwrap();
+    c
+}
+
 /// 81 tokens on two tiles a head: 41 query rows a tile, more than the softmax on
 /// the AMP's block layout takes (32), so the attention converts the scores to
 /// row-major and back around a row-major softmax; the run still validates.
 #[test]
 fn attention_over_32_rows_a_tile_takes_the_row_major_softmax() {
-    let dir = std::env::temp_dir().join(format!("rows41-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = dir.join("c.toml");
-    std::fs::write(
-        &c,
-        "image_size = 126\nchannels = 3\npatch = 14\nwidth = 64\nheads = 2\nmlp_hidden = 128\nlayers = 1\neps = 1e-6\n",
-    )
-    .unwrap();
+    let dir = common::scratch("rows41");
+    let c = small_layer_config(&dir, 126);
     let (code, text) = tessera(&[
         "run",
         "--config",
@@ -420,4 +423,6 @@ fn attention_over_32_rows_a_tile_takes_the_row_major_softmax() {
     assert_eq!(code, 0, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(v["status"], "ok", "{text}");
+    let decisions = v["decisions"].to_string();
+    assert!(decisions.contains("with 41 query rows"), "{decisions}");
 }

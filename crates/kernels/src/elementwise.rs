@@ -402,23 +402,20 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
     } else {
         0
     };
+    let b = u64::from(addends);
+    // One load per addend, and the alignment `nop` after a single one.
+    let setup = if addends > 0 { 2 } else { 0 };
+    // An addend is read like one more partial.
+    let per_input = if wide(n) { 2 } else { 3 };
     crate::single_shot_cycles(
         t,
         reduce_split(n).into_iter().map(|(_, o, tail)| {
-            let b = u64::from(addends);
-            // One load per addend, and the alignment `nop` after a single one.
-            let setup = if addends > 0 { 2 } else { 0 };
             let tail = if tail {
                 2 * k64 + 9 + 2 * scaled + 3 * b
             } else {
                 1
             };
-            let per_partial = if wide(n) { 2 } else { 3 };
-            let per_addend = if wide(n) { 2 } else { 3 };
-            8 + prologue
-                + setup
-                + u64::from(o) * (per_partial * k64 + 14 + 4 * scaled + per_addend * b)
-                + tail
+            8 + prologue + setup + u64::from(o) * (per_input * (k64 + b) + 14 + 4 * scaled) + tail
         }),
     )
 }

@@ -46,7 +46,7 @@ impl ScaleRows {
         if r == 0 {
             return 3;
         }
-        // Four record loads and the branch, then per row: the factor, its pointer,
+        // The count, its branch and four more record loads, then per row: the factor, its pointer,
         // its broadcast, the cursor, `rpt`, 33 issues a block, the row pointer, the
         // count and the loop branch; `exit`.
         6 + u64::from(r) * (8 + 33 * u64::from(self.nb)) + 1

@@ -315,7 +315,7 @@ impl Softmax {
 
     /// Largest `rows` of a blocked softmax: the step from a piece's last group to
     /// the next piece, `4 rows - 3` words, must fit `ld64step`'s `i8` increment.
-    pub const BLOCKED_ROWS_MAX: u32 = 32;
+    const BLOCKED_ROWS_MAX: u32 = 32;
 
     /// `ld64step`/`st64step` increment after group `g` (8-byte words): the next
     /// group, or in block layout after a piece's fourth group the next piece.
@@ -327,13 +327,9 @@ impl Softmax {
         }
     }
 
-    /// Byte offset of group `g` from its row's start.
-    fn group_offset(&self, g: u32) -> u32 {
-        if self.blocked {
-            (g / 4) * self.rows * 32 + (g % 4) * 8
-        } else {
-            8 * g
-        }
+    /// Byte offset of group `g` from its row's start in block layout.
+    fn block_offset(&self, g: u32) -> u32 {
+        (g / 4) * self.rows * 32 + (g % 4) * 8
     }
 
     fn ld64g(&self, d: u8, base: MReg, g: u32) -> Inst {
@@ -490,7 +486,7 @@ impl Softmax {
         ];
         if blocked {
             setup.push(mi(mov(ROWP, IN)));
-            setup.push(mi(setzi(LAST, self.group_offset(g - 1))));
+            setup.push(mi(setzi(LAST, self.block_offset(g - 1))));
         } else {
             setup.push(mi(setzi(ROW_BYTES, 2 * self.ld)));
             if z > 0 {
@@ -597,32 +593,50 @@ impl Softmax {
             End::Aligned,
         );
 
-        // [peeled groups, masked last group,] the last group's end, the sum and its
-        // reciprocal, and group 0 of pass 3 (reading back `e` from `out`).
+        // [Peeled groups, the masked last group;] the row's end follows.
         let mut tail: Vec<Issue> = (unroll * q2 + 1..=unroll * q2 + r2)
             .flat_map(|j| self.pass2_body(false, j))
             .collect();
         if masked && g >= 2 {
             tail.extend(self.pass2_body(true, g - 1));
         }
-        if self.recip {
+        // The pointer the padding's zeros are stored through, when a repeat stores
+        // them (blocked, the row's end stores them itself).
+        let pad_ptr = if self.recip {
             self.recip_row_end(&mut s, tail);
-            if z > 0 && !blocked {
-                repeat(&mut s, PAD_GROUPS, z, &[mi(st64s(X, WR.0))], End::Any);
-            }
-            s.brnz(ROWS, row);
-            let per_row = (s.len() as i64 - row_start + repeated) as u64;
-            s.bind(done);
-            s.i(Inst::Exit);
-            return Ok((
-                s.finish(),
-                Tally {
-                    setup,
-                    per_row,
-                    idle,
-                },
-            ));
+            WR
+        } else {
+            self.pass3(&mut s, tail, &mut repeat);
+            OUT
+        };
+        if z > 0 && !blocked {
+            repeat(&mut s, PAD_GROUPS, z, &[mi(st64s(X, pad_ptr.0))], End::Any);
         }
+        s.brnz(ROWS, row);
+        let per_row = (s.len() as i64 - row_start + repeated) as u64;
+        s.bind(done);
+        s.i(Inst::Exit);
+        Ok((
+            s.finish(),
+            Tally {
+                setup,
+                per_row,
+                idle,
+            },
+        ))
+    }
+
+    /// Without `recip`, the end of a row after pass 2's repeat: `tail` (a masked
+    /// last group), the last group's end, the sum and its reciprocal, and pass 3
+    /// (reading back `e` from `out`) beside the row bookkeeping. The padding's
+    /// zeros follow, stored through pass 3's write pointer.
+    fn pass3(
+        &self,
+        s: &mut Asm,
+        mut tail: Vec<Issue>,
+        repeat: &mut impl FnMut(&mut Asm, MReg, u32, &[Issue], End),
+    ) {
+        let (g, z, masked) = (self.groups(), self.pad_groups(), self.masked());
         tail.extend(self.last_group_end());
         tail.extend([
             bi(
@@ -639,8 +653,8 @@ impl Softmax {
             ai(to_f32(W, X)),
             ai(to_f32(D0, X + 1)),
         ]);
-        block(&mut s, &tail, End::BeforeRpt);
-        repeat(&mut s, GROUPS_M1, g - 1, &Self::pass3_body(), End::Aligned);
+        block(s, &tail, End::BeforeRpt);
+        repeat(s, GROUPS_M1, g - 1, &Self::pass3_body(), End::Aligned);
 
         // The last group of pass 3, beside the row bookkeeping (`IN` is already past
         // the row's groups), then the zero padding.
@@ -663,22 +677,7 @@ impl Softmax {
         } else {
             mi(st64s(D1, OUT.0))
         });
-        block(&mut s, &end, End::Any);
-        if z > 0 {
-            repeat(&mut s, PAD_GROUPS, z, &[mi(st64s(X, OUT.0))], End::Any);
-        }
-        s.brnz(ROWS, row);
-        let per_row = (s.len() as i64 - row_start + repeated) as u64;
-        s.bind(done);
-        s.i(Inst::Exit);
-        Ok((
-            s.finish(),
-            Tally {
-                setup,
-                per_row,
-                idle,
-            },
-        ))
+        block(s, &end, End::Any);
     }
 
     /// Pass 2's last group after the repeat: its exponentials, sums, packing and
@@ -848,9 +847,9 @@ impl Kernel for Softmax {
         let inp = operand(addrs, &name, "in")?;
         let out = operand(addrs, &name, "out")?;
         let recip = if self.recip {
-            operand(addrs, &name, "recip")?
+            Some(operand(addrs, &name, "recip")?)
         } else {
-            0
+            None
         };
         // Where row `r0` starts: rows are 32-byte pieces apart in block layout.
         let row_bytes = if self.blocked { 32 } else { self.ld * 2 };
@@ -862,7 +861,7 @@ impl Kernel for Softmax {
                 .u32(r)
                 .f32(self.scale * crate::mutation::factor("softmax"))
                 .f32(-self.scale * crate::mutation::factor("softmax"))
-                .u32(recip + 4 * r0)
+                .u32(recip.map_or(0, |at| at + 4 * r0))
                 .u32(mask as u32)
                 .u32((mask >> 32) as u32)
                 .pad_to((i + 1) * usize::from(STRIDE));

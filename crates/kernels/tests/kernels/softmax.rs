@@ -141,6 +141,51 @@ fn softmax_matches_reference() {
     }
 }
 
+/// Each row's `1/sum` as the kernel wrote it.
+fn read_recip(out: &Outcome, rows: u32) -> Vec<f32> {
+    out.read("recip", rows * 4)
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// `e · 1/sum` of every row (`e` row-major, `ld` apart) against the f64 softmax
+/// within the documented bound, `e` at most 1 (up to the common factor), padding
+/// columns `+0`.
+fn check_exponentials(k: &Softmax, scores: &[f16], e: &[f16], recip: &[f32]) {
+    let (n, ld) = (k.n as usize, k.ld as usize);
+    for (r, row) in scores.chunks(n).enumerate() {
+        let want = reference(row, k.scale);
+        let g = &e[r * ld..(r + 1) * ld];
+        for (c, (&ev, &w)) in g.iter().zip(&want).enumerate() {
+            let p = ev.to_f64() * f64::from(recip[r]);
+            assert!(
+                (p - w).abs() <= tolerance(w, k.n),
+                "{}: row {r} column {c}: e {ev} x 1/sum {} = {p}, want {w}",
+                k.symbol(),
+                recip[r]
+            );
+            assert!(ev.to_f64() <= 1.04, "{}: e above 1", k.symbol());
+        }
+        for (c, v) in g.iter().enumerate().skip(n) {
+            assert_eq!(v.to_bits(), 0, "{}: row {r} padding column {c}", k.symbol());
+        }
+    }
+}
+
+/// Runs the row-major `recip` softmax on `scores`: its exponentials and `1/sum`s.
+fn run_recip(k: &Softmax, scores: &[f16]) -> (Vec<f16>, Vec<f32>) {
+    let inputs = vec![
+        ("in", f16_bytes(&padded(k, scores))),
+        ("out", garbage_out(k)),
+    ];
+    let out = run(k, &layout(k), &inputs);
+    out.assert_ok();
+    assert!(out.violations.is_empty(), "{:?}", out.violations);
+    let e = out.read_f16("out", (k.rows * k.ld) as usize);
+    (e, read_recip(&out, k.rows))
+}
+
 /// With `recip`, `out` holds the exponentials and `recip` each row's `1/sum`: their
 /// product is the softmax within the same bound (less the final rounding, which the
 /// caller's scaling does), and the padding columns are `+0`.
@@ -158,36 +203,8 @@ fn recip_leaves_the_normalisation_to_the_caller() {
     for (seed, &(rows, n, ld, scale, spread)) in cases.iter().enumerate() {
         let k = Softmax::with_ld(rows, n, ld, scale).with_recip();
         let x = scores(1300 + seed as u64, (rows * n) as usize, spread / scale, 1.0);
-        let addrs = layout(&k);
-        let inputs = vec![("in", f16_bytes(&padded(&k, &x))), ("out", garbage_out(&k))];
-        let out = run(&k, &addrs, &inputs);
-        out.assert_ok();
-        assert!(out.violations.is_empty(), "{:?}", out.violations);
-        let (n, ld) = (n as usize, ld as usize);
-        let e = out.read_f16("out", rows as usize * ld);
-        let recip: Vec<f32> = out
-            .read("recip", rows * 4)
-            .chunks(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        for (r, row) in x.chunks(n).enumerate() {
-            let want = reference(row, k.scale);
-            let g = &e[r * ld..(r + 1) * ld];
-            for (c, (&ev, &w)) in g.iter().zip(&want).enumerate() {
-                let p = ev.to_f64() * f64::from(recip[r]);
-                let err = (p - w).abs();
-                assert!(
-                    err <= tolerance(w, k.n),
-                    "{}: row {r} column {c}: e {ev} x 1/sum {} = {p}, want {w}",
-                    k.symbol(),
-                    recip[r]
-                );
-                assert!(ev.to_f64() <= 1.04, "{}: e above 1", k.symbol());
-            }
-            for (c, v) in g.iter().enumerate().skip(n) {
-                assert_eq!(v.to_bits(), 0, "{}: row {r} padding column {c}", k.symbol());
-            }
-        }
+        let (e, recip) = run_recip(&k, &x);
+        check_exponentials(&k, &x, &e, &recip);
     }
 }
 
@@ -202,9 +219,22 @@ fn to_blocks<T: Copy>(v: &[T], rows: usize, ld: usize) -> Vec<T> {
     out
 }
 
+/// The AMP's block layout `[ld/16][rows][16]` back to row-major `[rows][ld]`.
+fn from_blocks<T: Copy>(v: &[T], rows: usize, ld: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(v.len());
+    for r in 0..rows {
+        for b in 0..ld / 16 {
+            let at = (b * rows + r) * 16;
+            out.extend_from_slice(&v[at..at + 16]);
+        }
+    }
+    out
+}
+
 /// Blocked: scores in block layout in, exponentials in block layout out (in place
-/// or not), the same results as the row-major `recip` softmax: `e · recip` within
-/// the bound, padding columns `+0`.
+/// or not), the same bits as the row-major `recip` softmax on the same scores (same
+/// arithmetic in the same order), and so the same checks: `e · recip` within the
+/// bound, padding columns `+0`.
 #[test]
 fn blocked_reads_and_writes_the_amp_layout() {
     let cases: [(u32, u32, u32, f32, f32, bool); 9] = [
@@ -226,7 +256,7 @@ fn blocked_reads_and_writes_the_amp_layout() {
             spread / scale,
             -2.0,
         );
-        let (r, n, ld) = (rows as usize, n as usize, ld as usize);
+        let (r, ld) = (rows as usize, ld as usize);
         let mut addrs = layout(&k);
         let input = f16_bytes(&to_blocks(&padded(&k, &x), r, ld));
         let inputs = if in_place {
@@ -238,34 +268,26 @@ fn blocked_reads_and_writes_the_amp_layout() {
         let out = run(&k, &addrs, &inputs);
         out.assert_ok();
         assert!(out.violations.is_empty(), "{:?}", out.violations);
-        let blocks = out.read_f16("out", r * ld);
-        let recip: Vec<f32> = out
-            .read("recip", rows * 4)
-            .chunks(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        for (row, xs) in x.chunks(n).enumerate() {
-            let want = reference(xs, k.scale);
-            for c in 0..ld {
-                let e = blocks[(c / 16) * r * 16 + row * 16 + c % 16];
-                if c >= n {
-                    assert_eq!(
-                        e.to_bits(),
-                        0,
-                        "{}: row {row} padding column {c}",
-                        k.symbol()
-                    );
-                    continue;
-                }
-                let p = e.to_f64() * f64::from(recip[row]);
-                assert!(
-                    (p - want[c]).abs() <= tolerance(want[c], k.n),
-                    "{}: row {row} column {c}: {p} want {}",
-                    k.symbol(),
-                    want[c]
-                );
-            }
-        }
+        let e = from_blocks(&out.read_f16("out", r * ld), r, ld);
+        let recip = read_recip(&out, rows);
+        check_exponentials(&k, &x, &e, &recip);
+        let (e_rm, recip_rm) = run_recip(
+            &Softmax::with_ld(rows, n, ld as u32, scale).with_recip(),
+            &x,
+        );
+        let bits = |v: &[f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&e),
+            bits(&e_rm),
+            "{}: e differs from row-major",
+            k.symbol()
+        );
+        assert_eq!(
+            recip,
+            recip_rm,
+            "{}: 1/sum differs from row-major",
+            k.symbol()
+        );
     }
 }
 

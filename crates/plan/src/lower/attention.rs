@@ -28,7 +28,7 @@
 //! divides by the summed denominators (`row_max`, `exp_shift`, `reduce_norm`).
 
 use tessera_kernels::{
-    AmpMatmul, BlocksToRows, ExpShift, Rearrange, ReduceNorm, RowMax, ScaleRows, Softmax,
+    AmpMatmul, BlocksToRows, ExpShift, Kernel, Rearrange, ReduceNorm, RowMax, ScaleRows, Softmax,
     TransposeBlocks, ZeroFill,
 };
 
@@ -134,6 +134,11 @@ pub(crate) fn attention(
                 let tile = tile_of(m);
                 let r0 = m * rows_per;
                 let rows = rows_per.min(op.tq - r0);
+                // The kernel says whether its block-layout variant takes this shape.
+                let blocked = Softmax::with_ld(rows, op.t, tp, op.scale)
+                    .with_blocked()
+                    .validate()
+                    .is_ok();
                 let mut blk = |what: &str, bytes: u32| {
                     lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
                 };
@@ -147,7 +152,7 @@ pub(crate) fn attention(
                     q_amp: blk("q", rows * op.dp * 2),
                     w1: blk("kt", tp * op.dp * 2),
                     s_blk: blk("scores.amp", rows * tp * 2),
-                    s_rm: (rows > Softmax::BLOCKED_ROWS_MAX).then(|| blk("scores", rows * tp * 2)),
+                    s_rm: (!blocked).then(|| blk("scores", rows * tp * 2)),
                     recip: blk("recip", rows * 4),
                     v_w: blk("v", tp * op.dp * 2),
                     ctx: blk("ctx", rows * op.dp * 2),
