@@ -50,7 +50,7 @@ const SPLIT_ROW_BYTES: u32 = 2 * 4 * WORKERS;
 const SPLIT_MAX_ROWS: u32 = 16;
 /// Supervisor bytes of the column split: `setzi` x2, then per launch `runall`,
 /// `sync local`, and a `setzi` of the next entry.
-const SPLIT_SNIPPET_BYTES: u32 = 40;
+pub(crate) const SPLIT_SNIPPET_BYTES: u32 = 40;
 
 pub(crate) fn fbin(op: FBinOp, vec: FVec, d: u8, x: u8, y: u8) -> Inst {
     Inst::FBin {
@@ -400,7 +400,7 @@ impl LayerNorm {
 
 /// The column split's supervisor snippet: three launches, each waited for, the
 /// workers of one reading what the previous one's wrote.
-fn split_snippet(entry: u32, state: u32, entries: [u32; 3], stride: u16) -> Vec<Word> {
+pub(crate) fn split_snippet(entry: u32, state: u32, entries: [u32; 3], stride: u16) -> Vec<Word> {
     let run = [
         Word::Single(Inst::RunAll {
             entry: m(0),

@@ -9,7 +9,7 @@ use std::sync::RwLock;
 /// The kernel kinds with a constant to mutate, and which constant:
 /// - `gelu`: `c1 = sqrt(2/pi)` in the vertex state;
 /// - `layernorm`: `1/width` in the vertex state;
-/// - `softmax`: the score scale in the vertex state;
+/// - `softmax`: the score scale in the vertex state (row and column softmax);
 /// - `amp_matmul`: every packed weight (what the AMP multiplies by).
 pub const MUTABLE: &[&str] = &["gelu", "layernorm", "softmax", "amp_matmul"];
 

@@ -76,24 +76,24 @@ const MASK_AT: u16 = 3;
 
 // `$a` registers (pairs named by their first register).
 /// Group loaded from memory (four f16): scores in passes 1-2, `e` in pass 3.
-const X: u8 = 0;
+pub(crate) const X: u8 = 0;
 /// f32 lanes of half a group; packed `e` of the previous group; the mask, from the
 /// end of the previous row until pass 2 (loaded again for a masked last group).
-const W: u8 = 2;
+pub(crate) const W: u8 = 2;
 /// Pass 2: arguments, then exponentials, of lanes 0-1; pass 3: f32 lanes 2-3.
-const D0: u8 = 4;
+pub(crate) const D0: u8 = 4;
 /// Pass 2: lanes 2-3; pass 3: the packed probabilities.
-const D1: u8 = 6;
+pub(crate) const D1: u8 = 6;
 /// `scale` in both lanes, for the whole run.
-const SC: u8 = 8;
+pub(crate) const SC: u8 = 8;
 /// Pass 1: the running maximum (four f16); pass 2: the sums of lanes 0-1.
-const S1: u8 = 10;
+pub(crate) const S1: u8 = 10;
 /// Pass 2: the sums of lanes 2-3; pass 3: `1/sum` in both lanes.
-const S2: u8 = 12;
+pub(crate) const S2: u8 = 12;
 /// `-scale`, for the whole run.
-const NEG_SCALE: u8 = 14;
+pub(crate) const NEG_SCALE: u8 = 14;
 /// `$azero`.
-const AZ: u8 = 15;
+pub(crate) const AZ: u8 = 15;
 
 // `$m` registers.
 const IN: MReg = MReg(2); // current `in` row; pass 2's read pointer
@@ -117,24 +117,24 @@ const LAST_AT: MReg = MReg(8);
 
 /// One issue: a main-pipe instruction, an aux-pipe instruction, or both (a bundle).
 #[derive(Debug, Clone, Copy)]
-struct Issue {
+pub(crate) struct Issue {
     main: Option<Inst>,
     aux: Option<Inst>,
 }
 
-fn mi(main: Inst) -> Issue {
+pub(crate) fn mi(main: Inst) -> Issue {
     Issue {
         main: Some(main),
         aux: None,
     }
 }
-fn ai(aux: Inst) -> Issue {
+pub(crate) fn ai(aux: Inst) -> Issue {
     Issue {
         main: None,
         aux: Some(aux),
     }
 }
-fn bi(main: Inst, aux: Inst) -> Issue {
+pub(crate) fn bi(main: Inst, aux: Inst) -> Issue {
     Issue {
         main: Some(main),
         aux: Some(aux),
@@ -156,7 +156,7 @@ impl Issue {
 
 /// How a block must end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
+pub(crate) enum End {
     Any,
     /// A bundle follows.
     Aligned,
@@ -169,7 +169,7 @@ enum End {
 /// or an 8-byte bundle with a no-op partner (still one issue): the choice is made so
 /// that every bundle is 8-byte aligned and the block ends as `end` asks, with no
 /// padding `nop` (which would cost an issue) and as few wide words as possible.
-fn block(s: &mut Asm, issues: &[Issue], end: End) {
+pub(crate) fn block(s: &mut Asm, issues: &[Issue], end: End) {
     // reach[i][p]: how the state "after i issues, at 4*p mod 8" was first reached at
     // least cost: (previous p, whether issue i-1 was wide, wide words so far).
     let n = issues.len();
@@ -243,23 +243,56 @@ pub(crate) struct Tally {
     pub idle: u64,
 }
 
-fn ld64(d: u8, base: MReg, imm: u16) -> Inst {
+pub(crate) fn ld64(d: u8, base: MReg, imm: u16) -> Inst {
     Inst::Ld64 { d: a(d), base, imm }
 }
-fn mov_am(d: u8, s: MReg) -> Inst {
+pub(crate) fn mov_am(d: u8, s: MReg) -> Inst {
     Inst::MovAm { d: a(d), a: s }
 }
-fn exp(r: u8) -> Inst {
+pub(crate) fn exp(r: u8) -> Inst {
     fun(FUnOp::Exp, r, r)
 }
 fn min4(d: u8, x: u8, y: u8) -> Inst {
     fbin(FBinOp::Min, FVec::F16V4, d, x, y)
 }
-fn add2(d: u8, x: u8) -> Inst {
+pub(crate) fn add2(d: u8, x: u8) -> Inst {
     fbin(FBinOp::Add, FVec::F32V2, d, d, x)
 }
-fn mul2(d: u8, x: u8) -> Inst {
+pub(crate) fn mul2(d: u8, x: u8) -> Inst {
     fbin(FBinOp::Mul, FVec::F32V2, d, d, x)
+}
+
+/// Pass 2 of one group rotated with the end of the previous one (12 issues, 13 with
+/// `masked`): `ld` loads the group's four scores into `X`; the previous group's
+/// arguments (in `D0`, `D1`) are exponentiated, added to the lane sums (`S1` lanes
+/// 0-1, `S2` lanes 2-3), packed into `W` and stored by `st`; the argument pairs are
+/// re-armed with `C` from `c` (one `$m` register per lane: the row softmax passes its
+/// one `C` four times, the column softmax each column's own) and the new group is
+/// converted and multiplied in (`D = C + x * scale`). With `masked`, the mask is
+/// loaded into `W` (free between the last conversion and the packing) and applied
+/// before the conversion.
+pub(crate) fn pass2_group(ld: Inst, st: Inst, c: [MReg; 4], masked: bool) -> Vec<Issue> {
+    let mut v = vec![bi(ld, exp(D0))];
+    if masked {
+        v.push(bi(ld64(W, MReg(0), MASK_AT), exp(D0 + 1)));
+        v.push(ai(exp(D1)));
+        v.push(ai(min4(X, X, W)));
+    } else {
+        v.push(ai(exp(D0 + 1)));
+        v.push(ai(exp(D1)));
+    }
+    v.extend([
+        ai(exp(D1 + 1)),
+        ai(add2(S1, D0)),
+        bi(mov_am(D0, c[0]), to_f16(W, D0)),
+        bi(mov_am(D0 + 1, c[1]), add2(S2, D1)),
+        bi(mov_am(D1, c[2]), to_f16(W + 1, D1)),
+        bi(st, to_f32(W, X)),
+        bi(mov_am(D1 + 1, c[3]), fmac(FVec::F32V2, D0, W, SC)),
+        ai(to_f32(W, X + 1)),
+        ai(fmac(FVec::F32V2, D1, W, SC)),
+    ]);
+    v
 }
 
 impl Softmax {
@@ -412,33 +445,14 @@ impl Softmax {
     /// Issues of a worker without rows (load the count, branch, `exit`).
     pub(crate) const IDLE_ISSUES: u64 = 3;
 
-    /// Pass 2, one group `j` rotated with the end of group `j-1` (12 issues): load
-    /// `x(j)`; exponentials of `j-1`, its sums and packing; re-arm the argument pairs
-    /// with `C`; store `e(j-1)`; convert `x(j)` and form its arguments. With `masked`,
-    /// the copy for a partial last group: the mask is loaded into `W` (free between
-    /// the last conversion of `j-1` and its packing) and applied before conversion.
+    /// Pass 2, one group `j` rotated with the end of group `j-1` ([`pass2_group`]).
     fn pass2_body(&self, masked: bool, j: u32) -> Vec<Issue> {
-        let mut v = vec![bi(self.ld64g(X, IN, j), exp(D0))];
-        if masked {
-            v.push(bi(ld64(W, MReg(0), MASK_AT), exp(D0 + 1)));
-            v.push(ai(exp(D1)));
-            v.push(ai(min4(X, X, W)));
-        } else {
-            v.push(ai(exp(D0 + 1)));
-            v.push(ai(exp(D1)));
-        }
-        v.extend([
-            ai(exp(D1 + 1)),
-            ai(add2(S1, D0)),
-            bi(mov_am(D0, C_BITS), to_f16(W, D0)),
-            bi(mov_am(D0 + 1, C_BITS), add2(S2, D1)),
-            bi(mov_am(D1, C_BITS), to_f16(W + 1, D1)),
-            bi(self.st64g(W, WR, j - 1), to_f32(W, X)),
-            bi(mov_am(D1 + 1, C_BITS), fmac(FVec::F32V2, D0, W, SC)),
-            ai(to_f32(W, X + 1)),
-            ai(fmac(FVec::F32V2, D1, W, SC)),
-        ]);
-        v
+        pass2_group(
+            self.ld64g(X, IN, j),
+            self.st64g(W, WR, j - 1),
+            [C_BITS; 4],
+            masked,
+        )
     }
 
     /// Pass 3, group `j` rotated with the end of `j-1` (6 issues): load `e(j)`, scale

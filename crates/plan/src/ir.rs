@@ -9,7 +9,8 @@ use std::fmt;
 use serde::Serialize;
 use tessera_kernels::{
     Add, AddBias, AmpMatmul, BlocksToRows, Contract, ExpShift, Gelu, Kernel, LayerNorm, MemClass,
-    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleRows, Softmax, TransposeBlocks, ZeroFill,
+    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleRows, Softmax, SoftmaxCols, TransposeBlocks,
+    ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -80,6 +81,7 @@ pub enum KernelKind {
     ExpShift(ExpShift),
     ReduceNorm(ReduceNorm),
     ScaleRows(ScaleRows),
+    SoftmaxCols(SoftmaxCols),
 }
 
 impl KernelKind {
@@ -100,6 +102,7 @@ impl KernelKind {
             KernelKind::ExpShift(k) => k,
             KernelKind::ReduceNorm(k) => k,
             KernelKind::ScaleRows(k) => k,
+            KernelKind::SoftmaxCols(k) => k,
         }
     }
     pub fn contract(&self) -> Contract {
@@ -133,6 +136,7 @@ kernel_kind_from!(
     ExpShift => ExpShift,
     ReduceNorm => ReduceNorm,
     ScaleRows => ScaleRows,
+    SoftmaxCols => SoftmaxCols,
 );
 
 /// A place inside a buffer.

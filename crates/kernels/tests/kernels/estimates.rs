@@ -2,7 +2,7 @@
 
 use tessera_kernels::{
     Add, AddBias, AmpMatmul, BlocksToRows, ExpShift, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd,
-    ReduceNorm, RowMax, ScaleRows, Softmax, TransposeBlocks, ZeroFill,
+    ReduceNorm, RowMax, ScaleRows, Softmax, SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
 use crate::harness::{layout, run};
@@ -143,6 +143,9 @@ fn estimates_track_simulation() {
     }
     for (r, nb) in [(1, 1), (5, 2), (16, 5), (32, 5), (7, 46)] {
         check_exact(&ScaleRows::new(r, nb));
+    }
+    for (blocks, rows, n) in [(1, 736, 729), (2, 736, 729), (1, 12, 12), (3, 40, 13)] {
+        check_exact(&SoftmaxCols::new(blocks, rows, n, 0.125));
     }
     for (kc, tb) in [(1, 1), (1, 7), (2, 3), (3, 13), (5, 46)] {
         check_exact(&TransposeBlocks::new(kc, tb));

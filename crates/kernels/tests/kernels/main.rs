@@ -11,4 +11,5 @@ mod matmul;
 mod rearrange;
 mod scale_rows;
 mod softmax;
+mod softmax_cols;
 mod split_softmax;
