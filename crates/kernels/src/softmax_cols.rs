@@ -25,7 +25,7 @@
 use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, MReg, Word};
 use tessera_machine::Timing;
 
-use crate::asm::{Asm, MZ, a, int, inti, ld32, ld32m, m, mov, setzi};
+use crate::asm::{Asm, MZ, a, int, inti, ld32, ld32m, m, setzi};
 use crate::contract::{Contract, Operand, Role};
 use crate::layernorm::{
     SPLIT_SNIPPET_BYTES, bcast2, fbin, fun, simple_contract, split_snippet, to_f32,
