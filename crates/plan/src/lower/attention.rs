@@ -29,7 +29,7 @@
 
 use tessera_kernels::{
     AmpMatmul, BlocksToRows, ExpShift, Kernel, Rearrange, ReduceNorm, RowMax, ScaleRows, Softmax,
-    TransposeBlocks, ZeroFill,
+    SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
 use crate::PlanError;
@@ -119,6 +119,17 @@ pub(crate) fn attention(
             op.batch, op.heads, per_t, share, op.t, tp
         ));
         return single_query(lw, op, group, share, per_t);
+    }
+    let nbq = rows_per.div_ceil(AMP_WIDTH);
+    if SoftmaxCols::new(nbq, tp, op.t, op.scale)
+        .validate()
+        .is_ok()
+    {
+        lw.plan.decisions.push(format!(
+            "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} value blocks; keys {} padded to {}; scores transposed (K Q^T)",
+            op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
+        ));
+        return transposed(lw, op, group, (rows_per, per_rows), (share, per_t));
     }
     lw.plan.decisions.push(format!(
         "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} key blocks; keys {} padded to {}",
@@ -419,6 +430,341 @@ pub(crate) fn attention(
         let r = w.b * op.tq + w.r0;
         for c in 0..kc {
             out.push(chunk(w.ctx, c * w.rows * 32, r..r + w.rows, 0, w.h, c));
+        }
+    }
+    Ok(DistTensor {
+        rows: op.batch * op.tq,
+        cols: op.heads * op.dp,
+        elem_bytes: 2,
+        parts: out,
+    })
+}
+
+/// A tile of the transposed attention that owns query rows `r0..r0 + rows` of one
+/// (image, head) pair, padded to `16 nbq` rows.
+struct ColWork {
+    tile: u32,
+    b: u32,
+    h: u32,
+    pair: u32,
+    r0: u32,
+    rows: u32,
+    nbq: u32,
+    /// Its queries, `[kc][16 nbq][16]` (rows past `rows` zeroed).
+    q_amp: BufId,
+    /// `Q^T` in the AMP weight layout, `[nbq][kc][16][16]`.
+    qt: BufId,
+    /// The head's keys, `[kc][tp][16]` (rows past the last token zeroed): the
+    /// AMP's rows.
+    k: BufId,
+    /// `S^T = K Q^T`, `[nbq][tp][16]`; then `e^T` in place.
+    st: BufId,
+    /// Each query's `1/sum`, f32.
+    recip: BufId,
+    /// `V^T`, `[tb][kc 16][16]`, filled by the transposers.
+    vt: BufId,
+    /// `(e V)^T = V^T e^T`, `[nbq][kc 16][16]`.
+    ctxt: BufId,
+    /// The context, `[kc][16 nbq][16]`.
+    ctx: BufId,
+}
+
+/// A tile that transposes value blocks `blk0..blk0 + nbk` of one pair for the
+/// pair's row tiles.
+struct ValueTransposer {
+    tile: u32,
+    pair: u32,
+    b: u32,
+    h: u32,
+    blk0: u32,
+    nbk: u32,
+    /// Its values, `[kc][16 nbk][16]`.
+    vpart: BufId,
+    /// Their transpose, `[nbk][kc][16][16]`: blocks of `V^T`'s chunks.
+    out: BufId,
+}
+
+/// The attention with the keys on the AMP's rows: per tile, `S^T = K Q^T` takes
+/// `kc` calls of `tp` rows against `Q^T` (`kc nbq` 16x16 blocks) where `Q K^T` took
+/// `kc tb` calls of the tile's few query rows against `K^T`; the softmax runs
+/// down the columns (`softmax_cols`), `e^T` is the AMP weight layout of `V^T e^T`
+/// as it stands, whose `tb` calls stream the head's `16 kc` value dimensions;
+/// the transposers transpose the values once for all of a pair's tiles (the keys
+/// needed it before), and each tile transposes its own few query and context
+/// blocks.
+fn transposed(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    group: u32,
+    (rows_per, per_rows): (u32, u32),
+    (share, per_t): (u32, u32),
+) -> Result<DistTensor, PlanError> {
+    let name = op.name;
+    let tiles = lw.machine.tiles;
+    let kc = op.dp / AMP_WIDTH;
+    let tp = op.t.next_multiple_of(AMP_WIDTH);
+    let tb = tp / AMP_WIDTH;
+    let mut work = Vec::new();
+    let mut trans = Vec::new();
+    for b in 0..op.batch {
+        for h in 0..op.heads {
+            let pair = b * op.heads + h;
+            let tile_of = |m: u32| (pair * group + m) % tiles;
+            for m in 0..per_rows {
+                let tile = tile_of(m);
+                let r0 = m * rows_per;
+                let rows = rows_per.min(op.tq - r0);
+                let nbq = rows.div_ceil(AMP_WIDTH);
+                let mut blk = |what: &str, bytes: u32| {
+                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
+                };
+                work.push(ColWork {
+                    tile,
+                    b,
+                    h,
+                    pair,
+                    r0,
+                    rows,
+                    nbq,
+                    q_amp: blk("q", nbq * AMP_WIDTH * op.dp * 2),
+                    qt: blk("qt", nbq * kc * 512),
+                    k: blk("k", tp * op.dp * 2),
+                    st: blk("scores.t", nbq * tp * 32),
+                    recip: blk("recip", nbq * 64),
+                    vt: blk("vt", tp * op.dp * 2),
+                    ctxt: blk("ctx.t", nbq * op.dp * 32),
+                    ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
+                });
+            }
+            for m in 0..per_t {
+                let tile = tile_of(m);
+                let blk0 = m * share;
+                let nbk = share.min(tb - blk0);
+                let mut blk = |what: &str, bytes: u32| {
+                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
+                };
+                trans.push(ValueTransposer {
+                    tile,
+                    pair,
+                    b,
+                    h,
+                    blk0,
+                    nbk,
+                    vpart: blk("v.part", nbk * kc * 512),
+                    out: blk("vt.part", nbk * kc * 512),
+                });
+            }
+        }
+    }
+    let like = |src: &DistTensor, parts: Vec<Part>| DistTensor {
+        rows: src.rows,
+        cols: src.cols,
+        elem_bytes: 2,
+        parts,
+    };
+    let chunk =
+        |buf: BufId, offset: u32, rows: std::ops::Range<u32>, first: u32, h: u32, c: u32| {
+            let c0 = first + h * op.dp + c * AMP_WIDTH;
+            Part {
+                at: Loc { buf, offset },
+                rows,
+                cols: c0..c0 + AMP_WIDTH,
+            }
+        };
+    let (q_src, q_first) = op.q;
+    let (k_src, k_first) = op.k;
+    let (v_src, v_first) = op.v;
+    let bad = |what: &str, e: crate::dist::DistError| {
+        PlanError::Unsupported(format!("{name}: {what} do not cover the head: {e}"))
+    };
+
+    // Queries and the head's keys to the row tiles, value blocks to the
+    // transposers, all in one exchange.
+    let mut q_parts = Vec::new();
+    let mut k_parts = Vec::new();
+    for w in &work {
+        let r = if op.shared_q { 0 } else { w.b * op.tq } + w.r0;
+        let rk = w.b * op.t;
+        for c in 0..kc {
+            q_parts.push(chunk(
+                w.q_amp,
+                c * w.nbq * 512,
+                r..r + w.rows,
+                q_first,
+                w.h,
+                c,
+            ));
+            k_parts.push(chunk(w.k, c * tp * 32, rk..rk + op.t, k_first, w.h, c));
+        }
+    }
+    let mut v_parts = Vec::new();
+    for t in &trans {
+        let t0 = t.blk0 * AMP_WIDTH;
+        let t1 = ((t.blk0 + t.nbk) * AMP_WIDTH).min(op.t);
+        if t1 <= t0 {
+            continue;
+        }
+        let r = t.b * op.t;
+        for c in 0..kc {
+            v_parts.push(chunk(
+                t.vpart,
+                c * t.nbk * 512,
+                r + t0..r + t1,
+                v_first,
+                t.h,
+                c,
+            ));
+        }
+    }
+    let mut copies = redistribute(q_src, &like(q_src, q_parts)).map_err(|e| bad("queries", e))?;
+    copies.extend(redistribute(k_src, &like(k_src, k_parts)).map_err(|e| bad("keys", e))?);
+    copies.extend(redistribute(v_src, &like(v_src, v_parts)).map_err(|e| bad("values", e))?);
+    lw.exchange(&format!("{name}.qkv"), copies);
+
+    // Value blocks transposed (rows past the last token zeroed first: the key
+    // dimension is padded to 16); per row tile, `Q^T`, `S^T = K Q^T` and the
+    // softmax down its columns.
+    let step = lw.compute_step();
+    let at = |buf| Loc { buf, offset: 0 };
+    for t in &trans {
+        let real =
+            op.t.saturating_sub(t.blk0 * AMP_WIDTH)
+                .min(t.nbk * AMP_WIDTH);
+        let pad = t.nbk * AMP_WIDTH - real;
+        if pad > 0 {
+            lw.call(
+                t.tile,
+                step,
+                ZeroFill::new(kc, pad * 32, t.nbk * 512),
+                &[(
+                    "out",
+                    Loc {
+                        buf: t.vpart,
+                        offset: real * 32,
+                    },
+                )],
+            );
+        }
+        lw.call(
+            t.tile,
+            step,
+            TransposeBlocks::new(kc, t.nbk),
+            &[("in", at(t.vpart)), ("out", at(t.out))],
+        );
+    }
+    let key_pad = tp - op.t;
+    for w in &work {
+        let q_pad = w.nbq * AMP_WIDTH - w.rows;
+        if q_pad > 0 {
+            lw.call(
+                w.tile,
+                step,
+                ZeroFill::new(kc, q_pad * 32, w.nbq * 512),
+                &[(
+                    "out",
+                    Loc {
+                        buf: w.q_amp,
+                        offset: w.rows * 32,
+                    },
+                )],
+            );
+        }
+        if key_pad > 0 {
+            lw.call(
+                w.tile,
+                step,
+                ZeroFill::new(kc, key_pad * 32, tp * 32),
+                &[(
+                    "out",
+                    Loc {
+                        buf: w.k,
+                        offset: op.t * 32,
+                    },
+                )],
+            );
+        }
+        lw.call(
+            w.tile,
+            step,
+            TransposeBlocks::new(kc, w.nbq),
+            &[("in", at(w.q_amp)), ("out", at(w.qt))],
+        );
+        amp(
+            lw,
+            w.tile,
+            step,
+            name,
+            (tp, kc, w.nbq),
+            at(w.k),
+            at(w.qt),
+            at(w.st),
+        );
+        lw.call(
+            w.tile,
+            step,
+            SoftmaxCols::new(w.nbq, tp, op.t, op.scale),
+            &[("in", at(w.st)), ("out", at(w.st)), ("recip", at(w.recip))],
+        );
+    }
+
+    // `V^T` to every row tile of the pair (a transposer's own row tile included).
+    let mut copies = Vec::new();
+    for t in &trans {
+        let dsts: Vec<Loc> = work
+            .iter()
+            .filter(|w| w.pair == t.pair)
+            .map(|w| Loc {
+                buf: w.vt,
+                offset: t.blk0 * kc * 512,
+            })
+            .collect();
+        if !dsts.is_empty() {
+            copies.push(Copy {
+                src: at(t.out),
+                bytes: t.nbk * kc * 512,
+                dsts,
+            });
+        }
+    }
+    lw.exchange(&format!("{name}.vt"), copies);
+
+    // `(e V)^T = V^T e^T`, back to the context's layout, each query row scaled by
+    // its `1/sum`.
+    let step = lw.compute_step();
+    let mut out = Vec::new();
+    for w in &work {
+        amp(
+            lw,
+            w.tile,
+            step,
+            name,
+            (kc * AMP_WIDTH, tb, w.nbq),
+            at(w.vt),
+            at(w.st),
+            at(w.ctxt),
+        );
+        lw.call(
+            w.tile,
+            step,
+            TransposeBlocks::new(w.nbq, kc),
+            &[("in", at(w.ctxt)), ("out", at(w.ctx))],
+        );
+        lw.call(
+            w.tile,
+            step,
+            ScaleRows::new(w.nbq * AMP_WIDTH, kc),
+            &[("x", at(w.ctx)), ("f", at(w.recip))],
+        );
+        let r = w.b * op.tq + w.r0;
+        for c in 0..kc {
+            out.push(chunk(
+                w.ctx,
+                c * w.nbq * 512,
+                r..r + w.rows,
+                0,
+                w.h,
+                c,
+            ));
         }
     }
     Ok(DistTensor {
