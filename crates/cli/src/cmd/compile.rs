@@ -74,6 +74,11 @@ pub struct ModelArgs {
     /// mismatch.
     #[arg(long, hide = true)]
     pub mutate_kernel: Option<String>,
+    /// Test hook: lower every multi-query attention with scores `Q K^T` and the row
+    /// softmax, the path otherwise taken only where the transposed one does not
+    /// apply.
+    #[arg(long, hide = true)]
+    pub row_attention: bool,
     /// Whole-model plans to build completely before selecting one (1: the rules'
     /// defaults, no search; at most 64, docs/limits.md)
     #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
@@ -213,6 +218,7 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
         opts.lower.rearrange_declared_align = Some(2);
         opts.exploit_declared_alignment = true;
     }
+    opts.lower.row_attention = a.row_attention;
     opts.keep_layouts = a.profile.is_some();
     if a.finalists <= 1 {
         let r = compile_model(&p.machine, &p.graph, &p.weights, &opts);
@@ -1355,6 +1361,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         seed: 1,
         weaken_rearrange_contract: false,
         mutate_kernel: None,
+        row_attention: false,
         // Each variant keeps the rules' defaults, so that only the assumption moves.
         finalists: 1,
         simulate_finalists: 0,

@@ -121,10 +121,7 @@ pub(crate) fn attention(
         return single_query(lw, op, group, share, per_t);
     }
     let nbq = rows_per.div_ceil(AMP_WIDTH);
-    if SoftmaxCols::new(nbq, tp, op.t, op.scale)
-        .validate()
-        .is_ok()
-    {
+    if !lw.opts.row_attention && SoftmaxCols::new(nbq, tp, op.t, op.scale).validate().is_ok() {
         lw.plan.decisions.push(format!(
             "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} value blocks; keys {} padded to {}; scores transposed (K Q^T)",
             op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
@@ -757,14 +754,7 @@ fn transposed(
         );
         let r = w.b * op.tq + w.r0;
         for c in 0..kc {
-            out.push(chunk(
-                w.ctx,
-                c * w.nbq * 512,
-                r..r + w.rows,
-                0,
-                w.h,
-                c,
-            ));
+            out.push(chunk(w.ctx, c * w.nbq * 512, r..r + w.rows, 0, w.h, c));
         }
     }
     Ok(DistTensor {

@@ -52,6 +52,9 @@ pub struct LowerOptions {
     /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
     /// keeps the kernel's true contract.
     pub rearrange_declared_align: Option<u32>,
+    /// Lower every multi-query attention with scores `Q K^T` and the row softmax
+    /// (for tests of that path), not only where the transposed one does not apply.
+    pub row_attention: bool,
     /// The strategy to use per operation name, as an index into the operation's
     /// candidates (`TilePlan::candidates`); operations not named take their first.
     pub choices: BTreeMap<String, usize>,
@@ -64,6 +67,7 @@ impl Default for LowerOptions {
             transient_bytes: 160 * 1024,
             slab_bias_bytes: 16 * 1024,
             rearrange_declared_align: None,
+            row_attention: false,
             choices: BTreeMap::new(),
         }
     }
