@@ -148,7 +148,7 @@ fn finalists_are_reported_and_selection_is_deterministic() {
     assert_eq!(first, run(Some("1")));
 }
 
-/// Squeezed by `--capacity`: the rules' defaults (rank 1) need 480 bytes more on
+/// Squeezed by `--capacity`: the rules' defaults (rank 1) need 224 bytes more on
 /// their worst tiles, so a lower-ranked finalist that keeps fewer bytes per tile is
 /// selected, and it runs and validates. Every infeasible finalist reports its
 /// failing tiles and missing bytes.
@@ -163,7 +163,7 @@ fn a_squeezed_compile_selects_a_lower_ranked_finalist_that_runs() {
         "--machine",
         "small",
         "--capacity",
-        "225440",
+        "224416",
         "--finalists",
         "6",
         "--json",
@@ -174,7 +174,7 @@ fn a_squeezed_compile_selects_a_lower_ranked_finalist_that_runs() {
     let f = v["finalists"].as_array().expect("finalists").clone();
     assert_eq!(f.len(), 6);
     assert_eq!(f[0]["feasible"], false, "{:?}", f[0]);
-    assert_eq!(f[0]["missing_bytes"].as_u64(), Some(480), "{:?}", f[0]);
+    assert_eq!(f[0]["missing_bytes"].as_u64(), Some(224), "{:?}", f[0]);
     for x in f.iter().filter(|x| x["feasible"] == false) {
         assert!(x["failing_tiles"].as_u64().unwrap() > 0, "{x}");
         assert!(x["missing_bytes"].as_u64().unwrap() > 0, "{x}");

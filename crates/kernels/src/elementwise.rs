@@ -263,7 +263,7 @@ impl Kernel for ReduceAdd {
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         crate::single_entry(self, code_base, || {
-            reduce_code(code_base, None, wide(self.n), self.addends)
+            reduce_code(code_base, None, (self.k, self.n), self.addends)
         })
     }
     fn contract(&self) -> Contract {
@@ -307,7 +307,7 @@ impl Kernel for ReduceNorm {
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         crate::single_entry(self, code_base, || {
-            reduce_code(code_base, Some(self.k), wide(self.n), 0)
+            reduce_code(code_base, Some(self.k), (self.k, self.n), 0)
         })
     }
     fn contract(&self) -> Contract {
@@ -333,6 +333,16 @@ impl Kernel for ReduceNorm {
 /// Whether a reduction over rows of `n` columns reads its octets with `ld128`.
 fn wide(n: u32) -> bool {
     n.is_multiple_of(8)
+}
+
+/// Most partials a wide reduction unrolls (8 bytes of code each).
+const UNROLL_MAX: u32 = 64;
+
+/// Whether a wide reduction of `k` partials unrolls its partial loop: every
+/// partial's octet at an immediate `ld128` offset (12 bits of 16 bytes) from the
+/// first one's, so a partial costs one issue (`{ ld128; f16v8acc }`) instead of two.
+fn unrolled(k: u32, n: u32) -> bool {
+    wide(n) && k <= UNROLL_MAX && (k - 1) * (n * 2 / 16) < 1 << 12
 }
 
 fn reduce_input(k: u32, n: u32) -> Operand {
@@ -407,6 +417,13 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
     let setup = if addends > 0 { 2 } else { 0 };
     // An addend is read like one more partial.
     let per_input = if wide(n) { 2 } else { 3 };
+    let per_octet = if unrolled(k, n) {
+        // The partials one issue each, without the rolled loop's pointer copy,
+        // pointer step and `rpt`.
+        k64 + 2 * b + 12
+    } else {
+        per_input * (k64 + b) + 14
+    };
     crate::single_shot_cycles(
         t,
         reduce_split(n).into_iter().map(|(_, o, tail)| {
@@ -415,7 +432,7 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
             } else {
                 1
             };
-            8 + prologue + setup + u64::from(o) * (per_input * (k64 + b) + 14 + 4 * scaled) + tail
+            8 + prologue + setup + u64::from(o) * (per_octet + 4 * scaled) + tail
         }),
     )
 }
@@ -443,8 +460,12 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
 ///
 /// When every octet start is 16-byte aligned (`wide`: `n % 8 == 0`, and the contract
 /// asks for a 16-byte aligned `in` in interleaved memory), a partial's octet is one
-/// `ld128`, so a partial costs two issues per eight columns instead of three.
-fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool, addends: u8) -> Vec<Word> {
+/// `ld128`, so a partial costs two issues per eight columns instead of three; one
+/// when the partials are few enough to be unrolled at immediate offsets
+/// ([`unrolled`]).
+fn reduce_code(code_base: u32, norm: Option<u32>, (k, n): (u32, u32), addends: u8) -> Vec<Word> {
+    let unroll = unrolled(k, n);
+    let wide = wide(n);
     // `$m12` and `$m13` hold the addends' distances from `in` (`b`, `c`).
     let distances = [m(12), m(13)];
     let distances = &distances[..usize::from(addends)];
@@ -527,27 +548,42 @@ fn reduce_code(code_base: u32, norm: Option<u32>, wide: bool, addends: u8) -> Ve
     };
     s.brz(m(8), tail);
     s.bind(octet);
-    s.i(mov(m(5), m(4)));
-    if wide {
-        // Eight bytes like the two loads it replaces, so the bundles below stay
-        // aligned without padding issues.
-        s.b(ld128(), crate::asm::AUX_NOP);
-    } else {
-        s.i(ld(0, 0));
-        s.i(ld(2, 1));
-    }
-    s.i(int(IntOp::Add, m(5), m(5), m(6)));
-    // Each pass accumulates the previous partial while loading the next.
-    s.rpt(m(7), |b| {
-        if wide {
-            b.b(ld128(), acc8);
-            b.b(int(IntOp::Add, m(5), m(5), m(6)), crate::asm::AUX_NOP);
-        } else {
-            b.b(ld(0, 0), acc8);
-            b.i(ld(2, 1));
-            b.i(int(IntOp::Add, m(5), m(5), m(6)));
+    if unroll {
+        // Partial j's octet is `j` strides on: each load beside the previous
+        // partial's accumulation. (One word, then bundles: the loop starts where
+        // the rolled one does, so what follows stays aligned.)
+        let at = |j: u32| Inst::Ld128 {
+            d: a(0),
+            base: m(4),
+            imm: (j * n * 2 / 16) as u16,
+        };
+        s.i(at(0));
+        for j in 1..k {
+            s.b(at(j), acc8);
         }
-    });
+    } else {
+        s.i(mov(m(5), m(4)));
+        if wide {
+            // Eight bytes like the two loads it replaces, so the bundles below stay
+            // aligned without padding issues.
+            s.b(ld128(), crate::asm::AUX_NOP);
+        } else {
+            s.i(ld(0, 0));
+            s.i(ld(2, 1));
+        }
+        s.i(int(IntOp::Add, m(5), m(5), m(6)));
+        // Each pass accumulates the previous partial while loading the next.
+        s.rpt(m(7), |b| {
+            if wide {
+                b.b(ld128(), acc8);
+                b.b(int(IntOp::Add, m(5), m(5), m(6)), crate::asm::AUX_NOP);
+            } else {
+                b.b(ld(0, 0), acc8);
+                b.i(ld(2, 1));
+                b.i(int(IntOp::Add, m(5), m(5), m(6)));
+            }
+        });
+    }
     for &d in distances {
         // The last partial (or addend) is accumulated while the next addend's
         // address is formed; the addend then goes in as one more partial.
