@@ -116,7 +116,18 @@ impl MatmulMapping {
 
         let amp = AmpMatmul::new(rows_t, kc_t, nb_t).estimate_cycles_with(t);
         let rearrange = Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t);
-        let exchange_in = u64::from(t.exchange_overhead_cycles) + a_bytes / xbw;
+        // A (row, inner) group's tiles are consecutive from an aligned first tile
+        // (the column group varies fastest, see the lowering's grid), and all of
+        // them receive the same input block: with a multiple of the shared bus's
+        // group size, every receiver shares its bus with one receiving the same
+        // bytes, at that many times the port rate.
+        let bus = u64::from(t.tiles_per_shared_exchange_bus.max(1));
+        let shared = if u64::from(pn).is_multiple_of(bus) {
+            bus
+        } else {
+            1
+        };
+        let exchange_in = u64::from(t.exchange_overhead_cycles) + a_bytes / (xbw * shared);
         let slab_elems = u32::try_from(slab_bytes / 2).unwrap_or(u32::MAX);
         // The bias slab is added inside the reduction when there is one (the
         // lowering's whole-slab case), otherwise by its own `add`.

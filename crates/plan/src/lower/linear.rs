@@ -54,6 +54,9 @@ impl Grid {
     pub fn tiles(&self) -> u32 {
         (self.rows.len() * self.chunks.len() * self.blocks.len()) as u32
     }
+    /// Tile of cell (i, j, l): the column group varies fastest, from tile 0, so a
+    /// (row, inner) group's tiles, which receive the same input, are consecutive
+    /// (the cost model counts on it for the shared exchange bus).
     fn tile(&self, i: usize, j: usize, l: usize) -> u32 {
         ((i * self.chunks.len() + j) * self.blocks.len() + l) as u32
     }
