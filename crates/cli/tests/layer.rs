@@ -422,53 +422,13 @@ fn small_layer_config(dir: &std::path::Path, image_size: u32) -> std::path::Path
     c
 }
 
-/// 81 tokens on two tiles a head: 41 query rows a tile. The transposed attention
-/// pads them to 48 (three query blocks, the last zeroed in part); with the row
-/// path forced, 41 rows are more than the softmax on the AMP's block layout takes
-/// (32), so the attention converts the scores to row-major and back around a
-/// row-major softmax. Both validate.
-#[test]
-fn attention_with_41_query_rows_a_tile_validates_on_both_paths() {
-    let dir = common::scratch("rows41");
-    let c = small_layer_config(&dir, 126);
-    for (hook, transposed) in [(None, true), (Some("--row-attention"), false)] {
-        let mut args = vec![
-            "run",
-            "--config",
-            c.to_str().unwrap(),
-            "--machine",
-            "small",
-            "--tiles",
-            "4",
-            "--batch",
-            "1",
-            "--finalists",
-            "1",
-            "--json",
-        ];
-        args.extend(hook);
-        let (code, text) = tessera(&args);
-        assert_eq!(code, 0, "{text}");
-        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
-        assert_eq!(v["status"], "ok", "{text}");
-        let decisions = v["decisions"].to_string();
-        assert!(decisions.contains("with 41 query rows"), "{decisions}");
-        assert_eq!(
-            decisions.contains("scores transposed"),
-            transposed,
-            "{decisions}"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Nine tokens: fewer keys than the column softmax's six workers need (two rows
-/// each), so the attention takes the row path by itself, and validates.
-#[test]
-fn attention_with_fewer_than_12_keys_takes_the_row_path() {
-    let dir = common::scratch("keys9");
-    let c = small_layer_config(&dir, 42);
-    let (code, text) = tessera(&[
+/// Runs a `small_layer_config` of `image_size` px on four tiles of the small machine
+/// (one finalist) with `extra` flags; checks that it validates and returns its
+/// decisions as text.
+fn small_layer_decisions(name: &str, image_size: u32, batch: &str, extra: &[&str]) -> String {
+    let dir = common::scratch(name);
+    let c = small_layer_config(&dir, image_size);
+    let mut args = vec![
         "run",
         "--config",
         c.to_str().unwrap(),
@@ -477,16 +437,43 @@ fn attention_with_fewer_than_12_keys_takes_the_row_path() {
         "--tiles",
         "4",
         "--batch",
-        "2",
+        batch,
         "--finalists",
         "1",
         "--json",
-    ]);
+    ];
+    args.extend(extra);
+    let (code, text) = tessera(&args);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, 0, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(v["status"], "ok", "{text}");
-    let decisions = v["decisions"].to_string();
+    v["decisions"].to_string()
+}
+
+/// 81 tokens on two tiles a head: 41 query rows a tile. The transposed attention
+/// pads them to 48 (three query blocks, the last zeroed in part); with the row
+/// path forced, 41 rows are more than the softmax on the AMP's block layout takes
+/// (32), so the attention converts the scores to row-major and back around a
+/// row-major softmax. Both validate.
+#[test]
+fn attention_with_41_query_rows_a_tile_validates_on_both_paths() {
+    for (hook, transposed) in [(&[][..], true), (&["--row-attention"][..], false)] {
+        let decisions = small_layer_decisions("rows41", 126, "1", hook);
+        assert!(decisions.contains("with 41 query rows"), "{decisions}");
+        assert_eq!(
+            decisions.contains("scores transposed"),
+            transposed,
+            "{decisions}"
+        );
+    }
+}
+
+/// Nine tokens: fewer keys than the column softmax's six workers need (two rows
+/// each), so the attention takes the row path by itself, and validates.
+#[test]
+fn attention_with_fewer_than_12_keys_takes_the_row_path() {
+    let decisions = small_layer_decisions("keys9", 42, "2", &[]);
     assert!(decisions.contains("keys 9 padded to 16"), "{decisions}");
     assert!(!decisions.contains("scores transposed"), "{decisions}");
 }

@@ -64,6 +64,113 @@ pub(crate) struct Attention<'a> {
     pub scale: f32,
 }
 
+impl Attention<'_> {
+    /// Chunk `c` of head `h`'s rows `rows`, stored as `[rows][16]` at `buf +
+    /// offset`, in a tensor whose head columns start at `first`.
+    fn chunk(
+        &self,
+        buf: BufId,
+        offset: u32,
+        rows: std::ops::Range<u32>,
+        first: u32,
+        h: u32,
+        c: u32,
+    ) -> Part {
+        let c0 = first + h * self.dp + c * AMP_WIDTH;
+        Part {
+            at: Loc { buf, offset },
+            rows,
+            cols: c0..c0 + AMP_WIDTH,
+        }
+    }
+
+    /// The exchange copies that fill `parts` (pieces of `src`'s matrix) from `src`;
+    /// `what` names the operand in the error.
+    fn gather(
+        &self,
+        src: &DistTensor,
+        parts: Vec<Part>,
+        what: &str,
+    ) -> Result<Vec<Copy>, PlanError> {
+        let dst = DistTensor {
+            rows: src.rows,
+            cols: src.cols,
+            elem_bytes: 2,
+            parts,
+        };
+        redistribute(src, &dst).map_err(|e| {
+            PlanError::Unsupported(format!("{}: {what} do not cover the head: {e}", self.name))
+        })
+    }
+
+    /// The `kc` chunks of head `h`'s keys (or values) `16 blk0..16 (blk0 + nbk)` of
+    /// image `b` (those before the last token), stored `[kc][16 nbk][16]` in `buf`,
+    /// from a tensor whose head columns start at `first`.
+    fn run_parts(
+        &self,
+        buf: BufId,
+        (b, h): (u32, u32),
+        blk0: u32,
+        nbk: u32,
+        first: u32,
+    ) -> Vec<Part> {
+        let t0 = blk0 * AMP_WIDTH;
+        let t1 = ((blk0 + nbk) * AMP_WIDTH).min(self.t);
+        if t1 <= t0 {
+            return Vec::new();
+        }
+        let r = b * self.t;
+        (0..self.dp / AMP_WIDTH)
+            .map(|c| self.chunk(buf, c * nbk * 512, r + t0..r + t1, first, h, c))
+            .collect()
+    }
+}
+
+/// A transposer's run of `nbk` key blocks from `blk0`, stored `[kc][16 nbk][16]` in
+/// `part`: the rows past the last token zeroed (the key dimension is padded to 16),
+/// then transposed to `out` (`[nbk][kc][16][16]`).
+fn transpose_run(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    (tile, step): (u32, Step),
+    (blk0, nbk): (u32, u32),
+    part: BufId,
+    out: Loc,
+) {
+    let kc = op.dp / AMP_WIDTH;
+    let real = op.t.saturating_sub(blk0 * AMP_WIDTH).min(nbk * AMP_WIDTH);
+    let pad = nbk * AMP_WIDTH - real;
+    if pad > 0 {
+        lw.call(
+            tile,
+            step,
+            ZeroFill::new(kc, pad * 32, nbk * 512),
+            &[(
+                "out",
+                Loc {
+                    buf: part,
+                    offset: real * 32,
+                },
+            )],
+        );
+    }
+    lw.call(
+        tile,
+        step,
+        TransposeBlocks::new(kc, nbk),
+        &[
+            (
+                "in",
+                Loc {
+                    buf: part,
+                    offset: 0,
+                },
+            ),
+            ("out", out),
+        ],
+    );
+}
+
 /// A tile that owns query rows of one (image, head) pair.
 struct RowWork {
     tile: u32,
@@ -216,105 +323,31 @@ pub(crate) fn attention(
             }
         }
     }
-    let like = |src: &DistTensor, parts: Vec<Part>| DistTensor {
-        rows: src.rows,
-        cols: src.cols,
-        elem_bytes: 2,
-        parts,
-    };
-    // Chunk `c` of a head's rows `rows` stored as `[rows][16]` at `buf + offset`,
-    // in a tensor whose head columns start at `first`.
-    let chunk =
-        |buf: BufId, offset: u32, rows: std::ops::Range<u32>, first: u32, h: u32, c: u32| {
-            let c0 = first + h * op.dp + c * AMP_WIDTH;
-            Part {
-                at: Loc { buf, offset },
-                rows,
-                cols: c0..c0 + AMP_WIDTH,
-            }
-        };
     let (q_src, q_first) = op.q;
     let (k_src, k_first) = op.k;
     let (v_src, v_first) = op.v;
-    let bad = |what: &str, e: crate::dist::DistError| {
-        PlanError::Unsupported(format!("{name}: {what} do not cover the head: {e}"))
-    };
 
     // Queries to the row tiles, key blocks to the transposers.
     let mut q_parts = Vec::new();
     for w in &work {
         let r = if op.shared_q { 0 } else { w.b * op.tq } + w.r0;
         for c in 0..kc {
-            q_parts.push(chunk(
-                w.q_amp,
-                c * w.rows * 32,
-                r..r + w.rows,
-                q_first,
-                w.h,
-                c,
-            ));
+            q_parts.push(op.chunk(w.q_amp, c * w.rows * 32, r..r + w.rows, q_first, w.h, c));
         }
     }
-    let mut key_parts = Vec::new();
-    for t in &trans {
-        let t0 = t.blk0 * AMP_WIDTH;
-        let t1 = ((t.blk0 + t.nbk) * AMP_WIDTH).min(op.t);
-        if t1 <= t0 {
-            continue;
-        }
-        let r = t.b * op.t;
-        for c in 0..kc {
-            key_parts.push(chunk(
-                t.kpart,
-                c * t.nbk * 512,
-                r + t0..r + t1,
-                k_first,
-                t.h,
-                c,
-            ));
-        }
-    }
-    let mut copies = redistribute(q_src, &like(q_src, q_parts)).map_err(|e| bad("queries", e))?;
-    copies.extend(redistribute(k_src, &like(k_src, key_parts)).map_err(|e| bad("keys", e))?);
+    let key_parts: Vec<Part> = trans
+        .iter()
+        .flat_map(|t| op.run_parts(t.kpart, (t.b, t.h), t.blk0, t.nbk, k_first))
+        .collect();
+    let mut copies = op.gather(q_src, q_parts, "queries")?;
+    copies.extend(op.gather(k_src, key_parts, "keys")?);
     lw.exchange(&format!("{name}.qk"), copies);
 
     // K^T in the AMP weight layout, each transposer its blocks (zero rows past the
     // last token: the key dimension is padded to 16), then to every row tile.
     let step = lw.compute_step();
     for t in &trans {
-        let real =
-            op.t.saturating_sub(t.blk0 * AMP_WIDTH)
-                .min(t.nbk * AMP_WIDTH);
-        let pad = t.nbk * AMP_WIDTH - real;
-        if pad > 0 {
-            lw.call(
-                t.tile,
-                step,
-                ZeroFill::new(kc, pad * 32, t.nbk * 512),
-                &[(
-                    "out",
-                    Loc {
-                        buf: t.kpart,
-                        offset: real * 32,
-                    },
-                )],
-            );
-        }
-        lw.call(
-            t.tile,
-            step,
-            TransposeBlocks::new(kc, t.nbk),
-            &[
-                (
-                    "in",
-                    Loc {
-                        buf: t.kpart,
-                        offset: 0,
-                    },
-                ),
-                ("out", t.out),
-            ],
-        );
+        transpose_run(lw, op, (t.tile, step), (t.blk0, t.nbk), t.kpart, t.out);
     }
     let mut copies = Vec::new();
     for t in &trans {
@@ -392,10 +425,10 @@ pub(crate) fn attention(
     for w in &work {
         let r = w.b * op.t;
         for c in 0..kc {
-            value_parts.push(chunk(w.v_w, c * tp * 32, r..r + op.t, v_first, w.h, c));
+            value_parts.push(op.chunk(w.v_w, c * tp * 32, r..r + op.t, v_first, w.h, c));
         }
     }
-    let copies = redistribute(v_src, &like(v_src, value_parts)).map_err(|e| bad("values", e))?;
+    let copies = op.gather(v_src, value_parts, "values")?;
     lw.exchange(&format!("{name}.v"), copies);
     let pad_rows = tp - op.t;
     let step = lw.compute_step();
@@ -434,7 +467,7 @@ pub(crate) fn attention(
         );
         let r = w.b * op.tq + w.r0;
         for c in 0..kc {
-            out.push(chunk(w.ctx, c * w.rows * 32, r..r + w.rows, 0, w.h, c));
+            out.push(op.chunk(w.ctx, c * w.rows * 32, r..r + w.rows, 0, w.h, c));
         }
     }
     Ok(DistTensor {
@@ -561,27 +594,9 @@ fn transposed(
             }
         }
     }
-    let like = |src: &DistTensor, parts: Vec<Part>| DistTensor {
-        rows: src.rows,
-        cols: src.cols,
-        elem_bytes: 2,
-        parts,
-    };
-    let chunk =
-        |buf: BufId, offset: u32, rows: std::ops::Range<u32>, first: u32, h: u32, c: u32| {
-            let c0 = first + h * op.dp + c * AMP_WIDTH;
-            Part {
-                at: Loc { buf, offset },
-                rows,
-                cols: c0..c0 + AMP_WIDTH,
-            }
-        };
     let (q_src, q_first) = op.q;
     let (k_src, k_first) = op.k;
     let (v_src, v_first) = op.v;
-    let bad = |what: &str, e: crate::dist::DistError| {
-        PlanError::Unsupported(format!("{name}: {what} do not cover the head: {e}"))
-    };
 
     // Queries and the head's keys to the row tiles, value blocks to the
     // transposers, all in one exchange.
@@ -591,39 +606,17 @@ fn transposed(
         let r = if op.shared_q { 0 } else { w.b * op.tq } + w.r0;
         let rk = w.b * op.t;
         for c in 0..kc {
-            q_parts.push(chunk(
-                w.q_amp,
-                c * w.nbq * 512,
-                r..r + w.rows,
-                q_first,
-                w.h,
-                c,
-            ));
-            k_parts.push(chunk(w.k, c * tp * 32, rk..rk + op.t, k_first, w.h, c));
+            q_parts.push(op.chunk(w.q_amp, c * w.nbq * 512, r..r + w.rows, q_first, w.h, c));
+            k_parts.push(op.chunk(w.k, c * tp * 32, rk..rk + op.t, k_first, w.h, c));
         }
     }
-    let mut v_parts = Vec::new();
-    for t in &trans {
-        let t0 = t.blk0 * AMP_WIDTH;
-        let t1 = ((t.blk0 + t.nbk) * AMP_WIDTH).min(op.t);
-        if t1 <= t0 {
-            continue;
-        }
-        let r = t.b * op.t;
-        for c in 0..kc {
-            v_parts.push(chunk(
-                t.vpart,
-                c * t.nbk * 512,
-                r + t0..r + t1,
-                v_first,
-                t.h,
-                c,
-            ));
-        }
-    }
-    let mut copies = redistribute(q_src, &like(q_src, q_parts)).map_err(|e| bad("queries", e))?;
-    copies.extend(redistribute(k_src, &like(k_src, k_parts)).map_err(|e| bad("keys", e))?);
-    copies.extend(redistribute(v_src, &like(v_src, v_parts)).map_err(|e| bad("values", e))?);
+    let v_parts: Vec<Part> = trans
+        .iter()
+        .flat_map(|t| op.run_parts(t.vpart, (t.b, t.h), t.blk0, t.nbk, v_first))
+        .collect();
+    let mut copies = op.gather(q_src, q_parts, "queries")?;
+    copies.extend(op.gather(k_src, k_parts, "keys")?);
+    copies.extend(op.gather(v_src, v_parts, "values")?);
     lw.exchange(&format!("{name}.qkv"), copies);
 
     // Value blocks transposed (rows past the last token zeroed first: the key
@@ -632,30 +625,7 @@ fn transposed(
     let step = lw.compute_step();
     let at = |buf| Loc { buf, offset: 0 };
     for t in &trans {
-        let real =
-            op.t.saturating_sub(t.blk0 * AMP_WIDTH)
-                .min(t.nbk * AMP_WIDTH);
-        let pad = t.nbk * AMP_WIDTH - real;
-        if pad > 0 {
-            lw.call(
-                t.tile,
-                step,
-                ZeroFill::new(kc, pad * 32, t.nbk * 512),
-                &[(
-                    "out",
-                    Loc {
-                        buf: t.vpart,
-                        offset: real * 32,
-                    },
-                )],
-            );
-        }
-        lw.call(
-            t.tile,
-            step,
-            TransposeBlocks::new(kc, t.nbk),
-            &[("in", at(t.vpart)), ("out", at(t.out))],
-        );
+        transpose_run(lw, op, (t.tile, step), (t.blk0, t.nbk), t.vpart, at(t.out));
     }
     let key_pad = tp - op.t;
     for w in &work {
@@ -762,7 +732,7 @@ fn transposed(
         );
         let r = w.b * op.tq + w.r0;
         for c in 0..kc {
-            out.push(chunk(w.ctx, c * w.nbq * 512, r..r + w.rows, 0, w.h, c));
+            out.push(op.chunk(w.ctx, c * w.nbq * 512, r..r + w.rows, 0, w.h, c));
         }
     }
     Ok(DistTensor {
@@ -899,24 +869,6 @@ fn single_query(
             }
         }
     }
-    let like = |src: &DistTensor, parts: Vec<Part>| DistTensor {
-        rows: src.rows,
-        cols: src.cols,
-        elem_bytes: 2,
-        parts,
-    };
-    let chunk =
-        |buf: BufId, offset: u32, rows: std::ops::Range<u32>, first: u32, h: u32, c: u32| {
-            let c0 = first + h * op.dp + c * AMP_WIDTH;
-            Part {
-                at: Loc { buf, offset },
-                rows,
-                cols: c0..c0 + AMP_WIDTH,
-            }
-        };
-    let bad = |what: &str, e: crate::dist::DistError| {
-        PlanError::Unsupported(format!("{name}: {what} do not cover the head: {e}"))
-    };
     let (q_src, q_first) = op.q;
     let (k_src, k_first) = op.k;
     let (v_src, v_first) = op.v;
@@ -926,15 +878,15 @@ fn single_query(
         let k0 = r.b * op.t + r.blk0 * AMP_WIDTH;
         let keys = k0..k0 + r.real;
         for c in 0..kc {
-            q_parts.push(chunk(r.q, c * 32, qr..qr + 1, q_first, r.h, c));
+            q_parts.push(op.chunk(r.q, c * 32, qr..qr + 1, q_first, r.h, c));
             let at = c * r.nbk * 512;
-            k_parts.push(chunk(r.kpart, at, keys.clone(), k_first, r.h, c));
-            v_parts.push(chunk(r.vpart, at, keys.clone(), v_first, r.h, c));
+            k_parts.push(op.chunk(r.kpart, at, keys.clone(), k_first, r.h, c));
+            v_parts.push(op.chunk(r.vpart, at, keys.clone(), v_first, r.h, c));
         }
     }
-    let mut copies = redistribute(q_src, &like(q_src, q_parts)).map_err(|e| bad("queries", e))?;
-    copies.extend(redistribute(k_src, &like(k_src, k_parts)).map_err(|e| bad("keys", e))?);
-    copies.extend(redistribute(v_src, &like(v_src, v_parts)).map_err(|e| bad("values", e))?);
+    let mut copies = op.gather(q_src, q_parts, "queries")?;
+    copies.extend(op.gather(k_src, k_parts, "keys")?);
+    copies.extend(op.gather(v_src, v_parts, "values")?);
     lw.exchange(&format!("{name}.qkv"), copies);
 
     // Scores of each run (zero key and value rows past the last token) and their
@@ -1069,7 +1021,7 @@ fn single_query(
         );
         let r = b * op.tq;
         for c in 0..kc {
-            out.push(chunk(ctx, c * 32, r..r + 1, 0, h, c));
+            out.push(op.chunk(ctx, c * 32, r..r + 1, 0, h, c));
         }
     }
     Ok(DistTensor {
