@@ -125,6 +125,8 @@ pub fn precheck(
                     rows: rows.div_ceil(passes),
                     k,
                     n,
+                    // The bound on what must fit: a row-major input's copy counts.
+                    a_blocked: false,
                 },
                 _ => {
                     return Err(PlanError::Unsupported(format!(

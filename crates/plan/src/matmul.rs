@@ -22,6 +22,10 @@ pub struct MatmulShape {
     pub rows: u32,
     pub k: u32,
     pub n: u32,
+    /// The input arrives in the AMP's chunk-major layout (the block layout of a
+    /// previous product's output): no rearrangement on the tile and no row-major
+    /// copy beside it.
+    pub a_blocked: bool,
 }
 
 impl MatmulShape {
@@ -111,11 +115,19 @@ impl MatmulMapping {
         // Weights and the broadcast bias slab stay for the whole program; of the
         // rest, the rearrangement holds both copies of A, the matmul one copy of A,
         // its output and the ping-pong partials; the reduction works in place.
-        let transient = (2 * a_bytes).max(a_bytes + out_bytes + partial_bytes);
+        let transient = if shape.a_blocked {
+            a_bytes + out_bytes + partial_bytes
+        } else {
+            (2 * a_bytes).max(a_bytes + out_bytes + partial_bytes)
+        };
         let bytes_per_tile = weight_bytes + slab_bytes + transient;
 
         let amp = AmpMatmul::new(rows_t, kc_t, nb_t).estimate_cycles_with(t);
-        let rearrange = Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t);
+        let rearrange = if shape.a_blocked {
+            0
+        } else {
+            Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t)
+        };
         // A (row, inner) group's tiles are consecutive from an aligned first tile
         // (the column group varies fastest, see the lowering's grid), and all of
         // them receive the same input block: with a multiple of the shared bus's
@@ -307,6 +319,7 @@ mod tests {
                     rows: 729 * batch,
                     k,
                     n,
+                    a_blocked: false,
                 };
                 let map = map_matmul(&m, shape, BUDGET).unwrap();
                 assert!(map.tiles() <= m.tiles);
@@ -318,6 +331,37 @@ mod tests {
         }
     }
 
+    /// An input already in the AMP's layout is charged no rearrangement and no
+    /// second copy: on the same grid, the rearrangement's cycles less and no more
+    /// bytes (fewer where the two copies were the peak).
+    #[test]
+    fn a_blocked_input_costs_no_rearrangement() {
+        let m = Machine::c600();
+        let s = MatmulShape {
+            rows: 1458,
+            k: 1280,
+            n: 1152,
+            a_blocked: false,
+        };
+        let b = MatmulShape {
+            a_blocked: true,
+            ..s
+        };
+        let (pr, pk, pn) = (7, 8, 24);
+        let rm = MatmulMapping::evaluate(&m, s, pr, pk, pn);
+        let bl = MatmulMapping::evaluate(&m, b, pr, pk, pn);
+        assert!(rm.cost.rearrange > 0);
+        assert_eq!(bl.cost.rearrange, 0);
+        assert_eq!(bl.cost.amp, rm.cost.amp);
+        assert_eq!(bl.cost.total() + rm.cost.rearrange, rm.cost.total());
+        assert!(bl.bytes_per_tile <= rm.bytes_per_tile, "{bl:?} {rm:?}");
+        let (r, k) = (
+            MatmulMapping::evaluate(&m, MatmulShape { k: 4096, ..s }, 16, 1, 1),
+            MatmulMapping::evaluate(&m, MatmulShape { k: 4096, ..b }, 16, 1, 1),
+        );
+        assert!(k.bytes_per_tile < r.bytes_per_tile, "{k:?} {r:?}");
+    }
+
     #[test]
     fn small_problem_covers_every_row_chunk_and_block() {
         let m = Machine::small();
@@ -325,6 +369,7 @@ mod tests {
             rows: 7,
             k: 40,
             n: 20,
+            a_blocked: false,
         };
         let map = map_matmul(&m, shape, BUDGET).unwrap();
         assert!(map.tiles() <= 4);
@@ -342,6 +387,7 @@ mod tests {
                 rows: 4096,
                 k: 4096,
                 n: 4096,
+                a_blocked: false,
             },
             BUDGET,
         )
@@ -358,7 +404,8 @@ mod tests {
                 MatmulShape {
                     rows: 0,
                     k: 1,
-                    n: 1
+                    n: 1,
+                    a_blocked: false,
                 },
                 BUDGET
             ),
@@ -373,6 +420,7 @@ mod tests {
             rows: 1458,
             k: 1152,
             n: 4304,
+            a_blocked: false,
         };
         assert_eq!(
             map_matmul(&m, s, BUDGET).unwrap(),

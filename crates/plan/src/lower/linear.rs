@@ -103,6 +103,13 @@ fn block_part(buf: BufId, offset: u32, rows: (u32, u32), block: u32) -> Part {
     }
 }
 
+/// Whether a linear reads `x` straight into the AMP's chunk-major layout: its
+/// columns fill whole chunks and every part is one 16-column block (the cost model
+/// then charges no rearrangement).
+pub(crate) fn takes_blocks(x: &DistTensor) -> bool {
+    x.cols.is_multiple_of(AMP_WIDTH) && is_block_layout(x)
+}
+
 /// True when every part of `t` is one whole 16-column block (block layout).
 pub(crate) fn is_block_layout(t: &DistTensor) -> bool {
     t.parts
@@ -145,7 +152,7 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
             "{name}: inner dimension {k} must be a multiple of 4 (padding is zeroed 8 bytes at a time)"
         )));
     }
-    let direct = k.is_multiple_of(AMP_WIDTH) && is_block_layout(op.x);
+    let direct = takes_blocks(op.x);
     let per_pass = op.map.shape.rows;
     let passes = rows_total.div_ceil(per_pass);
     let g = Grid::new(op.map.clone());

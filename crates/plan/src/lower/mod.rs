@@ -504,6 +504,7 @@ impl<'g> Walker<'g> {
             rows: xv.t.rows,
             k: kp,
             n,
+            a_blocked: linear::takes_blocks(&xv.t),
         };
         let wbytes = u64::from(kp) * u64::from(n) * 2;
         let share =
