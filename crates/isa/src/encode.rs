@@ -98,6 +98,7 @@ pub mod opcode {
     pub const F16V2_TANH: u8 = 0x49;
     pub const F16_ACC: u8 = 0x4a;
     pub const F32V2_GINA: u8 = 0x4b;
+    pub const SORT4X16: u8 = 0x4c;
 }
 
 /// First aux-pipe opcode.
@@ -224,6 +225,8 @@ pub fn inst_name(inst: &Inst) -> &'static str {
         Inst::F16v2Tanh { .. } => "f16v2tanh",
         Inst::F16v2ToF32 { .. } => "f16v2tof32",
         Inst::F32v2ToF16 { .. } => "f32v2tof16",
+        Inst::Sort4x16 { hi: false, .. } => "sort4x16lo",
+        Inst::Sort4x16 { hi: true, .. } => "sort4x16hi",
         Inst::FSum { .. } => "fsum",
         Inst::F16Acc { quad: false, .. } => "f16v4acc",
         Inst::F16Acc { quad: true, .. } => "f16v8acc",
@@ -464,6 +467,10 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
         Inst::F16v2Tanh { d, a } => word(F16V2_TANH, r0(c.a("d", d)?) | r1(c.a("a", a)?)),
         Inst::F16v2ToF32 { d, a } => word(F16V2_TO_F32, r0(c.pair("d", d)?) | r1(c.a("a", a)?)),
         Inst::F32v2ToF16 { d, a } => word(F32V2_TO_F16, r0(c.a("d", d)?) | r1(c.pair("a", a)?)),
+        Inst::Sort4x16 { hi, d, a, b } => word(
+            SORT4X16,
+            r0(c.a("d", d)?) | r1(c.a("a", a)?) | r2(c.a("b", b)?) | u32::from(hi),
+        ),
         Inst::F16Acc { a, quad } => {
             let r = if quad {
                 c.quad("a", a)?
@@ -863,6 +870,15 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
                 a: AReg(f1),
             },
             0xff0000,
+        ),
+        SORT4X16 => (
+            Inst::Sort4x16 {
+                hi: w & 1 == 1,
+                d: AReg(f0),
+                a: AReg(f1),
+                b: AReg(f2),
+            },
+            0xfff001,
         ),
         F16_ACC => (
             Inst::F16Acc {

@@ -343,6 +343,15 @@ pub enum Inst {
         d: AReg,
         a: AReg,
     },
+    /// `sort4x16lo` / `sort4x16hi` (`hi`): the low (high) 16-bit halves of `$aA`
+    /// and `$aB` side by side, `$aA`'s in the low half of `$aD`. Bits moved as they
+    /// are: a 2x2 transpose of f16 is one of each.
+    Sort4x16 {
+        hi: bool,
+        d: AReg,
+        a: AReg,
+        b: AReg,
+    },
     /// `f16v4acc` (a pair) or `f16v8acc` (`quad`): the four or eight f16 lanes of
     /// `$aA`, widened, added into accumulators `0..4` or `0..8` of this worker's
     /// engine (the sixteen f32 accumulators the AMP also uses).
@@ -413,6 +422,7 @@ impl Inst {
             | Inst::F16v2Tanh { .. }
             | Inst::F16v2ToF32 { .. }
             | Inst::F32v2ToF16 { .. }
+            | Inst::Sort4x16 { .. }
             | Inst::FSum { .. }
             | Inst::F16Acc { .. }
             | Inst::F32v2Gina { .. }

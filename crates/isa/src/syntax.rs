@@ -804,6 +804,8 @@ fn known_mnemonic(mn: &str) -> bool {
         || mn == "f16v2tof32"
         || mn == "f32v2tof16"
         || mn == "f16v2tanh"
+        || mn == "sort4x16lo"
+        || mn == "sort4x16hi"
         || mn == "f16v4acc"
         || mn == "f16v8acc"
         || mn == "f32v2gina"
@@ -1186,6 +1188,15 @@ pub(crate) fn lower_inst(
                 a: o.pair(1)?,
             })
         }
+        "sort4x16lo" | "sort4x16hi" => {
+            o.count(3, "$aD, $aA, $aB")?;
+            one(Inst::Sort4x16 {
+                hi: mn == "sort4x16hi",
+                d: o.a(0)?,
+                a: o.a(1)?,
+                b: o.a(2)?,
+            })
+        }
         "amp" => {
             o.count(4, "$aOut:pair, $aIn:pair, $aPin:pair, phase")?;
             one(Inst::Amp {
@@ -1423,6 +1434,14 @@ impl fmt::Display for Inst {
             Inst::F16v2Tanh { d, a } => write!(f, "f16v2tanh {}, {}", A(d), A(a)),
             Inst::F16v2ToF32 { d, a } => write!(f, "f16v2tof32 {}, {}", P(d), A(a)),
             Inst::F32v2ToF16 { d, a } => write!(f, "f32v2tof16 {}, {}", A(d), P(a)),
+            Inst::Sort4x16 { hi, d, a, b } => write!(
+                f,
+                "sort4x16{} {}, {}, {}",
+                if hi { "hi" } else { "lo" },
+                A(d),
+                A(a),
+                A(b)
+            ),
             Inst::F16Acc { a, quad: false } => write!(f, "f16v4acc {}", P(a)),
             Inst::F16Acc { a, quad: true } => write!(f, "f16v8acc {}", Q(a)),
             Inst::F32v2Gina { d } => write!(f, "f32v2gina {}", P(d)),

@@ -134,6 +134,12 @@ pub fn aux_inst() -> BoxedStrategy<Inst> {
         aquad().prop_map(|a| Inst::F16Acc { a, quad: true }),
         apair().prop_map(|d| Inst::F32v2Gina { d }),
         (areg(), apair()).prop_map(|(d, a)| Inst::F32v2ToF16 { d, a }),
+        (any::<bool>(), areg(), areg(), areg()).prop_map(|(hi, d, a, b)| Inst::Sort4x16 {
+            hi,
+            d,
+            a,
+            b
+        }),
         fvec().prop_flat_map(|vec| {
             (areg(), avec(vec.is_pair())).prop_map(move |(d, a)| Inst::FSum { vec, d, a })
         }),

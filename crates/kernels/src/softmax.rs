@@ -145,7 +145,7 @@ impl Issue {
         self.main.is_some() && self.aux.is_some()
     }
     /// The same issue with `main` added (it must have none).
-    fn with(self, main: Inst) -> Issue {
+    pub(crate) fn with(self, main: Inst) -> Issue {
         assert!(self.main.is_none(), "issue already has a main instruction");
         Issue {
             main: Some(main),

@@ -1,25 +1,27 @@
 //! `transpose_blocks_f16`: a `[16·tb, 16·kc]` matrix X in block layout
 //! `[kc][16·tb][16]` f16 to the AMP weight layout `[tb][kc][16][16]` of Xᵀ:
 //! `out[b][c][kk][j] = in[c][16b + j][kk] = X[16b + j][16c + kk]`. With it,
-//! `amp_matmul` with `a` = Q (block layout, `[rows, 16·kc]`) and `w` = `out`
-//! computes Q·Xᵀ (attention's Q·Kᵀ).
+//! `amp_matmul` with `a` = K (block layout, `[rows, 16·kc]`) and `w` = `out` for
+//! X = Q computes K·Qᵀ (the attention's transposed scores).
 //!
 //! Every 16×16 input block (512 contiguous bytes) becomes one transposed output
 //! block. Workers own contiguous ranges of input blocks, taken in input order so the
 //! input pointer is linear; the output block steps by `kc` blocks and jumps back to
-//! the next column of blocks after the `tb`-th. The ISA has no 16-bit accesses and
-//! no lane shuffle, so the transpose goes through `$m` registers: the 32-bit words
-//! holding `(j, 2p..2p+1)` and `(j+1, 2p..2p+1)` make the words `(2p, j..j+1)` (low
-//! halves) and `(2p+1, j..j+1)` (high halves) with masks and shifts. A repeat
-//! handles one row pair of a block (all addresses are immediate offsets from the two
-//! block pointers), eight times per block: 10 issues per four elements. The copy is
-//! bit-exact (NaN payloads included).
+//! the next column of blocks after the `tb`-th. A 4×4 sub-block is four `ld64` (a
+//! row's four elements each), eight `sort4x16lo/hi` (each pairs the same half of two
+//! rows' words: the 2×2 transposes) and four `st64` (an output row's four elements):
+//! 13 issues for 16 elements with the stores beside the shuffles, 12 when the next
+//! sub-block's first load goes beside the last shuffle. A repeat handles a group of
+//! four input rows (the four sub-blocks across them, every address an immediate
+//! offset from the two block pointers), four times a block. The copy is bit-exact
+//! (NaN payloads included).
 
 use tessera_isa::{Inst, IntOp};
 use tessera_machine::Timing;
 
-use crate::asm::{Asm, MZ, int, inti, ld32m, m, mov, setzi, st32m};
+use crate::asm::{Asm, MZ, a, int, inti, ld32m, m, mov};
 use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
+use crate::softmax::{End, Issue, ai, bi, block, ld64, mi};
 use crate::{
     Kernel, KernelCode, KernelError, OperandAddrs, StateBuf, VertexState, invalid, operand, split,
 };
@@ -55,8 +57,62 @@ impl TransposeBlocks {
         }
         // Column-of-blocks changes inside the range, each a 3-issue output jump.
         let wraps = (v0 + n - 1) / self.tb - v0 / self.tb;
-        9 + 662 * u64::from(n) + 3 * u64::from(wraps)
+        // Setup, then per block the repeat, four row groups and the block's
+        // bookkeeping (the last one's cut short by the exit).
+        7 + u64::from(n) * (6 + 4 * rows_body().len() as u64) + 3 * u64::from(wraps)
     }
+}
+
+/// One group of four input rows of a block (`$m2`) to four output columns
+/// (`$m3`): four 4x4 sub-blocks, then both pointers on (128 bytes of input, 8 of
+/// output). Input rows `A..D` load into `$a0:1 .. $a6:7`; output row `4q + i`
+/// gathers the same lane of all four, shuffled into `$a8:9`, `$a10:11`, `$a12:13`
+/// and, once `B`'s pair is read, `$a2:3`.
+fn rows_body() -> Vec<Issue> {
+    let sort = |hi, d: u8, x: u8, y: u8| Inst::Sort4x16 {
+        hi,
+        d: a(d),
+        a: a(x),
+        b: a(y),
+    };
+    let st = |s: u8, imm: u16| Inst::St64 {
+        s: a(s),
+        base: m(3),
+        imm,
+    };
+    let mut v = Vec::new();
+    for q in 0..4u16 {
+        // The first load of sub-block q > 0 went beside the previous one's last
+        // shuffle.
+        if q == 0 {
+            v.push(mi(ld64(0, m(2), 0)));
+        }
+        for (r, reg) in [(1u16, 2u8), (2, 4), (3, 6)] {
+            v.push(mi(ld64(reg, m(2), 4 * r + q)));
+        }
+        let row = |i: u16| (4 * q + i) * 4;
+        v.extend([
+            ai(sort(false, 8, 0, 2)),
+            ai(sort(false, 9, 4, 6)),
+            bi(st(8, row(0)), sort(true, 10, 0, 2)),
+            ai(sort(true, 11, 4, 6)),
+            bi(st(10, row(1)), sort(false, 12, 1, 3)),
+            ai(sort(false, 13, 5, 7)),
+            bi(st(12, row(2)), sort(true, 2, 1, 3)),
+        ]);
+        // `$a0:1` is free once `hi(1, 3)` has read it.
+        v.push(if q < 3 {
+            bi(ld64(0, m(2), q + 1), sort(true, 3, 5, 7))
+        } else {
+            ai(sort(true, 3, 5, 7))
+        });
+        v.push(mi(st(2, row(3))));
+    }
+    // The input pointer moves beside a shuffle after the group's last load.
+    let n = v.len();
+    v[n - 6] = v[n - 6].with(inti(IntOp::Add, m(2), m(2), 128));
+    v.push(mi(inti(IntOp::Add, m(3), m(3), 8)));
+    v
 }
 
 impl Kernel for TransposeBlocks {
@@ -80,45 +136,32 @@ impl Kernel for TransposeBlocks {
         crate::check_code_base(&self.symbol(), code_base, 8)?;
         let mut s = Asm::new(code_base);
         let done = s.label();
-        let block = s.label();
-        let (lo, hi) = (m(11), m(12));
-        let (x0, x1, t0, t1) = (m(9), m(10), m(13), m(14));
+        let blk = s.label();
         s.i(ld32m(m(2), m(0), 0)); // input block, linear
         s.i(ld32m(m(3), m(0), 1)); // output block
         s.i(ld32m(m(4), m(0), 2)); // blocks left
         s.brz(m(4), done);
-        s.i(ld32m(m(5), m(0), 3)); // blocks left in this column of blocks
-        s.i(ld32m(m(6), m(0), 4)); // tb
-        s.i(ld32m(m(7), m(0), 5)); // output step to the next row of blocks
-        s.i(ld32m(m(8), m(0), 6)); // output jump to the next column of blocks
-        s.i(setzi(lo, 0xffff));
-        s.i(inti(IntOp::Shl, hi, lo, 16));
-        s.bind(block);
-        s.rpti(8, |b| {
-            for p in 0..8u16 {
-                b.i(ld32m(x0, m(2), p));
-                b.i(ld32m(x1, m(2), 8 + p));
-                b.i(int(IntOp::And, t0, x0, lo));
-                b.i(inti(IntOp::Shl, t1, x1, 16));
-                b.i(int(IntOp::Or, t0, t0, t1));
-                b.i(st32m(t0, m(3), 16 * p));
-                b.i(inti(IntOp::Shr, x0, x0, 16));
-                b.i(int(IntOp::And, x1, x1, hi));
-                b.i(int(IntOp::Or, x0, x0, x1));
-                b.i(st32m(x0, m(3), 16 * p + 8));
-            }
-            // Two input rows on, two output columns (4 bytes) on.
-            b.i(inti(IntOp::Add, m(2), m(2), 64));
-            b.i(inti(IntOp::Add, m(3), m(3), 4));
-        });
+        block(
+            &mut s,
+            &[
+                mi(ld32m(m(5), m(0), 3)), // blocks left in this column of blocks
+                mi(ld32m(m(6), m(0), 4)), // tb
+                mi(ld32m(m(7), m(0), 5)), // output step to the next row of blocks
+                mi(ld32m(m(8), m(0), 6)), // output jump to the next column of blocks
+            ],
+            End::BeforeRpt,
+        );
+        s.bind(blk);
+        let body = rows_body();
+        s.rpti(4, |b| block(b, &body, End::Aligned));
         s.i(int(IntOp::Add, m(3), m(3), m(7)));
         s.i(inti(IntOp::Sub, m(4), m(4), 1));
         s.brz(m(4), done);
         s.i(inti(IntOp::Sub, m(5), m(5), 1));
-        s.brnz(m(5), block);
+        s.brnz(m(5), blk);
         s.i(int(IntOp::Add, m(3), m(3), m(8)));
         s.i(mov(m(5), m(6)));
-        s.brz(MZ, block);
+        s.brz(MZ, blk);
         s.bind(done);
         s.i(Inst::Exit);
         Ok(KernelCode {

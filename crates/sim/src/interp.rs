@@ -1065,6 +1065,17 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             let hi = fp::f32_to_f16(fp::f((x >> 32) as u32));
             one(d, u32::from(lo) | (u32::from(hi) << 16))
         }
+        Inst::Sort4x16 { hi, d, a, b } => {
+            let (x, y) = (ar(ctx, a), ar(ctx, b));
+            one(
+                d,
+                if hi {
+                    (x >> 16) | (y & 0xffff_0000)
+                } else {
+                    (x & 0xffff) | (y << 16)
+                },
+            )
+        }
         Inst::FSum { vec, d, a } => {
             let s = match vec {
                 FVec::F32 => fp::f(ar(ctx, a)),

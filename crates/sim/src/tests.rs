@@ -591,6 +591,42 @@ fn f16_rounding() {
     );
 }
 
+/// `sort4x16lo/hi` move 16-bit halves as bits (a NaN payload included), `$aA`'s
+/// into the low half; with `$aD` one of the sources, both are read first.
+#[test]
+fn sort4x16_interleaves_halves() {
+    let r = exec_with::<false>(
+        &[
+            s(Inst::Sort4x16 {
+                hi: false,
+                d: AReg(4),
+                a: AReg(0),
+                b: AReg(1),
+            }),
+            s(Inst::Sort4x16 {
+                hi: true,
+                d: AReg(5),
+                a: AReg(0),
+                b: AReg(1),
+            }),
+            s(Inst::Sort4x16 {
+                hi: true,
+                d: AReg(0),
+                a: AReg(0),
+                b: AReg(1),
+            }),
+        ],
+        |c, _, _| {
+            c.a[0] = 0x7e01_1234;
+            c.a[1] = 0xabcd_fc00;
+        },
+    );
+    r.ok();
+    assert_eq!(r.a(4), 0xfc00_1234);
+    assert_eq!(r.a(5), 0xabcd_7e01);
+    assert_eq!(r.a(0), 0xabcd_7e01);
+}
+
 #[test]
 fn conversions_sums_moves_broadcasts() {
     let r = exec_with::<false>(
