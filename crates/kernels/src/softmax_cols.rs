@@ -347,6 +347,8 @@ impl SoftmaxCols {
         Ok((s.finish(), t))
     }
 
+    /// The emitted code's counts; all zero for parameters the kernel refuses, whose
+    /// estimate is then meaningless but does not fail (callers validate first).
     fn tally(&self) -> Tally {
         self.program(0).map(|(_, t)| t).unwrap_or_default()
     }
@@ -367,10 +369,10 @@ impl SoftmaxCols {
                     0
                 };
                 match launch {
-                    0 => tl.max_setup + g4 * (tl.max_group - 1 + r - 2),
+                    0 => tl.max_setup + g4 * (tl.max_group + r).saturating_sub(3),
                     1 => crate::issue_slots(
                         t,
-                        tl.exp_setup + g4 * (tl.exp_group - 13 + 12 * (r - 1) + pad),
+                        tl.exp_setup + g4 * (tl.exp_group + 12 * r + pad).saturating_sub(25),
                         4 * r * g4,
                     ),
                     _ => match u64::from(sums[w].1) {
@@ -521,6 +523,13 @@ mod tests {
         assert!(SoftmaxCols::new(1, 728, 729, 1.0).validate().is_err());
         for bad in [0.0, -1.0, 16.5, f32::NAN] {
             assert!(SoftmaxCols::new(1, 32, 32, bad).validate().is_err());
+        }
+        // Refused parameters still estimate without failing.
+        for k in [
+            SoftmaxCols::new(0, 0, 0, 1.0),
+            SoftmaxCols::new(1, 16, 3, 1.0),
+        ] {
+            let _ = k.estimate_cycles();
         }
     }
 

@@ -23,7 +23,7 @@
 //! softmax's six workers would not have two rows each, and by the test hook
 //! `LowerOptions::row_attention`. Its AMP calls stream only the tile's few query
 //! rows, so their fixed cost dominates: at So400m sizes it took 196k cycles a tile
-//! where the transposed path takes 135k.
+//! where the transposed path takes 127k.
 //!
 //! The result is the head-padded context `[batch * tq, heads * dp]` in block
 //! layout, ready for the output projection.
