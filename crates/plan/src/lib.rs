@@ -55,9 +55,10 @@ pub enum PlanError {
 /// microseconds with the figures, not after gigabytes of allocation.
 ///
 /// Counted: every parameter, input and output once in f16 (replication and
-/// activations only add to it) against the whole chip's SRAM; per tile, the keys,
-/// their transpose and the values of one attention head (each tile of a head's
-/// group holds all three) against one tile's SRAM; per linear, the best mapping of
+/// activations only add to it) against the whole chip's SRAM; per tile, the keys of
+/// one attention head and one 16-query block of its scores (each row tile of a
+/// head's group holds both at once, whichever attention path it takes) against one
+/// tile's SRAM; per linear, the best mapping of
 /// its smallest row pass with the whole of one tile's SRAM as its budget (the
 /// lowering only ever has less).
 pub fn precheck(
@@ -157,11 +158,12 @@ pub fn precheck(
         {
             let dims = graph.shape(b).dims();
             let (t, d) = (dims[dims.len() - 2] as u64, dims[dims.len() - 1] as u64);
-            let need = 3 * t.next_multiple_of(16) * d.next_multiple_of(16) * 2;
+            let t16 = t.next_multiple_of(16);
+            let need = t16 * d.next_multiple_of(16) * 2 + t16 * 32;
             if need > u64::from(machine.sram_bytes()) {
                 return Err(PlanError::TooLarge {
                     what: format!(
-                        "the keys, their transpose and the values of one head of `{}`",
+                        "the keys and one 16-query block of scores of one head of `{}`",
                         op.name
                     ),
                     needed: need,

@@ -34,3 +34,36 @@ fn a_linear_that_no_tile_can_hold_is_refused() {
         other => panic!("expected TooLarge, got {other:?}"),
     }
 }
+
+/// An attention head whose keys and one block of scores cannot share a tile is
+/// refused with its figures; one whose keys fit is let through even where the
+/// keys, their transpose and the values together would not (the tile never holds
+/// all three at once).
+#[test]
+fn an_attention_head_whose_keys_no_tile_can_hold_is_refused() {
+    let m = Machine::c600();
+    let layer = |image_size: usize| {
+        let cfg = tessera_graph::EncoderLayerConfig {
+            image_size,
+            ..tessera_graph::EncoderLayerConfig::so400m(1)
+        };
+        tessera_graph::encoder_layer(&cfg).unwrap()
+    };
+    // 42 x 42 = 1,764 tokens: keys 1,776 x 80 x 2 bytes and one block of scores.
+    precheck(&m, &layer(588)).unwrap();
+    // 64 x 64 = 4,096 tokens: 655,360 + 131,072 bytes on one tile.
+    match precheck(&m, &layer(896)) {
+        Err(PlanError::TooLarge {
+            what,
+            needed,
+            available,
+            scope,
+        }) => {
+            assert!(what.contains("keys and one 16-query block"), "{what}");
+            assert_eq!(needed, 4096 * 80 * 2 + 4096 * 32);
+            assert_eq!(available, u64::from(m.sram_bytes()));
+            assert_eq!(scope, "one tile");
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+}
