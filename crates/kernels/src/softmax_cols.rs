@@ -416,12 +416,9 @@ impl Kernel for SoftmaxCols {
     }
 
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        let (words, _) = self.program(code_base)?;
-        Ok(KernelCode {
-            symbol: self.symbol(),
-            code_base,
-            entry: code_base,
-            words,
+        // `program` validates and checks the code base.
+        crate::single_entry(self, code_base, || {
+            self.program(code_base).map(|(w, _)| w).unwrap_or_default()
         })
     }
 

@@ -65,6 +65,12 @@ pub(crate) struct Attention<'a> {
 }
 
 impl Attention<'_> {
+    /// Chunks of a head's dimensions, the keys padded to 16, and their blocks.
+    fn padded(&self) -> (u32, u32, u32) {
+        let tp = self.t.next_multiple_of(AMP_WIDTH);
+        (self.dp / AMP_WIDTH, tp, tp / AMP_WIDTH)
+    }
+
     /// Chunk `c` of head `h`'s rows `rows`, stored as `[rows][16]` at `buf +
     /// offset`, in a tensor whose head columns start at `first`.
     fn chunk(
@@ -216,9 +222,7 @@ pub(crate) fn attention(
 ) -> Result<DistTensor, PlanError> {
     let name = op.name;
     let tiles = lw.machine.tiles;
-    let kc = op.dp / AMP_WIDTH;
-    let tp = op.t.next_multiple_of(AMP_WIDTH);
-    let tb = tp / AMP_WIDTH;
+    let (kc, tp, tb) = op.padded();
     let pairs = op.batch * op.heads;
     // Tiles per (image, head): as many as divide the chip. Up to `tq` of them own
     // query rows; up to `tb` of them share the transposition of the keys (with a
@@ -539,9 +543,7 @@ fn transposed(
 ) -> Result<DistTensor, PlanError> {
     let name = op.name;
     let tiles = lw.machine.tiles;
-    let kc = op.dp / AMP_WIDTH;
-    let tp = op.t.next_multiple_of(AMP_WIDTH);
-    let tb = tp / AMP_WIDTH;
+    let (kc, tp, tb) = op.padded();
     let mut work = Vec::new();
     let mut trans = Vec::new();
     for b in 0..op.batch {
@@ -786,9 +788,7 @@ fn single_query(
 ) -> Result<DistTensor, PlanError> {
     let name = op.name;
     let tiles = lw.machine.tiles;
-    let kc = op.dp / AMP_WIDTH;
-    let tp = op.t.next_multiple_of(AMP_WIDTH);
-    let tb = tp / AMP_WIDTH;
+    let (kc, _, tb) = op.padded();
     let mut runs: Vec<KeyRun> = Vec::new();
     // Member 0's combination buffers, per pair.
     let mut combine = Vec::new();
