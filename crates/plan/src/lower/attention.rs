@@ -109,26 +109,127 @@ impl Attention<'_> {
         })
     }
 
-    /// The `kc` chunks of head `h`'s keys (or values) `16 blk0..16 (blk0 + nbk)` of
-    /// image `b` (those before the last token), stored `[kc][16 nbk][16]` in `buf`,
-    /// from a tensor whose head columns start at `first`.
-    fn run_parts(
-        &self,
-        buf: BufId,
-        (b, h): (u32, u32),
-        blk0: u32,
-        nbk: u32,
-        first: u32,
-    ) -> Vec<Part> {
-        let t0 = blk0 * AMP_WIDTH;
-        let t1 = ((blk0 + nbk) * AMP_WIDTH).min(self.t);
-        if t1 <= t0 {
+    /// The `kc` chunks of a run's keys (or values) before the last token, stored
+    /// `[kc][16 nbk][16]` in `buf`, from a tensor whose head columns start at
+    /// `first`.
+    fn run_parts(&self, buf: BufId, run: &Run, first: u32) -> Vec<Part> {
+        let t0 = run.blk0 * AMP_WIDTH;
+        let real = run.real(self.t);
+        if real == 0 {
             return Vec::new();
         }
-        let r = b * self.t;
+        let r = run.b * self.t + t0;
         (0..self.dp / AMP_WIDTH)
-            .map(|c| self.chunk(buf, c * nbk * 512, r + t0..r + t1, first, h, c))
+            .map(|c| self.chunk(buf, c * run.nbk * 512, r..r + real, first, run.h, c))
             .collect()
+    }
+
+    /// The tiles of pair `pair`'s group (of `group`, from tile `pair * group`) that
+    /// own query rows, `rows_per` each.
+    fn slots(
+        &self,
+        tiles: u32,
+        group: u32,
+        pair: u32,
+        rows_per: u32,
+    ) -> impl Iterator<Item = Slot> + use<'_> {
+        (0..self.tq.div_ceil(rows_per)).map(move |m| {
+            let r0 = m * rows_per;
+            Slot {
+                tile: (pair * group + m) % tiles,
+                b: pair / self.heads,
+                h: pair % self.heads,
+                pair,
+                r0,
+                rows: rows_per.min(self.tq - r0),
+            }
+        })
+    }
+
+    /// The tiles of pair `pair`'s group that take key blocks, `share` each.
+    fn runs(
+        &self,
+        tiles: u32,
+        group: u32,
+        pair: u32,
+        share: u32,
+    ) -> impl Iterator<Item = Run> + use<'_> {
+        let tb = self.padded().2;
+        (0..tb.div_ceil(share)).map(move |m| Run {
+            tile: (pair * group + m) % tiles,
+            b: pair / self.heads,
+            h: pair % self.heads,
+            pair,
+            m,
+            blk0: m * share,
+            nbk: share.min(tb - m * share),
+        })
+    }
+
+    /// The head-padded context `[batch * tq, heads * dp]` from its parts.
+    fn context(&self, parts: Vec<Part>) -> DistTensor {
+        DistTensor {
+            rows: self.batch * self.tq,
+            cols: self.heads * self.dp,
+            elem_bytes: 2,
+            parts,
+        }
+    }
+}
+
+/// A tile of an (image, head) pair's group that owns query rows `r0..r0 + rows`.
+#[derive(Clone, Copy)]
+struct Slot {
+    tile: u32,
+    b: u32,
+    h: u32,
+    pair: u32,
+    r0: u32,
+    rows: u32,
+}
+
+/// A tile of a pair's group that holds key blocks `blk0..blk0 + nbk`; `m` is its
+/// place in the group.
+#[derive(Clone, Copy)]
+struct Run {
+    tile: u32,
+    b: u32,
+    h: u32,
+    pair: u32,
+    m: u32,
+    blk0: u32,
+    nbk: u32,
+}
+
+impl Run {
+    /// Its keys before the last of `t` tokens (the key dimension is padded to 16).
+    fn real(&self, t: u32) -> u32 {
+        t.saturating_sub(self.blk0 * AMP_WIDTH)
+            .min(self.nbk * AMP_WIDTH)
+    }
+}
+
+/// Zeroes rows `real..stored` of each of `kc` chunks `[stored][16]` in `buf`.
+fn zero_rows(
+    lw: &mut Lowering<'_>,
+    (tile, step): (u32, Step),
+    kc: u32,
+    buf: BufId,
+    (real, stored): (u32, u32),
+) {
+    if stored > real {
+        lw.call(
+            tile,
+            step,
+            ZeroFill::new(kc, (stored - real) * 32, stored * 32),
+            &[(
+                "out",
+                Loc {
+                    buf,
+                    offset: real * 32,
+                },
+            )],
+        );
     }
 }
 
@@ -138,32 +239,18 @@ impl Attention<'_> {
 fn transpose_run(
     lw: &mut Lowering<'_>,
     op: &Attention<'_>,
-    (tile, step): (u32, Step),
-    (blk0, nbk): (u32, u32),
+    run: &Run,
+    step: Step,
     part: BufId,
     out: Loc,
 ) {
     let kc = op.dp / AMP_WIDTH;
-    let real = op.t.saturating_sub(blk0 * AMP_WIDTH).min(nbk * AMP_WIDTH);
-    let pad = nbk * AMP_WIDTH - real;
-    if pad > 0 {
-        lw.call(
-            tile,
-            step,
-            ZeroFill::new(kc, pad * 32, nbk * 512),
-            &[(
-                "out",
-                Loc {
-                    buf: part,
-                    offset: real * 32,
-                },
-            )],
-        );
-    }
+    let stored = run.nbk * AMP_WIDTH;
+    zero_rows(lw, (run.tile, step), kc, part, (run.real(op.t), stored));
     lw.call(
-        tile,
+        run.tile,
         step,
-        TransposeBlocks::new(kc, nbk),
+        TransposeBlocks::new(kc, run.nbk),
         &[
             (
                 "in",
@@ -179,12 +266,7 @@ fn transpose_run(
 
 /// A tile that owns query rows of one (image, head) pair.
 struct RowWork {
-    tile: u32,
-    b: u32,
-    h: u32,
-    pair: u32,
-    r0: u32,
-    rows: u32,
+    s: Slot,
     q_amp: BufId,
     /// The head's keys transposed, `[tb][kc][16][16]`, filled by the transposers.
     w1: BufId,
@@ -201,12 +283,7 @@ struct RowWork {
 /// A tile that transposes key blocks `blk0..blk0 + nbk` of one pair and sends
 /// them to the pair's row tiles.
 struct Transposer {
-    tile: u32,
-    b: u32,
-    h: u32,
-    pair: u32,
-    blk0: u32,
-    nbk: u32,
+    run: Run,
     /// Its keys, `[kc][16 * nbk][16]`.
     kpart: BufId,
     /// Where the transposed blocks go: its own row work's `w1` when it has one
@@ -245,7 +322,7 @@ pub(crate) fn attention(
             "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} value blocks; keys {} padded to {}; scores transposed (K Q^T)",
             op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
         ));
-        return transposed(lw, op, group, (rows_per, per_rows), (share, per_t));
+        return transposed(lw, op, group, rows_per, share);
     }
     lw.plan.decisions.push(format!(
         "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} key blocks; keys {} padded to {}",
@@ -253,78 +330,65 @@ pub(crate) fn attention(
     ));
     let mut work = Vec::new();
     let mut trans = Vec::new();
-    for b in 0..op.batch {
-        for h in 0..op.heads {
-            let pair = b * op.heads + h;
-            let tile_of = |m: u32| (pair * group + m) % tiles;
-            for m in 0..per_rows {
-                let tile = tile_of(m);
-                let r0 = m * rows_per;
-                let rows = rows_per.min(op.tq - r0);
-                // The kernel says whether its block-layout variant takes this shape.
-                let blocked = Softmax::with_ld(rows, op.t, tp, op.scale)
-                    .with_blocked()
-                    .validate()
-                    .is_ok();
-                let mut blk = |what: &str, bytes: u32| {
-                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
-                };
-                work.push(RowWork {
-                    tile,
-                    b,
-                    h,
-                    pair,
-                    r0,
-                    rows,
-                    q_amp: blk("q", rows * op.dp * 2),
-                    w1: blk("kt", tp * op.dp * 2),
-                    s_blk: blk("scores.amp", rows * tp * 2),
-                    s_rm: (!blocked).then(|| blk("scores", rows * tp * 2)),
-                    recip: blk("recip", rows * 4),
-                    v_w: blk("v", tp * op.dp * 2),
-                    ctx: blk("ctx", rows * op.dp * 2),
-                });
-            }
-            for m in 0..per_t {
-                let tile = tile_of(m);
-                let blk0 = m * share;
-                let nbk = share.min(tb - blk0);
-                let kpart = lw.buffer(
-                    tile,
-                    format!("{name}.k"),
-                    nbk * AMP_WIDTH * op.dp * 2,
+    for pair in 0..op.batch * op.heads {
+        for sl in op.slots(tiles, group, pair, rows_per) {
+            let rows = sl.rows;
+            // The kernel says whether its block-layout variant takes this shape.
+            let blocked = Softmax::with_ld(rows, op.t, tp, op.scale)
+                .with_blocked()
+                .validate()
+                .is_ok();
+            let mut blk = |what: &str, bytes: u32| {
+                lw.buffer(
+                    sl.tile,
+                    format!("{name}.{what}"),
+                    bytes,
+                    Category::Activation,
+                )
+            };
+            work.push(RowWork {
+                s: sl,
+                q_amp: blk("q", rows * op.dp * 2),
+                w1: blk("kt", tp * op.dp * 2),
+                s_blk: blk("scores.amp", rows * tp * 2),
+                s_rm: (!blocked).then(|| blk("scores", rows * tp * 2)),
+                recip: blk("recip", rows * 4),
+                v_w: blk("v", tp * op.dp * 2),
+                ctx: blk("ctx", rows * op.dp * 2),
+            });
+        }
+        for run in op.runs(tiles, group, pair, share) {
+            let kpart = lw.buffer(
+                run.tile,
+                format!("{name}.k"),
+                run.nbk * AMP_WIDTH * op.dp * 2,
+                Category::Activation,
+            );
+            // A transposer that also owns query rows writes into its own `w1`.
+            let (out, own) = if run.m < per_rows {
+                let own = (pair * per_rows + run.m) as usize;
+                (
+                    Loc {
+                        buf: work[own].w1,
+                        offset: run.blk0 * kc * 512,
+                    },
+                    Some(own),
+                )
+            } else {
+                let buf = lw.buffer(
+                    run.tile,
+                    format!("{name}.kt.part"),
+                    run.nbk * kc * 512,
                     Category::Activation,
                 );
-                let (out, own) = if m < per_rows {
-                    let own = work.len() - per_rows as usize + m as usize;
-                    (
-                        Loc {
-                            buf: work[own].w1,
-                            offset: blk0 * kc * 512,
-                        },
-                        Some(own),
-                    )
-                } else {
-                    let buf = lw.buffer(
-                        tile,
-                        format!("{name}.kt.part"),
-                        nbk * kc * 512,
-                        Category::Activation,
-                    );
-                    (Loc { buf, offset: 0 }, None)
-                };
-                trans.push(Transposer {
-                    tile,
-                    b,
-                    h,
-                    pair,
-                    blk0,
-                    nbk,
-                    kpart,
-                    out,
-                    own,
-                });
-            }
+                (Loc { buf, offset: 0 }, None)
+            };
+            trans.push(Transposer {
+                run,
+                kpart,
+                out,
+                own,
+            });
         }
     }
     let (q_src, q_first) = op.q;
@@ -334,14 +398,21 @@ pub(crate) fn attention(
     // Queries to the row tiles, key blocks to the transposers.
     let mut q_parts = Vec::new();
     for w in &work {
-        let r = if op.shared_q { 0 } else { w.b * op.tq } + w.r0;
+        let r = if op.shared_q { 0 } else { w.s.b * op.tq } + w.s.r0;
         for c in 0..kc {
-            q_parts.push(op.chunk(w.q_amp, c * w.rows * 32, r..r + w.rows, q_first, w.h, c));
+            q_parts.push(op.chunk(
+                w.q_amp,
+                c * w.s.rows * 32,
+                r..r + w.s.rows,
+                q_first,
+                w.s.h,
+                c,
+            ));
         }
     }
     let key_parts: Vec<Part> = trans
         .iter()
-        .flat_map(|t| op.run_parts(t.kpart, (t.b, t.h), t.blk0, t.nbk, k_first))
+        .flat_map(|t| op.run_parts(t.kpart, &t.run, k_first))
         .collect();
     let mut copies = op.gather(q_src, q_parts, "queries")?;
     copies.extend(op.gather(k_src, key_parts, "keys")?);
@@ -351,23 +422,23 @@ pub(crate) fn attention(
     // last token: the key dimension is padded to 16), then to every row tile.
     let step = lw.compute_step();
     for t in &trans {
-        transpose_run(lw, op, (t.tile, step), (t.blk0, t.nbk), t.kpart, t.out);
+        transpose_run(lw, op, &t.run, step, t.kpart, t.out);
     }
     let mut copies = Vec::new();
     for t in &trans {
         let dsts: Vec<Loc> = work
             .iter()
             .enumerate()
-            .filter(|(i, w)| w.pair == t.pair && t.own != Some(*i))
+            .filter(|(i, w)| w.s.pair == t.run.pair && t.own != Some(*i))
             .map(|(_, w)| Loc {
                 buf: w.w1,
-                offset: t.blk0 * kc * 512,
+                offset: t.run.blk0 * kc * 512,
             })
             .collect();
         if !dsts.is_empty() {
             copies.push(Copy {
                 src: t.out,
-                bytes: t.nbk * kc * 512,
+                bytes: t.run.nbk * kc * 512,
                 dsts,
             });
         }
@@ -381,19 +452,19 @@ pub(crate) fn attention(
         let at = |buf| Loc { buf, offset: 0 };
         amp(
             lw,
-            w.tile,
+            w.s.tile,
             step,
             name,
-            (w.rows, kc, tb),
+            (w.s.rows, kc, tb),
             at(w.q_amp),
             at(w.w1),
             at(w.s_blk),
         );
-        let softmax = Softmax::with_ld(w.rows, op.t, tp, op.scale);
+        let softmax = Softmax::with_ld(w.s.rows, op.t, tp, op.scale);
         let Some(s_rm) = w.s_rm else {
             // In place on the AMP's block layout: `e` is what `e V` reads.
             lw.call(
-                w.tile,
+                w.s.tile,
                 step,
                 softmax.with_blocked(),
                 &[
@@ -405,92 +476,73 @@ pub(crate) fn attention(
             continue;
         };
         lw.call(
-            w.tile,
+            w.s.tile,
             step,
-            BlocksToRows::new(w.rows, tb),
+            BlocksToRows::new(w.s.rows, tb),
             &[("in", at(w.s_blk)), ("out", at(s_rm))],
         );
         lw.call(
-            w.tile,
+            w.s.tile,
             step,
             softmax.with_recip(),
             &[("in", at(s_rm)), ("out", at(s_rm)), ("recip", at(w.recip))],
         );
-        let mut re = Rearrange::new(w.rows, tp);
+        let mut re = Rearrange::new(w.s.rows, tp);
         if let Some(al) = lw.opts.rearrange_declared_align {
             re.declared_align = al;
         }
-        lw.call(w.tile, step, re, &[("in", at(s_rm)), ("out", at(w.s_blk))]);
+        lw.call(
+            w.s.tile,
+            step,
+            re,
+            &[("in", at(s_rm)), ("out", at(w.s_blk))],
+        );
     }
 
     // Values (their block layout is the AMP weight layout of `P V` as it stands),
     // then P V.
     let mut value_parts = Vec::new();
     for w in &work {
-        let r = w.b * op.t;
+        let r = w.s.b * op.t;
         for c in 0..kc {
-            value_parts.push(op.chunk(w.v_w, c * tp * 32, r..r + op.t, v_first, w.h, c));
+            value_parts.push(op.chunk(w.v_w, c * tp * 32, r..r + op.t, v_first, w.s.h, c));
         }
     }
     let copies = op.gather(v_src, value_parts, "values")?;
     lw.exchange(&format!("{name}.v"), copies);
-    let pad_rows = tp - op.t;
     let step = lw.compute_step();
     let mut out = Vec::new();
     for w in &work {
-        if pad_rows > 0 {
-            lw.call(
-                w.tile,
-                step,
-                ZeroFill::new(kc, pad_rows * 32, tp * 32),
-                &[(
-                    "out",
-                    Loc {
-                        buf: w.v_w,
-                        offset: op.t * 32,
-                    },
-                )],
-            );
-        }
+        zero_rows(lw, (w.s.tile, step), kc, w.v_w, (op.t, tp));
         let at = |buf| Loc { buf, offset: 0 };
         amp(
             lw,
-            w.tile,
+            w.s.tile,
             step,
             name,
-            (w.rows, tb, kc),
+            (w.s.rows, tb, kc),
             at(w.s_blk),
             at(w.v_w),
             at(w.ctx),
         );
         lw.call(
-            w.tile,
+            w.s.tile,
             step,
-            ScaleRows::new(w.rows, kc),
+            ScaleRows::new(w.s.rows, kc),
             &[("x", at(w.ctx)), ("f", at(w.recip))],
         );
-        let r = w.b * op.tq + w.r0;
+        let r = w.s.b * op.tq + w.s.r0;
         for c in 0..kc {
-            out.push(op.chunk(w.ctx, c * w.rows * 32, r..r + w.rows, 0, w.h, c));
+            out.push(op.chunk(w.ctx, c * w.s.rows * 32, r..r + w.s.rows, 0, w.s.h, c));
         }
     }
-    Ok(DistTensor {
-        rows: op.batch * op.tq,
-        cols: op.heads * op.dp,
-        elem_bytes: 2,
-        parts: out,
-    })
+    Ok(op.context(out))
 }
 
 /// A tile of the transposed attention that owns query rows `r0..r0 + rows` of one
 /// (image, head) pair, padded to `16 nbq` rows.
 struct ColWork {
-    tile: u32,
-    b: u32,
-    h: u32,
-    pair: u32,
-    r0: u32,
-    rows: u32,
+    s: Slot,
     nbq: u32,
     /// Its queries, `[kc][16 nbq][16]` (rows past `rows` zeroed).
     q_amp: BufId,
@@ -514,12 +566,7 @@ struct ColWork {
 /// A tile that transposes value blocks `blk0..blk0 + nbk` of one pair for the
 /// pair's row tiles.
 struct ValueTransposer {
-    tile: u32,
-    pair: u32,
-    b: u32,
-    h: u32,
-    blk0: u32,
-    nbk: u32,
+    run: Run,
     /// Its values, `[kc][16 nbk][16]`.
     vpart: BufId,
     /// Their transpose, `[nbk][kc][16][16]`: blocks of `V^T`'s chunks.
@@ -538,62 +585,52 @@ fn transposed(
     lw: &mut Lowering<'_>,
     op: &Attention<'_>,
     group: u32,
-    (rows_per, per_rows): (u32, u32),
-    (share, per_t): (u32, u32),
+    rows_per: u32,
+    share: u32,
 ) -> Result<DistTensor, PlanError> {
     let name = op.name;
     let tiles = lw.machine.tiles;
     let (kc, tp, tb) = op.padded();
     let mut work = Vec::new();
     let mut trans = Vec::new();
-    for b in 0..op.batch {
-        for h in 0..op.heads {
-            let pair = b * op.heads + h;
-            let tile_of = |m: u32| (pair * group + m) % tiles;
-            for m in 0..per_rows {
-                let tile = tile_of(m);
-                let r0 = m * rows_per;
-                let rows = rows_per.min(op.tq - r0);
-                let nbq = rows.div_ceil(AMP_WIDTH);
-                let mut blk = |what: &str, bytes: u32| {
-                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
-                };
-                work.push(ColWork {
-                    tile,
-                    b,
-                    h,
-                    pair,
-                    r0,
-                    rows,
-                    nbq,
-                    q_amp: blk("q", nbq * AMP_WIDTH * op.dp * 2),
-                    qt: blk("qt", nbq * kc * 512),
-                    k: blk("k", tp * op.dp * 2),
-                    st: blk("scores.t", nbq * tp * 32),
-                    recip: blk("recip", nbq * 64),
-                    vt: blk("vt", tp * op.dp * 2),
-                    ctxt: blk("ctx.t", nbq * op.dp * 32),
-                    ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
-                });
-            }
-            for m in 0..per_t {
-                let tile = tile_of(m);
-                let blk0 = m * share;
-                let nbk = share.min(tb - blk0);
-                let mut blk = |what: &str, bytes: u32| {
-                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
-                };
-                trans.push(ValueTransposer {
-                    tile,
-                    pair,
-                    b,
-                    h,
-                    blk0,
-                    nbk,
-                    vpart: blk("v.part", nbk * kc * 512),
-                    out: blk("vt.part", nbk * kc * 512),
-                });
-            }
+    for pair in 0..op.batch * op.heads {
+        for sl in op.slots(tiles, group, pair, rows_per) {
+            let nbq = sl.rows.div_ceil(AMP_WIDTH);
+            let mut blk = |what: &str, bytes: u32| {
+                lw.buffer(
+                    sl.tile,
+                    format!("{name}.{what}"),
+                    bytes,
+                    Category::Activation,
+                )
+            };
+            work.push(ColWork {
+                s: sl,
+                nbq,
+                q_amp: blk("q", nbq * AMP_WIDTH * op.dp * 2),
+                qt: blk("qt", nbq * kc * 512),
+                k: blk("k", tp * op.dp * 2),
+                st: blk("scores.t", nbq * tp * 32),
+                recip: blk("recip", nbq * 64),
+                vt: blk("vt", tp * op.dp * 2),
+                ctxt: blk("ctx.t", nbq * op.dp * 32),
+                ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
+            });
+        }
+        for run in op.runs(tiles, group, pair, share) {
+            let mut blk = |what: &str, bytes: u32| {
+                lw.buffer(
+                    run.tile,
+                    format!("{name}.{what}"),
+                    bytes,
+                    Category::Activation,
+                )
+            };
+            trans.push(ValueTransposer {
+                run,
+                vpart: blk("v.part", run.nbk * kc * 512),
+                out: blk("vt.part", run.nbk * kc * 512),
+            });
         }
     }
     let (q_src, q_first) = op.q;
@@ -605,16 +642,16 @@ fn transposed(
     let mut q_parts = Vec::new();
     let mut k_parts = Vec::new();
     for w in &work {
-        let r = if op.shared_q { 0 } else { w.b * op.tq } + w.r0;
-        let rk = w.b * op.t;
+        let r = if op.shared_q { 0 } else { w.s.b * op.tq } + w.s.r0;
+        let rk = w.s.b * op.t;
         for c in 0..kc {
-            q_parts.push(op.chunk(w.q_amp, c * w.nbq * 512, r..r + w.rows, q_first, w.h, c));
-            k_parts.push(op.chunk(w.k, c * tp * 32, rk..rk + op.t, k_first, w.h, c));
+            q_parts.push(op.chunk(w.q_amp, c * w.nbq * 512, r..r + w.s.rows, q_first, w.s.h, c));
+            k_parts.push(op.chunk(w.k, c * tp * 32, rk..rk + op.t, k_first, w.s.h, c));
         }
     }
     let v_parts: Vec<Part> = trans
         .iter()
-        .flat_map(|t| op.run_parts(t.vpart, (t.b, t.h), t.blk0, t.nbk, v_first))
+        .flat_map(|t| op.run_parts(t.vpart, &t.run, v_first))
         .collect();
     let mut copies = op.gather(q_src, q_parts, "queries")?;
     copies.extend(op.gather(k_src, k_parts, "keys")?);
@@ -627,48 +664,26 @@ fn transposed(
     let step = lw.compute_step();
     let at = |buf| Loc { buf, offset: 0 };
     for t in &trans {
-        transpose_run(lw, op, (t.tile, step), (t.blk0, t.nbk), t.vpart, at(t.out));
+        transpose_run(lw, op, &t.run, step, t.vpart, at(t.out));
     }
-    let key_pad = tp - op.t;
     for w in &work {
-        let q_pad = w.nbq * AMP_WIDTH - w.rows;
-        if q_pad > 0 {
-            lw.call(
-                w.tile,
-                step,
-                ZeroFill::new(kc, q_pad * 32, w.nbq * 512),
-                &[(
-                    "out",
-                    Loc {
-                        buf: w.q_amp,
-                        offset: w.rows * 32,
-                    },
-                )],
-            );
-        }
-        if key_pad > 0 {
-            lw.call(
-                w.tile,
-                step,
-                ZeroFill::new(kc, key_pad * 32, tp * 32),
-                &[(
-                    "out",
-                    Loc {
-                        buf: w.k,
-                        offset: op.t * 32,
-                    },
-                )],
-            );
-        }
+        zero_rows(
+            lw,
+            (w.s.tile, step),
+            kc,
+            w.q_amp,
+            (w.s.rows, w.nbq * AMP_WIDTH),
+        );
+        zero_rows(lw, (w.s.tile, step), kc, w.k, (op.t, tp));
         lw.call(
-            w.tile,
+            w.s.tile,
             step,
             TransposeBlocks::new(kc, w.nbq),
             &[("in", at(w.q_amp)), ("out", at(w.qt))],
         );
         amp(
             lw,
-            w.tile,
+            w.s.tile,
             step,
             name,
             (tp, kc, w.nbq),
@@ -677,7 +692,7 @@ fn transposed(
             at(w.st),
         );
         lw.call(
-            w.tile,
+            w.s.tile,
             step,
             SoftmaxCols::new(w.nbq, tp, op.t, op.scale),
             &[("in", at(w.st)), ("out", at(w.st)), ("recip", at(w.recip))],
@@ -689,16 +704,16 @@ fn transposed(
     for t in &trans {
         let dsts: Vec<Loc> = work
             .iter()
-            .filter(|w| w.pair == t.pair)
+            .filter(|w| w.s.pair == t.run.pair)
             .map(|w| Loc {
                 buf: w.vt,
-                offset: t.blk0 * kc * 512,
+                offset: t.run.blk0 * kc * 512,
             })
             .collect();
         if !dsts.is_empty() {
             copies.push(Copy {
                 src: at(t.out),
-                bytes: t.nbk * kc * 512,
+                bytes: t.run.nbk * kc * 512,
                 dsts,
             });
         }
@@ -712,7 +727,7 @@ fn transposed(
     for w in &work {
         amp(
             lw,
-            w.tile,
+            w.s.tile,
             step,
             name,
             (kc * AMP_WIDTH, tb, w.nbq),
@@ -721,39 +736,29 @@ fn transposed(
             at(w.ctxt),
         );
         lw.call(
-            w.tile,
+            w.s.tile,
             step,
             TransposeBlocks::new(w.nbq, kc),
             &[("in", at(w.ctxt)), ("out", at(w.ctx))],
         );
         lw.call(
-            w.tile,
+            w.s.tile,
             step,
             ScaleRows::new(w.nbq * AMP_WIDTH, kc),
             &[("x", at(w.ctx)), ("f", at(w.recip))],
         );
-        let r = w.b * op.tq + w.r0;
+        let r = w.s.b * op.tq + w.s.r0;
         for c in 0..kc {
-            out.push(op.chunk(w.ctx, c * w.nbq * 512, r..r + w.rows, 0, w.h, c));
+            out.push(op.chunk(w.ctx, c * w.nbq * 512, r..r + w.s.rows, 0, w.s.h, c));
         }
     }
-    Ok(DistTensor {
-        rows: op.batch * op.tq,
-        cols: op.heads * op.dp,
-        elem_bytes: 2,
-        parts: out,
-    })
+    Ok(op.context(out))
 }
 
 /// One tile of a single query's key cut: key blocks `blk0..blk0 + nbk` of one pair.
 struct KeyRun {
-    tile: u32,
-    b: u32,
-    h: u32,
-    /// Its place in the pair's group; member 0 combines.
-    m: u32,
-    blk0: u32,
-    nbk: u32,
+    /// Its place in the pair's group is `run.m`; member 0 combines.
+    run: Run,
     /// Real keys of the run (the last run of a pair ends at the last token).
     real: u32,
     q: BufId,
@@ -788,85 +793,79 @@ fn single_query(
 ) -> Result<DistTensor, PlanError> {
     let name = op.name;
     let tiles = lw.machine.tiles;
-    let (kc, _, tb) = op.padded();
+    let kc = op.padded().0;
     let mut runs: Vec<KeyRun> = Vec::new();
     // Member 0's combination buffers, per pair.
     let mut combine = Vec::new();
-    for b in 0..op.batch {
-        for h in 0..op.heads {
-            let pair = b * op.heads + h;
-            let tile0 = (pair * group) % tiles;
-            let ev_all = lw.buffer(
-                tile0,
-                format!("{name}.ev"),
-                g * op.dp * 2,
-                Category::Activation,
-            );
-            let sums = lw.buffer(tile0, format!("{name}.sums"), g * 4, Category::Activation);
-            let ctx = lw.buffer(
-                tile0,
-                format!("{name}.ctx"),
-                op.dp * 2,
-                Category::Activation,
-            );
-            combine.push((tile0, b, h, ev_all, sums, ctx));
-            for m in 0..g {
-                let tile = (pair * group + m) % tiles;
-                let blk0 = m * share;
-                let nbk = share.min(tb - blk0);
-                let real = op.t.min((blk0 + nbk) * AMP_WIDTH) - blk0 * AMP_WIDTH;
-                let mut blk = |what: &str, bytes: u32| {
-                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
-                };
-                let q = blk("q", op.dp * 2);
-                let kpart = blk("k", nbk * AMP_WIDTH * op.dp * 2);
-                let vpart = blk("v", nbk * AMP_WIDTH * op.dp * 2);
-                let kt = blk("kt", nbk * kc * 512);
-                let scores = blk("scores", nbk * AMP_WIDTH * 2);
-                let maxes = blk("maxes", g * 4);
-                let e = blk("e", nbk * AMP_WIDTH * 2);
-                let (ev, sum) = if m == 0 {
-                    (
-                        Loc {
-                            buf: ev_all,
-                            offset: 0,
-                        },
-                        Loc {
-                            buf: sums,
-                            offset: 0,
-                        },
-                    )
-                } else {
-                    (
-                        Loc {
-                            buf: blk("ev.part", op.dp * 2),
-                            offset: 0,
-                        },
-                        Loc {
-                            buf: blk("sum", 4),
-                            offset: 0,
-                        },
-                    )
-                };
-                runs.push(KeyRun {
-                    tile,
-                    b,
-                    h,
-                    m,
-                    blk0,
-                    nbk,
-                    real,
-                    q,
-                    kpart,
-                    vpart,
-                    kt,
-                    scores,
-                    maxes,
-                    e,
-                    ev,
-                    sum,
-                });
-            }
+    for pair in 0..op.batch * op.heads {
+        let tile0 = (pair * group) % tiles;
+        let ev_all = lw.buffer(
+            tile0,
+            format!("{name}.ev"),
+            g * op.dp * 2,
+            Category::Activation,
+        );
+        let sums = lw.buffer(tile0, format!("{name}.sums"), g * 4, Category::Activation);
+        let ctx = lw.buffer(
+            tile0,
+            format!("{name}.ctx"),
+            op.dp * 2,
+            Category::Activation,
+        );
+        combine.push((tile0, pair / op.heads, pair % op.heads, ev_all, sums, ctx));
+        for run in op.runs(tiles, group, pair, share) {
+            let nbk = run.nbk;
+            let mut blk = |what: &str, bytes: u32| {
+                lw.buffer(
+                    run.tile,
+                    format!("{name}.{what}"),
+                    bytes,
+                    Category::Activation,
+                )
+            };
+            let q = blk("q", op.dp * 2);
+            let kpart = blk("k", nbk * AMP_WIDTH * op.dp * 2);
+            let vpart = blk("v", nbk * AMP_WIDTH * op.dp * 2);
+            let kt = blk("kt", nbk * kc * 512);
+            let scores = blk("scores", nbk * AMP_WIDTH * 2);
+            let maxes = blk("maxes", g * 4);
+            let e = blk("e", nbk * AMP_WIDTH * 2);
+            let (ev, sum) = if run.m == 0 {
+                (
+                    Loc {
+                        buf: ev_all,
+                        offset: 0,
+                    },
+                    Loc {
+                        buf: sums,
+                        offset: 0,
+                    },
+                )
+            } else {
+                (
+                    Loc {
+                        buf: blk("ev.part", op.dp * 2),
+                        offset: 0,
+                    },
+                    Loc {
+                        buf: blk("sum", 4),
+                        offset: 0,
+                    },
+                )
+            };
+            runs.push(KeyRun {
+                run,
+                real: run.real(op.t),
+                q,
+                kpart,
+                vpart,
+                kt,
+                scores,
+                maxes,
+                e,
+                ev,
+                sum,
+            });
         }
     }
     let (q_src, q_first) = op.q;
@@ -874,15 +873,12 @@ fn single_query(
     let (v_src, v_first) = op.v;
     let (mut q_parts, mut k_parts, mut v_parts) = (Vec::new(), Vec::new(), Vec::new());
     for r in &runs {
-        let qr = if op.shared_q { 0 } else { r.b * op.tq };
-        let k0 = r.b * op.t + r.blk0 * AMP_WIDTH;
-        let keys = k0..k0 + r.real;
+        let qr = if op.shared_q { 0 } else { r.run.b * op.tq };
         for c in 0..kc {
-            q_parts.push(op.chunk(r.q, c * 32, qr..qr + 1, q_first, r.h, c));
-            let at = c * r.nbk * 512;
-            k_parts.push(op.chunk(r.kpart, at, keys.clone(), k_first, r.h, c));
-            v_parts.push(op.chunk(r.vpart, at, keys.clone(), v_first, r.h, c));
+            q_parts.push(op.chunk(r.q, c * 32, qr..qr + 1, q_first, r.run.h, c));
         }
+        k_parts.extend(op.run_parts(r.kpart, &r.run, k_first));
+        v_parts.extend(op.run_parts(r.vpart, &r.run, v_first));
     }
     let mut copies = op.gather(q_src, q_parts, "queries")?;
     copies.extend(op.gather(k_src, k_parts, "keys")?);
@@ -894,41 +890,33 @@ fn single_query(
     let step = lw.compute_step();
     let at = |buf| Loc { buf, offset: 0 };
     for r in &runs {
-        let pad = r.nbk * AMP_WIDTH - r.real;
-        if pad > 0 {
-            for buf in [r.kpart, r.vpart] {
-                lw.call(
-                    r.tile,
-                    step,
-                    ZeroFill::new(kc, pad * 32, r.nbk * 512),
-                    &[(
-                        "out",
-                        Loc {
-                            buf,
-                            offset: r.real * 32,
-                        },
-                    )],
-                );
-            }
+        for buf in [r.kpart, r.vpart] {
+            zero_rows(
+                lw,
+                (r.run.tile, step),
+                kc,
+                buf,
+                (r.real, r.run.nbk * AMP_WIDTH),
+            );
         }
         lw.call(
-            r.tile,
+            r.run.tile,
             step,
-            TransposeBlocks::new(kc, r.nbk),
+            TransposeBlocks::new(kc, r.run.nbk),
             &[("in", at(r.kpart)), ("out", at(r.kt))],
         );
         amp(
             lw,
-            r.tile,
+            r.run.tile,
             step,
             name,
-            (1, kc, r.nbk),
+            (1, kc, r.run.nbk),
             at(r.q),
             at(r.kt),
             at(r.scores),
         );
         lw.call(
-            r.tile,
+            r.run.tile,
             step,
             RowMax::new(r.real),
             &[
@@ -937,7 +925,7 @@ fn single_query(
                     "out",
                     Loc {
                         buf: r.maxes,
-                        offset: r.m * 4,
+                        offset: r.run.m * 4,
                     },
                 ),
             ],
@@ -945,18 +933,18 @@ fn single_query(
     }
     let mut copies = Vec::new();
     for (i, r) in runs.iter().enumerate() {
-        let pair0 = i - r.m as usize;
+        let pair0 = i - r.run.m as usize;
         let dsts = (0..g as usize)
-            .filter(|&o| o != r.m as usize)
+            .filter(|&o| o != r.run.m as usize)
             .map(|o| Loc {
                 buf: runs[pair0 + o].maxes,
-                offset: r.m * 4,
+                offset: r.run.m * 4,
             })
             .collect();
         copies.push(Copy {
             src: Loc {
                 buf: r.maxes,
-                offset: r.m * 4,
+                offset: r.run.m * 4,
             },
             bytes: 4,
             dsts,
@@ -967,9 +955,9 @@ fn single_query(
     let step = lw.compute_step();
     for r in &runs {
         lw.call(
-            r.tile,
+            r.run.tile,
             step,
-            ExpShift::new(r.real, r.nbk * AMP_WIDTH, g, op.scale),
+            ExpShift::new(r.real, r.run.nbk * AMP_WIDTH, g, op.scale),
             &[
                 ("in", at(r.scores)),
                 ("maxes", at(r.maxes)),
@@ -979,24 +967,24 @@ fn single_query(
         );
         amp(
             lw,
-            r.tile,
+            r.run.tile,
             step,
             name,
-            (1, r.nbk, kc),
+            (1, r.run.nbk, kc),
             at(r.e),
             at(r.vpart),
             r.ev,
         );
     }
     let mut copies = Vec::new();
-    for r in runs.iter().filter(|r| r.m > 0) {
-        let (_, _, _, ev_all, sums, _) = combine[(r.b * op.heads + r.h) as usize];
+    for r in runs.iter().filter(|r| r.run.m > 0) {
+        let (_, _, _, ev_all, sums, _) = combine[(r.run.b * op.heads + r.run.h) as usize];
         copies.push(Copy {
             src: r.ev,
             bytes: op.dp * 2,
             dsts: vec![Loc {
                 buf: ev_all,
-                offset: r.m * op.dp * 2,
+                offset: r.run.m * op.dp * 2,
             }],
         });
         copies.push(Copy {
@@ -1004,7 +992,7 @@ fn single_query(
             bytes: 4,
             dsts: vec![Loc {
                 buf: sums,
-                offset: r.m * 4,
+                offset: r.run.m * 4,
             }],
         });
     }
@@ -1024,12 +1012,7 @@ fn single_query(
             out.push(op.chunk(ctx, c * 32, r..r + 1, 0, h, c));
         }
     }
-    Ok(DistTensor {
-        rows: op.batch * op.tq,
-        cols: op.heads * op.dp,
-        elem_bytes: 2,
-        parts: out,
-    })
+    Ok(op.context(out))
 }
 
 /// One AMP product `(rows, kc, nb)` with its ping-pong partial buffers.
