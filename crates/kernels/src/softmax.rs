@@ -271,6 +271,16 @@ pub(crate) fn mul2(d: u8, x: u8) -> Inst {
 /// converted and multiplied in (`D = C + x * scale`). With `masked`, the mask is
 /// loaded into `W` (free between the last conversion and the packing) and applied
 /// before the conversion.
+/// A softmax's score scale must be in `(0, Softmax::SCALE_MAX]`
+/// ([`Softmax::SCALE_MAX`] says why).
+pub(crate) fn check_scale(name: &str, scale: f32) -> Result<(), KernelError> {
+    if scale > 0.0 && scale <= Softmax::SCALE_MAX {
+        Ok(())
+    } else {
+        Err(invalid(name, "scale must be in (0, 16]"))
+    }
+}
+
 pub(crate) fn pass2_group(ld: Inst, st: Inst, c: [MReg; 4], masked: bool) -> Vec<Issue> {
     let mut v = vec![bi(ld, exp(D0))];
     if masked {
@@ -813,9 +823,7 @@ impl Kernel for Softmax {
         if u64::from(self.rows) * u64::from(self.ld) * 2 >= 1 << 20 {
             return Err(invalid(&name, "operand larger than tile memory"));
         }
-        if !(self.scale > 0.0 && self.scale <= Self::SCALE_MAX) {
-            return Err(invalid(&name, "scale must be in (0, 16]"));
-        }
+        check_scale(&name, self.scale)?;
         if self.blocked
             && (!self.recip || !self.ld.is_multiple_of(16) || self.rows > Self::BLOCKED_ROWS_MAX)
         {
@@ -937,14 +945,7 @@ mod tests {
     #[test]
     fn layout_needs_no_padding_nop() {
         for k in shapes() {
-            for base in [0x4_c000, 0x4_c008] {
-                let code = k.emit(base).unwrap();
-                assert!(
-                    !code.words.contains(&Word::Single(Inst::Nop)),
-                    "{}: padding nop",
-                    k.symbol()
-                );
-            }
+            crate::tests::assert_no_padding_nop(&k);
         }
     }
 

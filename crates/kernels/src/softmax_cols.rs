@@ -354,8 +354,7 @@ impl SoftmaxCols {
     }
 
     /// Worker issue slots of each launch.
-    fn launch_slots(&self, t: &Timing, launch: usize) -> Vec<u64> {
-        let tl = self.tally();
+    fn launch_slots(&self, t: &Timing, tl: &Tally, launch: usize) -> Vec<u64> {
         let g4 = u64::from(self.groups());
         let pads = self.rows - self.n;
         let rows = split(self.n);
@@ -409,9 +408,7 @@ impl Kernel for SoftmaxCols {
         if u64::from(self.blocks) * u64::from(self.rows) * 32 >= 1 << 20 {
             return Err(invalid(&name, "operand larger than tile memory"));
         }
-        if !(self.scale > 0.0 && self.scale <= crate::Softmax::SCALE_MAX) {
-            return Err(invalid(&name, "scale must be in (0, 16]"));
-        }
+        crate::softmax::check_scale(&name, self.scale)?;
         Ok(())
     }
 
@@ -495,8 +492,9 @@ impl Kernel for SoftmaxCols {
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        let words = split_snippet(0, 0, self.tally().entries, STRIDE);
-        crate::supervisor_cycles(t, &words, |launch| self.launch_slots(t, launch))
+        let tl = self.tally();
+        let words = split_snippet(0, 0, tl.entries, STRIDE);
+        crate::supervisor_cycles(t, &words, |launch| self.launch_slots(t, &tl, launch))
     }
 }
 
@@ -537,14 +535,7 @@ mod tests {
             SoftmaxCols::new(2, 736, 729, 0.125),
             SoftmaxCols::new(3, 40, 13, 0.5),
         ] {
-            for base in [0x4_c000, 0x4_c008] {
-                let code = k.emit(base).unwrap();
-                assert!(
-                    !code.words.contains(&Word::Single(Inst::Nop)),
-                    "{}: padding nop",
-                    k.symbol()
-                );
-            }
+            crate::tests::assert_no_padding_nop(&k);
         }
     }
 }

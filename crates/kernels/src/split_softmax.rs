@@ -230,9 +230,7 @@ impl Kernel for ExpShift {
         if self.g == 0 || self.g > 2 * RPT_MAX {
             return Err(invalid(&name, "g must be 1..=8190"));
         }
-        if !(self.scale > 0.0 && self.scale <= crate::Softmax::SCALE_MAX) {
-            return Err(invalid(&name, "scale must be in (0, 16]"));
-        }
+        crate::softmax::check_scale(&name, self.scale)?;
         Ok(())
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {

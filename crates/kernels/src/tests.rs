@@ -281,3 +281,23 @@ fn weight_packing_matches_amp_quads() {
     let want = (c * 16 + q / 2) * nb * 16 + b * 16 + 8 * (q % 2);
     assert_eq!(packed[at], w[want]);
 }
+
+/// Code laid out by `softmax::block` has no padding `nop` (each would cost an
+/// issue), at either alignment of the code base.
+pub(crate) fn assert_no_padding_nop(k: &dyn Kernel) {
+    for base in [0x4_c000, 0x4_c008] {
+        let code = k.emit(base).unwrap();
+        assert!(
+            !code.words.contains(&Word::Single(Inst::Nop)),
+            "{}: padding nop at code base {base:#x}",
+            k.symbol()
+        );
+    }
+}
+
+#[test]
+fn block_transpose_needs_no_padding_nop() {
+    for (kc, tb) in [(1, 1), (5, 1), (1, 5), (2, 3)] {
+        assert_no_padding_nop(&TransposeBlocks::new(kc, tb));
+    }
+}

@@ -50,8 +50,9 @@ impl TransposeBlocks {
         self.kc * self.tb * BLOCK
     }
 
-    /// Issues of the worker with `n` blocks from input block `v0`.
-    fn worker_issues(&self, v0: u32, n: u32) -> u64 {
+    /// Issues of the worker with `n` blocks from input block `v0`, with `body`
+    /// issues in a row group ([`rows_body`]).
+    fn worker_issues(&self, v0: u32, n: u32, body: u64) -> u64 {
         if n == 0 {
             return 5;
         }
@@ -59,7 +60,7 @@ impl TransposeBlocks {
         let wraps = (v0 + n - 1) / self.tb - v0 / self.tb;
         // Setup, then per block the repeat, four row groups and the block's
         // bookkeeping (the last one's cut short by the exit).
-        7 + u64::from(n) * (6 + 4 * rows_body().len() as u64) + 3 * u64::from(wraps)
+        7 + u64::from(n) * (6 + 4 * body) + 3 * u64::from(wraps)
     }
 }
 
@@ -212,11 +213,12 @@ impl Kernel for TransposeBlocks {
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
+        let body = rows_body().len() as u64;
         crate::single_shot_cycles(
             t,
             split(self.kc * self.tb)
                 .into_iter()
-                .map(|(v0, n)| self.worker_issues(v0, n)),
+                .map(|(v0, n)| self.worker_issues(v0, n, body)),
         )
     }
 }
