@@ -122,13 +122,8 @@ pub fn precheck(
                 u32::try_from(k),
                 u32::try_from(n),
             ) {
-                (Some(rows), Ok(k), Ok(n)) => MatmulShape {
-                    rows: rows.div_ceil(passes),
-                    k,
-                    n,
-                    // The bound on what must fit: a row-major input's copy counts.
-                    a_blocked: false,
-                },
+                // The bound on what must fit: a row-major input's copy counts.
+                (Some(rows), Ok(k), Ok(n)) => MatmulShape::new(rows.div_ceil(passes), k, n),
                 _ => {
                     return Err(PlanError::Unsupported(format!(
                         "matmul `{}` has a dimension above 2^32 - 1",

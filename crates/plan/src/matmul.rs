@@ -29,6 +29,16 @@ pub struct MatmulShape {
 }
 
 impl MatmulShape {
+    /// A product whose input arrives row-major (to be rearranged on the tile).
+    pub fn new(rows: u32, k: u32, n: u32) -> MatmulShape {
+        MatmulShape {
+            rows,
+            k,
+            n,
+            a_blocked: false,
+        }
+    }
+
     pub fn k_chunks(&self) -> u32 {
         self.k.div_ceil(AMP_WIDTH)
     }
@@ -315,12 +325,7 @@ mod tests {
         let m = Machine::c600();
         for batch in [2u32, 4] {
             for (k, n) in [(1152, 4304), (4304, 1152)] {
-                let shape = MatmulShape {
-                    rows: 729 * batch,
-                    k,
-                    n,
-                    a_blocked: false,
-                };
+                let shape = MatmulShape::new(729 * batch, k, n);
                 let map = map_matmul(&m, shape, BUDGET).unwrap();
                 assert!(map.tiles() <= m.tiles);
                 assert!(map.bytes_per_tile <= BUDGET);
@@ -337,12 +342,7 @@ mod tests {
     #[test]
     fn a_blocked_input_costs_no_rearrangement() {
         let m = Machine::c600();
-        let s = MatmulShape {
-            rows: 1458,
-            k: 1280,
-            n: 1152,
-            a_blocked: false,
-        };
+        let s = MatmulShape::new(1458, 1280, 1152);
         let b = MatmulShape {
             a_blocked: true,
             ..s
@@ -365,12 +365,7 @@ mod tests {
     #[test]
     fn small_problem_covers_every_row_chunk_and_block() {
         let m = Machine::small();
-        let shape = MatmulShape {
-            rows: 7,
-            k: 40,
-            n: 20,
-            a_blocked: false,
-        };
+        let shape = MatmulShape::new(7, 40, 20);
         let map = map_matmul(&m, shape, BUDGET).unwrap();
         assert!(map.tiles() <= 4);
         assert!(map.rows_per_tile * map.pr >= 7);
@@ -381,17 +376,7 @@ mod tests {
     #[test]
     fn impossible_budget_reports_the_smallest_need() {
         let m = Machine::small();
-        let err = map_matmul(
-            &m,
-            MatmulShape {
-                rows: 4096,
-                k: 4096,
-                n: 4096,
-                a_blocked: false,
-            },
-            BUDGET,
-        )
-        .unwrap_err();
+        let err = map_matmul(&m, MatmulShape::new(4096, 4096, 4096), BUDGET).unwrap_err();
         match err {
             PlanError::DoesNotFit { needed, budget, .. } => {
                 assert!(needed > budget);
@@ -399,16 +384,7 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert!(matches!(
-            map_matmul(
-                &m,
-                MatmulShape {
-                    rows: 0,
-                    k: 1,
-                    n: 1,
-                    a_blocked: false,
-                },
-                BUDGET
-            ),
+            map_matmul(&m, MatmulShape::new(0, 1, 1), BUDGET),
             Err(PlanError::Empty { .. })
         ));
     }
@@ -416,12 +392,7 @@ mod tests {
     #[test]
     fn deterministic() {
         let m = Machine::c600();
-        let s = MatmulShape {
-            rows: 1458,
-            k: 1152,
-            n: 4304,
-            a_blocked: false,
-        };
+        let s = MatmulShape::new(1458, 1152, 4304);
         assert_eq!(
             map_matmul(&m, s, BUDGET).unwrap(),
             map_matmul(&m, s, BUDGET).unwrap()

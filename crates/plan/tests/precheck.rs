@@ -19,17 +19,23 @@ fn a_linear_that_no_tile_can_hold_is_refused() {
         eps: 1e-6,
         dtype: DType::F16,
     };
-    match precheck(&m, &mlp(&cfg).unwrap()) {
+    let (what, needed) = too_large_for_a_tile(&m, precheck(&m, &mlp(&cfg).unwrap()));
+    assert!(what.contains("matmul `mlp.fc1`"), "{what}");
+    assert!(needed > u64::from(m.sram_bytes()));
+}
+
+/// The refusal's subject and bytes needed, checked to be against one tile's SRAM.
+fn too_large_for_a_tile(m: &Machine, r: Result<(), PlanError>) -> (String, u64) {
+    match r {
         Err(PlanError::TooLarge {
             what,
             needed,
             available,
             scope,
         }) => {
-            assert!(what.contains("matmul `mlp.fc1`"), "{what}");
             assert_eq!(scope, "one tile");
             assert_eq!(available, u64::from(m.sram_bytes()));
-            assert!(needed > available);
+            (what, needed)
         }
         other => panic!("expected TooLarge, got {other:?}"),
     }
@@ -52,18 +58,7 @@ fn an_attention_head_whose_keys_no_tile_can_hold_is_refused() {
     // 42 x 42 = 1,764 tokens: keys 1,776 x 80 x 2 bytes and one block of scores.
     precheck(&m, &layer(588)).unwrap();
     // 64 x 64 = 4,096 tokens: 655,360 + 131,072 bytes on one tile.
-    match precheck(&m, &layer(896)) {
-        Err(PlanError::TooLarge {
-            what,
-            needed,
-            available,
-            scope,
-        }) => {
-            assert!(what.contains("keys and one 16-query block"), "{what}");
-            assert_eq!(needed, 4096 * 80 * 2 + 4096 * 32);
-            assert_eq!(available, u64::from(m.sram_bytes()));
-            assert_eq!(scope, "one tile");
-        }
-        other => panic!("expected TooLarge, got {other:?}"),
-    }
+    let (what, needed) = too_large_for_a_tile(&m, precheck(&m, &layer(896)));
+    assert!(what.contains("keys and one 16-query block"), "{what}");
+    assert_eq!(needed, 4096 * 80 * 2 + 4096 * 32);
 }
