@@ -488,30 +488,19 @@ fn one_pass(
                 buf: bias,
                 offset: 0,
             };
-            if let Some(res) = fused_residual {
+            if pk > 1 {
+                // The bias, then the fused residual, summed after the partials.
+                let mut ops = vec![("in", p), ("b", b), ("out", y)];
+                ops.extend(fused_residual.map(|buf| ("c", Loc { buf, offset: 0 })));
+                let addends = ops.len() as u8 - 2;
                 lw.call(
                     tile,
                     step,
-                    ReduceAdd::new(pk, elems).with_addends(),
-                    &[
-                        ("in", p),
-                        ("b", b),
-                        (
-                            "c",
-                            Loc {
-                                buf: res,
-                                offset: 0,
-                            },
-                        ),
-                        ("out", y),
-                    ],
-                );
-            } else if pk > 1 {
-                lw.call(
-                    tile,
-                    step,
-                    ReduceAdd::new(pk, elems).with_addend(),
-                    &[("in", p), ("b", b), ("out", y)],
+                    ReduceAdd {
+                        addends,
+                        ..ReduceAdd::new(pk, elems)
+                    },
+                    &ops,
                 );
             } else {
                 lw.call(
