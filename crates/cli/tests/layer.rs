@@ -363,9 +363,10 @@ fn compiles_are_byte_identical_across_runs_and_thread_counts() {
     );
 }
 
-/// The pooling head's single query with its keys cut over the tiles of each (image,
-/// head) pair, one and two key blocks per tile, a last run of one real key: it
-/// validates, and a 1% error in the shifted exponentials' scale is a mismatch.
+/// The pooling head's single query, its projections not absorbed (test hook), with
+/// its keys cut over the tiles of each (image, head) pair, one and two key blocks
+/// per tile, a last run of one real key: it validates, and a 1% error in the
+/// shifted exponentials' scale is a mismatch.
 #[test]
 fn a_single_query_cut_over_tiles_validates() {
     let dir = common::scratch("single-query");
@@ -384,6 +385,7 @@ fn a_single_query_cut_over_tiles_validates() {
             "small",
             "--tiles",
             tiles,
+            "--unabsorbed-head",
             "--json",
         ]);
         assert_eq!(code, 0, "{text}");
@@ -400,6 +402,7 @@ fn a_single_query_cut_over_tiles_validates() {
         "small",
         "--tiles",
         "16",
+        "--unabsorbed-head",
         "--mutate-kernel",
         "softmax",
         "--json",
@@ -476,4 +479,22 @@ fn attention_with_fewer_than_12_keys_takes_the_row_path() {
     let decisions = small_layer_decisions("keys9", 42, "2", &[]);
     assert!(decisions.contains("keys 9 padded to 16"), "{decisions}");
     assert!(!decisions.contains("scores transposed"), "{decisions}");
+}
+
+/// The pooling head's attention has a constant query, so its projections are
+/// absorbed: with 81 tokens (six token blocks, the last of one row) and with 9 (one
+/// block, paired with zeros in the sums), on four tiles (several runs a tile), and
+/// lowered as it stands with the test hook; all validate.
+#[test]
+fn pooling_head_validates_absorbed_and_not() {
+    for (name, image_size) in [("head81", 126), ("head9", 42)] {
+        for (hook, absorbed) in [(&[][..], true), (&["--unabsorbed-head"][..], false)] {
+            let decisions = small_layer_decisions(name, image_size, "2", hook);
+            assert_eq!(
+                decisions.contains("projections absorbed"),
+                absorbed,
+                "{decisions}"
+            );
+        }
+    }
 }

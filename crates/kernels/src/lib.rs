@@ -53,7 +53,7 @@ pub use rearrange::Rearrange;
 pub use scale_rows::ScaleRows;
 pub use softmax::Softmax;
 pub use softmax_cols::SoftmaxCols;
-pub use split_softmax::{ExpShift, RowMax};
+pub use split_softmax::{ColExpShift, ColMax, ExpShift, RowMax};
 pub use transpose_blocks::TransposeBlocks;
 pub use zero_fill::ZeroFill;
 

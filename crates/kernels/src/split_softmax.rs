@@ -18,7 +18,7 @@ use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, ld32, ld32m, m};
 use crate::contract::{Contract, Operand, Role};
-use crate::layernorm::{bcast2, fbin, fun, ld64s, simple_contract, st64s, to_f16, to_f32};
+use crate::layernorm::{bcast2, fbin, fun, ld64s, simple_contract, st64s, to_f16, to_f32, zero_a};
 use crate::{
     Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand,
@@ -339,5 +339,323 @@ impl Kernel for ExpShift {
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
         let (issues, exps) = self.worker0_work();
         worker0_cycles(t, crate::issue_slots(t, issues, exps))
+    }
+}
+
+/// The column maxima of an f16 block `[n][16]` (rows 32 bytes apart), as `[16]`
+/// f16 (the maximum is exact in f16): the column form of [`RowMax`], for a softmax
+/// down 16 columns whose rows are cut over tiles (the pooling head's absorbed
+/// scores: tokens on the rows, heads on the columns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColMax {
+    pub n: u32,
+}
+
+/// `out[r][c] = exp(scale * (in[r][c] - M[c]))` for rows `r < n` (f16), `+0` for rows
+/// `n..rows`, with `M[c]` the largest of column `c` over the `g` rows of `maxes`
+/// (`[g][16]` f16); `sum` gets each column's f32 sum of the exponentials. The
+/// column form of [`ExpShift`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColExpShift {
+    pub n: u32,
+    /// Rows of `out`, `>= n`.
+    pub rows: u32,
+    /// Rows of `maxes`: one per tile of the cut.
+    pub g: u32,
+    /// `0 < scale <= 16`.
+    pub scale: f32,
+}
+
+/// Four workers take a 4-column group each (`ld64` lanes); the other two exit.
+const COL_GROUPS: u32 = 4;
+/// `ld64step`/`st64step` increment down a column: one 32-byte row.
+const COL_STEP: i8 = 4;
+/// Worker records of the column kernels: `in` (0 for an idle worker), `out`,
+/// `maxes`, `sum`, `scale`, `-scale`.
+const COL_STRIDE: u16 = 24;
+
+fn col_step_ld(d: u8, base: u8) -> Inst {
+    Inst::Ld64Step {
+        d: a(d),
+        base: m(base),
+        inc: COL_STEP,
+    }
+}
+
+fn col_step_st(s: u8, base: u8) -> Inst {
+    Inst::St64Step {
+        s: a(s),
+        base: m(base),
+        inc: COL_STEP,
+    }
+}
+
+fn st64(s: u8, base: u8, imm: u16) -> Inst {
+    Inst::St64 {
+        s: a(s),
+        base: m(base),
+        imm,
+    }
+}
+
+/// Cycles of a column kernel whose four active workers take `slots` issue slots
+/// each and whose idle ones three (load, branch, exit).
+fn col_cycles(t: &Timing, slots: u64) -> u64 {
+    crate::single_shot_cycles(
+        t,
+        (0..WORKERS).map(|w| if w < COL_GROUPS { slots } else { 3 }),
+    )
+}
+
+/// Worker records of a column kernel: group `w`'s 8-byte column offset into each
+/// operand (16 bytes into the f32 sums) for the four active workers.
+fn col_state(addrs: [u32; 4], scale: f32) -> VertexState {
+    let mut buf = StateBuf::default();
+    for w in 0..WORKERS {
+        let (x, out, maxes, sum) = if w < COL_GROUPS {
+            (
+                addrs[0] + 8 * w,
+                addrs[1] + 8 * w,
+                addrs[2] + 8 * w,
+                addrs[3] + 16 * w,
+            )
+        } else {
+            (0, 0, 0, 0)
+        };
+        buf.u32(x)
+            .u32(out)
+            .u32(maxes)
+            .u32(sum)
+            .f32(scale)
+            .f32(-scale)
+            .pad_to(((w + 1) * u32::from(COL_STRIDE)) as usize);
+    }
+    buf.finish(COL_STRIDE)
+}
+
+impl ColMax {
+    pub const NAME: &'static str = "col_max_f16";
+    pub fn new(n: u32) -> ColMax {
+        ColMax { n }
+    }
+    fn active_issues(&self) -> u64 {
+        // load, branch, load, first row, the repeat and its body, store, exit
+        let rest = if self.n >= 2 {
+            1 + 2 * u64::from(self.n - 1)
+        } else {
+            0
+        };
+        4 + rest + 2
+    }
+}
+
+impl Kernel for ColMax {
+    fn symbol(&self) -> String {
+        format!("{}_n{}", Self::NAME, self.n)
+    }
+    fn validate(&self) -> Result<(), KernelError> {
+        if self.n == 0 || self.n > RPT_MAX {
+            return Err(invalid(&self.symbol(), "n must be 1..=4095"));
+        }
+        Ok(())
+    }
+    fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
+        self.validate()?;
+        crate::check_code_base(&self.symbol(), code_base, 8)?;
+        let mut s = Asm::new(code_base);
+        let done = s.label();
+        s.i(ld32m(m(2), m(0), 0)); // in, 0 on an idle worker
+        s.brz(m(2), done);
+        s.i(ld32m(m(3), m(0), 1)); // out
+        s.i(col_step_ld(4, 2));
+        if self.n >= 2 {
+            s.rpti((self.n - 1) as u16, |b| {
+                b.i(col_step_ld(0, 2));
+                b.i(fbin(FBinOp::Max, FVec::F16V4, 4, 4, 0));
+            });
+        }
+        s.i(st64(4, 3, 0));
+        s.bind(done);
+        s.i(Inst::Exit);
+        Ok(KernelCode {
+            symbol: self.symbol(),
+            code_base,
+            entry: code_base,
+            words: s.finish(),
+        })
+    }
+    fn contract(&self) -> Contract {
+        simple_contract(
+            self,
+            vec![
+                Operand::new("in", Role::Input, 32 * self.n, 8),
+                Operand::new("out", Role::Output, 32, 8),
+            ],
+            u32::from(COL_STRIDE) * WORKERS,
+        )
+    }
+    fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
+        self.validate()?;
+        let name = self.symbol();
+        Ok(col_state(
+            [
+                operand(addrs, &name, "in")?,
+                operand(addrs, &name, "out")?,
+                0,
+                0,
+            ],
+            0.0,
+        ))
+    }
+    fn estimate_cycles_with(&self, t: &Timing) -> u64 {
+        col_cycles(t, self.active_issues())
+    }
+}
+
+// `col_exp_shift` registers: `$a0:1` a row's group as loaded and as stored, `$a2:3`
+// two of its lanes in f32, `$a6:7` the scale, `$a8:9` and `$a10:11` each lane's
+// `C = -M*scale`, `$a12:13` and `$a4:5` the sums of lanes 0-1 and 2-3 (`$a12:13`
+// first holds `-scale`).
+
+impl ColExpShift {
+    pub const NAME: &'static str = "col_exp_shift_f16";
+    pub fn new(n: u32, rows: u32, g: u32, scale: f32) -> ColExpShift {
+        ColExpShift { n, rows, g, scale }
+    }
+    /// (issues, f32 transcendentals) of an active worker.
+    fn active_work(&self) -> (u64, u64) {
+        let (n, g, pad) = (
+            u64::from(self.n),
+            u64::from(self.g),
+            u64::from(self.rows - self.n),
+        );
+        // load, branch, three loads, scale and `-scale` with their broadcasts
+        let mut issues = 9;
+        // the maxima: first row, repeat and body
+        issues += 1 + if g >= 2 { 1 + 2 * (g - 1) } else { 0 };
+        // to f32, `C`, zeroed sums
+        issues += 2 + 2 + 4;
+        // the rows: repeat and body
+        issues += 1 + 16 * n;
+        if pad > 0 {
+            issues += 2 + 1 + pad;
+        }
+        // the sums, exit
+        issues += 3;
+        (issues, 4 * n)
+    }
+}
+
+impl Kernel for ColExpShift {
+    fn symbol(&self) -> String {
+        format!(
+            "{}_n{}_r{}_g{}_s{:08x}",
+            Self::NAME,
+            self.n,
+            self.rows,
+            self.g,
+            self.scale.to_bits()
+        )
+    }
+    fn validate(&self) -> Result<(), KernelError> {
+        let name = self.symbol();
+        if self.n == 0 || self.rows < self.n || self.rows > RPT_MAX {
+            return Err(invalid(&name, "n must be positive, n <= rows <= 4095"));
+        }
+        if self.g == 0 || self.g > RPT_MAX {
+            return Err(invalid(&name, "g must be 1..=4095"));
+        }
+        crate::softmax::check_scale(&name, self.scale)?;
+        Ok(())
+    }
+    fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
+        self.validate()?;
+        crate::check_code_base(&self.symbol(), code_base, 8)?;
+        let mut s = Asm::new(code_base);
+        let done = s.label();
+        s.i(ld32m(m(2), m(0), 0)); // in, 0 on an idle worker
+        s.brz(m(2), done);
+        s.i(ld32m(m(3), m(0), 1)); // out
+        s.i(ld32m(m(4), m(0), 2)); // maxes
+        s.i(ld32m(m(5), m(0), 3)); // sum
+        s.i(ld32(a(6), m(0), 4));
+        s.i(bcast2(6, 6));
+        s.i(ld32(a(12), m(0), 5));
+        s.i(bcast2(12, 12));
+        // M, exact in f16, then `C = -(M*scale)` per lane in f32.
+        s.i(col_step_ld(8, 4));
+        if self.g >= 2 {
+            s.rpti((self.g - 1) as u16, |b| {
+                b.i(col_step_ld(0, 4));
+                b.i(fbin(FBinOp::Max, FVec::F16V4, 8, 8, 0));
+            });
+        }
+        s.i(to_f32(10, 9));
+        s.i(to_f32(8, 8));
+        s.i(fbin(FBinOp::Mul, FVec::F32V2, 8, 8, 12));
+        s.i(fbin(FBinOp::Mul, FVec::F32V2, 10, 10, 12));
+        for r in [4, 5, 12, 13] {
+            s.i(zero_a(r));
+        }
+        // Two lanes at a time through `$a2:3` (`$a15` is the zero register): the
+        // first pair is packed back into `$a0` before the second is widened.
+        s.rpti(self.n as u16, |b| {
+            b.i(col_step_ld(0, 2));
+            for (src, c, sum) in [(0u8, 8u8, 12u8), (1, 10, 4)] {
+                b.i(to_f32(2, src));
+                b.i(fbin(FBinOp::Mul, FVec::F32V2, 2, 2, 6));
+                b.i(fbin(FBinOp::Add, FVec::F32V2, 2, 2, c));
+                b.i(fun(FUnOp::Exp, 2, 2));
+                b.i(fun(FUnOp::Exp, 3, 3));
+                b.i(fbin(FBinOp::Add, FVec::F32V2, sum, sum, 2));
+                b.i(to_f16(src, 2));
+            }
+            b.i(col_step_st(0, 3));
+        });
+        let pad = self.rows - self.n;
+        if pad > 0 {
+            s.i(zero_a(0));
+            s.i(zero_a(1));
+            s.rpti(pad as u16, |b| b.i(col_step_st(0, 3)));
+        }
+        s.i(st64(12, 5, 0));
+        s.i(st64(4, 5, 1));
+        s.bind(done);
+        s.i(Inst::Exit);
+        Ok(KernelCode {
+            symbol: self.symbol(),
+            code_base,
+            entry: code_base,
+            words: s.finish(),
+        })
+    }
+    fn contract(&self) -> Contract {
+        simple_contract(
+            self,
+            vec![
+                Operand::new("in", Role::Input, 32 * self.n, 8),
+                Operand::new("maxes", Role::Input, 32 * self.g, 8),
+                Operand::new("out", Role::Output, 32 * self.rows, 8),
+                Operand::new("sum", Role::Output, 64, 8),
+            ],
+            u32::from(COL_STRIDE) * WORKERS,
+        )
+    }
+    fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
+        self.validate()?;
+        let name = self.symbol();
+        Ok(col_state(
+            [
+                operand(addrs, &name, "in")?,
+                operand(addrs, &name, "out")?,
+                operand(addrs, &name, "maxes")?,
+                operand(addrs, &name, "sum")?,
+            ],
+            self.scale * crate::mutation::factor("softmax"),
+        ))
+    }
+    fn estimate_cycles_with(&self, t: &Timing) -> u64 {
+        let (issues, exps) = self.active_work();
+        col_cycles(t, crate::issue_slots(t, issues, exps))
     }
 }

@@ -8,9 +8,9 @@ use std::fmt;
 
 use serde::Serialize;
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, BlocksToRows, Contract, ExpShift, Gelu, Kernel, LayerNorm, MemClass,
-    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleRows, Softmax, SoftmaxCols, TransposeBlocks,
-    ZeroFill,
+    Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, Contract, ExpShift, Gelu, Kernel,
+    LayerNorm, MemClass, Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleRows, Softmax, SoftmaxCols,
+    TransposeBlocks, ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -79,6 +79,8 @@ pub enum KernelKind {
     TransposeBlocks(TransposeBlocks),
     RowMax(RowMax),
     ExpShift(ExpShift),
+    ColMax(ColMax),
+    ColExpShift(ColExpShift),
     ReduceNorm(ReduceNorm),
     ScaleRows(ScaleRows),
     SoftmaxCols(SoftmaxCols),
@@ -100,6 +102,8 @@ impl KernelKind {
             KernelKind::TransposeBlocks(k) => k,
             KernelKind::RowMax(k) => k,
             KernelKind::ExpShift(k) => k,
+            KernelKind::ColMax(k) => k,
+            KernelKind::ColExpShift(k) => k,
             KernelKind::ReduceNorm(k) => k,
             KernelKind::ScaleRows(k) => k,
             KernelKind::SoftmaxCols(k) => k,
@@ -134,6 +138,8 @@ kernel_kind_from!(
     TransposeBlocks => TransposeBlocks,
     RowMax => RowMax,
     ExpShift => ExpShift,
+    ColMax => ColMax,
+    ColExpShift => ColExpShift,
     ReduceNorm => ReduceNorm,
     ScaleRows => ScaleRows,
     SoftmaxCols => SoftmaxCols,
@@ -289,6 +295,10 @@ pub struct PlanOp {
     /// inner group (each group's f16 partial is rounded before the groups are
     /// summed), for a reference that rounds where the program does.
     pub inner_chunks: Option<u32>,
+    /// FLOP of its matrix products as lowered, where the rule computes something
+    /// other than the graph's products (an attention with its projections
+    /// absorbed); `None` where they are the graph's.
+    pub flop: Option<u64>,
 }
 
 impl TilePlan {

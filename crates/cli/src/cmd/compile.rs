@@ -79,6 +79,10 @@ pub struct ModelArgs {
     /// apply.
     #[arg(long, hide = true)]
     pub row_attention: bool,
+    /// Test hook: lower an attention with a constant query (the pooling head) with
+    /// its projections as they are, not absorbed.
+    #[arg(long, hide = true)]
+    pub unabsorbed_head: bool,
     /// Whole-model plans to build completely before selecting one (1: the rules'
     /// defaults, no search; at most 64, docs/limits.md)
     #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
@@ -219,6 +223,7 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
         opts.exploit_declared_alignment = true;
     }
     opts.lower.row_attention = a.row_attention;
+    opts.lower.unabsorbed = a.unabsorbed_head;
     opts.keep_layouts = a.profile.is_some();
     if a.finalists <= 1 {
         let r = compile_model(&p.machine, &p.graph, &p.weights, &opts);
@@ -616,8 +621,15 @@ fn op_table(
                 .iter()
                 .position(|o| o.fused.iter().any(|f| f == &op.name))
         });
-        if let Some(i) = owner {
+        if let Some(i) = owner
+            && c.plan_ops[i].flop.is_none()
+        {
             rows[i].flop += op_flop(g, op);
+        }
+    }
+    for (row, o) in rows.iter_mut().zip(&c.plan_ops) {
+        if let Some(f) = o.flop {
+            row.flop = f;
         }
     }
     let compute_op = |from: u32, to: u32| -> Option<usize> {
@@ -1362,6 +1374,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         weaken_rearrange_contract: false,
         mutate_kernel: None,
         row_attention: false,
+        unabsorbed_head: false,
         // Each variant keeps the rules' defaults, so that only the assumption moves.
         finalists: 1,
         simulate_finalists: 0,

@@ -1,8 +1,9 @@
 //! The cost model's per-kernel estimates against simulated cycles.
 
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, BlocksToRows, ExpShift, Gelu, Kernel, LayerNorm, Rearrange, ReduceAdd,
-    ReduceNorm, RowMax, ScaleRows, Softmax, SoftmaxCols, TransposeBlocks, ZeroFill,
+    Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, ExpShift, Gelu, Kernel, LayerNorm,
+    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleRows, Softmax, SoftmaxCols, TransposeBlocks,
+    ZeroFill,
 };
 
 use crate::harness::{layout, run};
@@ -105,6 +106,18 @@ fn estimates_track_simulation() {
     }
     for n in [1, 3, 4, 5, 8, 9, 31, 32, 729] {
         check_exact(&RowMax::new(n));
+    }
+    for n in [1, 2, 9, 16, 729] {
+        check_exact(&ColMax::new(n));
+    }
+    for (n, rows, g) in [
+        (16, 16, 46),
+        (9, 16, 46),
+        (1, 1, 1),
+        (5, 8, 2),
+        (16, 16, 92),
+    ] {
+        check_exact(&ColExpShift::new(n, rows, g, 1.0));
     }
     for (n, ld, g) in [
         (32, 32, 23),

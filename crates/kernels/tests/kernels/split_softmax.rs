@@ -3,7 +3,7 @@
 
 use half::f16;
 use rand::Rng;
-use tessera_kernels::{ExpShift, ReduceNorm, RowMax};
+use tessera_kernels::{ColExpShift, ColMax, ExpShift, ReduceNorm, RowMax};
 
 use crate::harness::{f16_bytes, layout, random_f16, rng, run};
 
@@ -187,4 +187,92 @@ fn reduce_norm_divides_by_the_sum_of_the_sums() {
             );
         }
     }
+}
+
+/// A softmax down 16 columns whose `t` rows are cut into blocks of `per` rows over
+/// `g` tiles: each tile's column maxima (`col_max`), then with every tile's maxima
+/// its shifted exponentials and column sums (`col_exp_shift`); the exponentials
+/// divided by the summed sums must match an f64 softmax of each whole column.
+fn split_cols(seed: u64, t: usize, per: usize, scale: f32) {
+    let mut r = rng(seed);
+    let s = random_f16(&mut r, t * 16, 8.0);
+    let blocks: Vec<&[f16]> = s.chunks(per * 16).collect();
+    let g = blocks.len() as u32;
+    let mut maxes = Vec::new();
+    for (i, x) in blocks.iter().enumerate() {
+        let n = (x.len() / 16) as u32;
+        let k = ColMax::new(n);
+        let out = run(&k, &layout(&k), &[("in", f16_bytes(x))]);
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let got = out.read_f16("out", 16);
+        for (c, m) in got.iter().enumerate() {
+            let want = x
+                .iter()
+                .skip(c)
+                .step_by(16)
+                .map(|v| v.to_f32())
+                .fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(m.to_f32(), want, "seed {seed} block {i} column {c}");
+        }
+        maxes.extend(got);
+    }
+    let rows = per.next_multiple_of(16) as u32;
+    let mut e = Vec::new();
+    let mut sums = [0f64; 16];
+    for (i, x) in blocks.iter().enumerate() {
+        let n = (x.len() / 16) as u32;
+        let k = ColExpShift::new(n, rows, g, scale);
+        let out = run(
+            &k,
+            &layout(&k),
+            &[
+                ("in", f16_bytes(x)),
+                ("maxes", f16_bytes(&maxes)),
+                ("out", vec![0xff; 32 * rows as usize]),
+            ],
+        );
+        out.assert_ok();
+        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let got = out.read_f16("out", 16 * rows as usize);
+        for (j, z) in got.iter().enumerate().skip(16 * n as usize) {
+            assert_eq!(z.to_bits(), 0, "padding {j} of tile {i} is not +0");
+        }
+        e.extend_from_slice(&got[..16 * n as usize]);
+        let sum = out.read("sum", 64);
+        for (c, total) in sums.iter_mut().enumerate() {
+            *total += f64::from(f32_at(&sum, c));
+        }
+    }
+    for c in 0..16 {
+        let col: Vec<f64> = s.iter().skip(c).step_by(16).map(|v| v.to_f64()).collect();
+        let m = col.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let ex: Vec<f64> = col
+            .iter()
+            .map(|x| ((x - m) * f64::from(scale)).exp())
+            .collect();
+        let total: f64 = ex.iter().sum();
+        assert!(
+            (sums[c] - total).abs() <= 1e-5 * total,
+            "seed {seed} column {c}: sum {} want {total}",
+            sums[c]
+        );
+        for (j, want) in ex.iter().enumerate() {
+            let got = e[j * 16 + c].to_f64();
+            assert!(
+                (got - want).abs() <= want * 2f64.powi(-10) + 1e-7,
+                "seed {seed} row {j} column {c}: got {got} want {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn split_column_softmax_matches_whole_columns() {
+    // The pooling head's cut (729 tokens in blocks of 16: the last has 9 rows), one
+    // block, one row a block.
+    split_cols(930, 729, 16, 1.0);
+    split_cols(931, 16, 16, 0.5);
+    split_cols(932, 5, 1, 2.0);
+    split_cols(933, 40, 16, 0.125);
 }

@@ -210,7 +210,7 @@ impl Run {
 }
 
 /// Zeroes rows `real..stored` of each of `kc` chunks `[stored][16]` in `buf`.
-fn zero_rows(
+pub(super) fn zero_rows(
     lw: &mut Lowering<'_>,
     (tile, step): (u32, Step),
     kc: u32,
@@ -1017,7 +1017,7 @@ fn single_query(
 
 /// One AMP product `(rows, kc, nb)` with its ping-pong partial buffers.
 #[allow(clippy::too_many_arguments)]
-fn amp(
+pub(super) fn amp(
     lw: &mut Lowering<'_>,
     tile: u32,
     step: Step,

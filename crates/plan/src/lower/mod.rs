@@ -23,6 +23,7 @@
 mod attention;
 mod ctx;
 mod linear;
+mod pooling;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -55,6 +56,9 @@ pub struct LowerOptions {
     /// Lower every multi-query attention with scores `Q K^T` and the row softmax
     /// (for tests of that path), not only where the transposed one does not apply.
     pub row_attention: bool,
+    /// Lower attentions with a constant query with their projections as they are
+    /// (for tests that compare the absorbed lowering with it).
+    pub unabsorbed: bool,
     /// The strategy to use per operation name, as an index into the operation's
     /// candidates (`TilePlan::candidates`); operations not named take their first.
     pub choices: BTreeMap<String, usize>,
@@ -68,6 +72,7 @@ impl Default for LowerOptions {
             slab_bias_bytes: 16 * 1024,
             rearrange_declared_align: None,
             row_attention: false,
+            unabsorbed: false,
             choices: BTreeMap::new(),
         }
     }
@@ -175,6 +180,10 @@ struct Walker<'g> {
     /// The operation with strategies that produced a value (its name), for the
     /// finalist search's layout costs.
     made_by: HashMap<TensorId, String>,
+    /// Attentions with a constant query, lowered with their projections absorbed.
+    absorbed: Vec<pooling::Absorbed<'g>>,
+    /// FLOP of the current rule's products, when they are not the graph's.
+    flop: Option<u64>,
 }
 
 impl<'g> Walker<'g> {
@@ -500,47 +509,23 @@ impl<'g> Walker<'g> {
             v
         };
 
-        let shape = MatmulShape {
-            rows: xv.t.rows,
-            k: kp,
-            n,
-            a_blocked: linear::takes_blocks(&xv.t),
-        };
-        let wbytes = u64::from(kp) * u64::from(n) * 2;
-        let share =
-            (lw.opts.weight_bytes as f64 * wbytes as f64 / self.weight_total.max(1) as f64) as u64;
-        let choice = lw.opts.choices.get(&op.name).copied().unwrap_or(0);
-        let (map, candidates) = map_linear(
-            lw.machine,
-            shape,
-            share + lw.opts.transient_bytes,
-            share,
-            choice,
-        )?;
-        let chosen = choice.min(candidates.len() - 1);
-        lw.plan.candidates.push(OpCandidates {
-            op: op.name.clone(),
-            input_from: self.made_by.get(&a).cloned(),
-            candidates,
-            chosen,
-        });
-        if map.pk > 1 {
-            self.inner_chunks = Some(map.chunks_per_tile);
-        }
-        let out = linear::linear(
-            lw,
-            &linear::Linear {
-                name: &op.name,
-                x: &xv.t,
-                w: &wp,
-                n,
-                bias: &bias_fn,
-                per_row: row_const.is_some(),
-                gelu,
-                residual: residual.as_ref().map(|r| &r.t),
-                map,
-            },
-        )?;
+        let input_from = self.made_by.get(&a).cloned();
+        let out = self.mapped_linear(lw, (&op.name, input_from), &xv.t, n, |lw, map| {
+            linear::linear(
+                lw,
+                &linear::Linear {
+                    name: &op.name,
+                    x: &xv.t,
+                    w: &wp,
+                    n,
+                    bias: &bias_fn,
+                    per_row: row_const.is_some(),
+                    gelu,
+                    residual: residual.as_ref().map(|r| &r.t),
+                    map,
+                },
+            )
+        })?;
         let v = Val {
             t: out,
             cols: heads,
@@ -564,6 +549,51 @@ impl<'g> Walker<'g> {
         self.made_by.insert(op.output, op.name.clone());
         self.made_by.insert(end, op.name.clone());
         Ok(())
+    }
+
+    /// The mapping of matmul `name` of `x` by `n` weight columns, chosen within its
+    /// share of the weight budget (or as the finalist search asks), with the
+    /// strategies it was chosen from recorded; `lower` lowers it with that mapping.
+    fn mapped_linear(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        (name, input_from): (&str, Option<String>),
+        x: &DistTensor,
+        n: u32,
+        lower: impl FnOnce(
+            &mut Lowering<'_>,
+            crate::matmul::MatmulMapping,
+        ) -> Result<DistTensor, PlanError>,
+    ) -> Result<DistTensor, PlanError> {
+        let kp = x.cols.next_multiple_of(AMP_WIDTH);
+        let shape = MatmulShape {
+            rows: x.rows,
+            k: kp,
+            n,
+            a_blocked: linear::takes_blocks(x),
+        };
+        let wbytes = u64::from(kp) * u64::from(n) * 2;
+        let share =
+            (lw.opts.weight_bytes as f64 * wbytes as f64 / self.weight_total.max(1) as f64) as u64;
+        let choice = lw.opts.choices.get(name).copied().unwrap_or(0);
+        let (map, candidates) = map_linear(
+            lw.machine,
+            shape,
+            share + lw.opts.transient_bytes,
+            share,
+            choice,
+        )?;
+        let chosen = choice.min(candidates.len() - 1);
+        lw.plan.candidates.push(OpCandidates {
+            op: name.to_string(),
+            input_from,
+            candidates,
+            chosen,
+        });
+        if map.pk > 1 {
+            self.inner_chunks = Some(map.chunks_per_tile);
+        }
+        lower(lw, map)
     }
 
     /// `softmax(q @ k^T * scale) @ v` per image and head, from the scores product.
@@ -820,6 +850,25 @@ impl<'g> Walker<'g> {
                 beta,
                 eps,
             } => self.layer_norm(lw, op, (*x, *gamma, *beta, *eps)),
+            OpKind::MatMul { .. } if self.absorbed.iter().any(|ab| std::ptr::eq(ab.k_op, op)) => {
+                let i = self
+                    .absorbed
+                    .iter()
+                    .position(|ab| std::ptr::eq(ab.k_op, op));
+                self.absorbed_scores(lw, i.expect("just found"))
+            }
+            OpKind::MatMul { .. }
+                if self
+                    .absorbed
+                    .iter()
+                    .any(|ab| std::ptr::eq(ab.scores_op, op)) =>
+            {
+                let i = self
+                    .absorbed
+                    .iter()
+                    .position(|ab| std::ptr::eq(ab.scores_op, op));
+                self.absorbed_attention(lw, i.expect("just found"))
+            }
             OpKind::MatMul {
                 a,
                 b,
@@ -1049,21 +1098,50 @@ fn lower_with(
         fused: Vec::new(),
         inner_chunks: None,
         made_by: HashMap::new(),
+        absorbed: Vec::new(),
+        flop: None,
     };
-    w.weight_total = graph
-        .ops()
-        .iter()
-        .filter_map(|op| match op.kind {
-            OpKind::MatMul { b, .. } if w.is_param(b) => {
-                let dims = graph.shape(b).dims();
-                Some(
-                    (dims[0].next_multiple_of(16) * dims[dims.len() - 1].next_multiple_of(16) * 2)
-                        as u64,
-                )
+    // Attentions with a constant query: their query projection and splits are
+    // folded away, their keys' projection becomes the scores' 16 columns.
+    if !opts.unabsorbed {
+        for op in graph.ops() {
+            if let Some(ab) = w.absorbable(op) {
+                for f in ab.folded() {
+                    let i = graph
+                        .ops()
+                        .iter()
+                        .position(|o| std::ptr::eq(o, f))
+                        .expect("op of this graph");
+                    w.done[i] = true;
+                }
+                w.absorbed.push(ab);
             }
-            _ => None,
-        })
-        .sum();
+        }
+    }
+    // Every matmul by a parameter keeps its weights resident, except absorbed
+    // query and key projections: the scores' weights stand for both.
+    let replaced = |op: &Op| w.absorbed.iter().any(|ab| ab.replaces(op));
+    w.weight_total = w
+        .absorbed
+        .iter()
+        .map(|ab| ab.scores_weight_bytes())
+        .sum::<u64>()
+        + graph
+            .ops()
+            .iter()
+            .filter(|op| !replaced(op))
+            .filter_map(|op| match op.kind {
+                OpKind::MatMul { b, .. } if w.is_param(b) => {
+                    let dims = graph.shape(b).dims();
+                    Some(
+                        (dims[0].next_multiple_of(16)
+                            * dims[dims.len() - 1].next_multiple_of(16)
+                            * 2) as u64,
+                    )
+                }
+                _ => None,
+            })
+            .sum::<u64>();
     let mut lw = Lowering::new(machine, opts);
     for (i, op) in graph.ops().iter().enumerate() {
         if w.done[i] {
@@ -1088,6 +1166,7 @@ fn lower_with(
                 kind: kind.to_string(),
                 fused,
                 inner_chunks: w.inner_chunks.take(),
+                flop: w.flop.take(),
             });
         }
     }
@@ -1105,6 +1184,7 @@ fn lower_with(
                 kind: "output".into(),
                 fused: Vec::new(),
                 inner_chunks: None,
+                flop: None,
             });
         }
     }

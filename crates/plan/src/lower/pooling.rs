@@ -1,0 +1,720 @@
+//! Attention with a constant query (the pooling head's probe), its projections
+//! absorbed. The query `q = probe Wq + bq` is known at compile time, so for head
+//! `h` the scores `q_h . (x Wk_h + bk_h)` are `x . u_h` plus a constant the softmax
+//! removes, with `u_h = scale Wk_h q_h`; and since each head's probabilities `p_h`
+//! sum to 1, its context `p_h (X Wv_h + bv_h)` is `(p_h X) Wv_h + bv_h`. So instead
+//! of projecting every token to keys and values (`2 W^2` per token) the head takes:
+//! - the scores `S = X U`, one 16-column matmul (heads on the columns, zero weight
+//!   columns past the last head): a linear (`Walker::absorbed_scores`);
+//! - the softmax down `S`'s columns and the weighted sums `Y = P^T X` (this file's
+//!   [`weighted_sums`]);
+//! - `Y Wv + bv`, a linear of `heads` rows per image, whose diagonal head blocks
+//!   are the context (`Walker::absorbed_attention`).
+//!
+//! The weighted sums cut each image's tokens into 16-row blocks and the width into
+//! column groups; a run tile takes one (image, token block, column group):
+//! - exchange: its block of `S` and of `X` (in the AMP weight layout);
+//! - compute: the column maxima of its block of `S` (`col_max`, one run per token
+//!   block);
+//! - exchange: every token block's maxima to every run of the image;
+//! - compute: `e = exp(S - M)` with the image's maxima and its column sums
+//!   (`col_exp_shift`), `e^T` (the AMP's input layout: heads on the rows), and
+//!   `e^T X` for its column group: the partial sums of every head;
+//! - exchange: to a combiner per (image, head, column range), that head's row of
+//!   every token block's partials and their sums;
+//! - compute: `reduce_norm` adds the partials and divides by the summed sums.
+
+use tessera_graph::{Op, OpKind, TensorId};
+use tessera_kernels::{ColExpShift, ColMax, ReduceNorm, TransposeBlocks, ZeroFill};
+
+use super::{Cols, Val, Walker, attention::amp, to_u32, unsupported};
+use crate::PlanError;
+use crate::dist::{DistTensor, Part, redistribute};
+use crate::ir::*;
+use crate::lower::ctx::Lowering;
+use crate::matmul::AMP_WIDTH;
+
+/// An attention found absorbable: its operations and the folded score weights.
+pub(super) struct Absorbed<'g> {
+    q_op: &'g Op,
+    pub k_op: &'g Op,
+    v_op: &'g Op,
+    pub scores_op: &'g Op,
+    /// The scale, softmax and `p V` after the scores, and the three head splits.
+    chain: Vec<&'g Op>,
+    splits: [&'g Op; 3],
+    /// The keys' and values' input `[batch * t, width]`.
+    x: TensorId,
+    batch: u32,
+    t: u32,
+    heads: u32,
+    d: u32,
+    /// `[width][16]`: column `h < heads` is `scale Wk_h q_h`, the rest zero.
+    u: Vec<f32>,
+    /// `S`, once the scores linear is lowered.
+    scores: Option<DistTensor>,
+}
+
+impl Absorbed<'_> {
+    /// Whether `op` is its query or key projection, whose weights it does not keep.
+    pub fn replaces(&self, op: &Op) -> bool {
+        std::ptr::eq(self.q_op, op) || std::ptr::eq(self.k_op, op)
+    }
+
+    /// Bytes of the scores' weights `U`, padded as the linear stores them.
+    pub fn scores_weight_bytes(&self) -> u64 {
+        self.u.len() as u64 * 2
+    }
+
+    /// Operations lowered as part of the others: the query projection (folded),
+    /// the splits, and the value projection (lowered with the attention).
+    pub fn folded(&self) -> impl Iterator<Item = &Op> {
+        [self.q_op, self.v_op].into_iter().chain(self.splits)
+    }
+}
+
+impl<'g> Walker<'g> {
+    /// `q_op` as the query projection of an attention this rule can absorb: a
+    /// parameter projected, split into at most 16 heads, whose scores feed the
+    /// chain `attention` takes, with keys and values projected from one input that
+    /// nothing else reads through them. `None` when any of it does not hold, or
+    /// the folded weights do not fit f16: the attention is then lowered as it is.
+    pub(super) fn absorbable(&self, q_op: &'g Op) -> Option<Absorbed<'g>> {
+        let OpKind::MatMul {
+            a: probe,
+            b: wq,
+            transpose_b: false,
+            bias: bq,
+        } = q_op.kind
+        else {
+            return None;
+        };
+        if !self.is_param(probe) || !self.is_param(wq) {
+            return None;
+        }
+        let qs = self.sole(q_op.output)?;
+        let OpKind::SplitHeads { heads, .. } = qs.kind else {
+            return None;
+        };
+        let sc = self.sole(qs.output)?;
+        let OpKind::MatMul {
+            a,
+            b: ks_t,
+            transpose_b: true,
+            bias: None,
+        } = sc.kind
+        else {
+            return None;
+        };
+        if a != qs.output {
+            return None;
+        }
+        let mut chain = Vec::new();
+        let mut scale = 1.0f32;
+        let mut next = self.sole(sc.output)?;
+        if let OpKind::Scale { factor, .. } = next.kind {
+            scale = factor;
+            chain.push(next);
+            next = self.sole(next.output)?;
+        }
+        let OpKind::Softmax { .. } = next.kind else {
+            return None;
+        };
+        chain.push(next);
+        let pv = self.sole(next.output)?;
+        let OpKind::MatMul {
+            a: probs,
+            b: vs_t,
+            transpose_b: false,
+            bias: None,
+        } = pv.kind
+        else {
+            return None;
+        };
+        if probs != next.output || !(scale.is_finite() && scale > 0.0) {
+            return None;
+        }
+        chain.push(pv);
+        // Keys and values: split projections of one input, read only here.
+        let split_of = |t: TensorId, reader: &Op| -> Option<(&'g Op, &'g Op)> {
+            let split = self.graph.producer(t);
+            let OpKind::SplitHeads { x, heads: h } = split.kind else {
+                return None;
+            };
+            let proj = self.graph.producer(x);
+            let only = |t: TensorId, op: &Op| self.sole(t).is_some_and(|c| std::ptr::eq(c, op));
+            (h == heads && only(x, split) && only(t, reader)).then_some((split, proj))
+        };
+        let (ks, k_op) = split_of(ks_t, sc)?;
+        let (vs, v_op) = split_of(vs_t, pv)?;
+        let (
+            OpKind::MatMul {
+                a: xk,
+                b: wk,
+                transpose_b: false,
+                ..
+            },
+            OpKind::MatMul {
+                a: xv,
+                b: wv,
+                transpose_b: false,
+                ..
+            },
+        ) = (&k_op.kind, &v_op.kind)
+        else {
+            return None;
+        };
+        if xk != xv || !self.is_param(*wk) || !self.is_param(*wv) {
+            return None;
+        }
+        let qd = self.graph.shape(qs.output).dims().to_vec();
+        let kd = self.graph.shape(ks.output).dims().to_vec();
+        let (&[1, h, 1, d], &[b, h2, t, d2]) = (&qd[..], &kd[..]) else {
+            return None;
+        };
+        let width = *self.graph.shape(*xk).dims().last()?;
+        if h != h2 || d != d2 || h == 0 || h > 16 || !width.is_multiple_of(16) {
+            return None;
+        }
+        if self.graph.shape(vs.output).dims() != kd
+            || self.graph.shape(*wk).dims() != [width, h * d]
+        {
+            return None;
+        }
+        let probe = self.param(probe)?.1;
+        let wq = self.param(wq)?.1;
+        let wk = self.param(*wk)?.1;
+        let qwidth = probe.len();
+        if wq.len() != qwidth * h * d || wk.len() != width * h * d {
+            return None;
+        }
+        let bq = match bq {
+            Some(t) => Some(self.param(t)?.1),
+            None => None,
+        };
+        // In f64, rounded once: q, then each head's column of U.
+        let q: Vec<f64> = (0..h * d)
+            .map(|c| {
+                let dot: f64 = (0..qwidth)
+                    .map(|r| f64::from(probe[r]) * f64::from(wq[r * h * d + c]))
+                    .sum();
+                dot + bq.map_or(0.0, |b| f64::from(b[c]))
+            })
+            .collect();
+        let mut u = vec![0f32; width * 16];
+        for r in 0..width {
+            for hh in 0..h {
+                let dot: f64 = (0..d)
+                    .map(|j| f64::from(wk[r * h * d + hh * d + j]) * q[hh * d + j])
+                    .sum();
+                u[r * 16 + hh] = (dot * f64::from(scale)) as f32;
+            }
+        }
+        if u.iter().any(|v| !half::f16::from_f32(*v).is_finite()) {
+            return None;
+        }
+        Some(Absorbed {
+            q_op,
+            k_op,
+            v_op,
+            scores_op: sc,
+            chain,
+            splits: [qs, ks, vs],
+            x: *xk,
+            batch: to_u32(b, "batch").ok()?,
+            t: to_u32(t, "tokens").ok()?,
+            heads: h as u32,
+            d: d as u32,
+            u,
+            scores: None,
+        })
+    }
+
+    /// The scores `S = X U` of absorbed attention `i`, at its key projection.
+    pub(super) fn absorbed_scores(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        i: usize,
+    ) -> Result<(), PlanError> {
+        let (x, name) = (self.absorbed[i].x, self.absorbed[i].k_op.name.clone());
+        let xv = self.operand(lw, x)?;
+        let width = self.absorbed[i].u.len() as u32 / AMP_WIDTH;
+        if xv.cols != Cols::Dense || xv.offset != 0 || xv.t.cols != width {
+            return Err(unsupported(format!(
+                "{name}: the keys' input must be dense, {width} columns"
+            )));
+        }
+        let input_from = self.made_by.get(&x).cloned();
+        let u = std::mem::take(&mut self.absorbed[i].u);
+        let s = self.mapped_linear(lw, (&name, input_from), &xv.t, AMP_WIDTH, |lw, map| {
+            super::linear::linear(
+                lw,
+                &super::linear::Linear {
+                    name: &name,
+                    x: &xv.t,
+                    w: &u,
+                    n: AMP_WIDTH,
+                    bias: &|_, _| 0.0,
+                    per_row: false,
+                    gelu: false,
+                    residual: None,
+                    map,
+                },
+            )
+        })?;
+        let q = self.absorbed[i].q_op.name.clone();
+        self.fused.push(q);
+        let ab = &self.absorbed[i];
+        self.flop =
+            Some(2 * u64::from(ab.batch * ab.t) * u64::from(xv.t.cols) * u64::from(ab.heads));
+        self.absorbed[i].scores = Some(s);
+        Ok(())
+    }
+
+    /// The rest of absorbed attention `i`, at its scores product: the softmax and
+    /// weighted sums, then `Y Wv + bv`, whose head blocks are the context.
+    pub(super) fn absorbed_attention(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        i: usize,
+    ) -> Result<(), PlanError> {
+        let ab = &self.absorbed[i];
+        let name = ab.scores_op.name.clone();
+        let (batch, t, heads, d, x, v_op) = (ab.batch, ab.t, ab.heads, ab.d, ab.x, ab.v_op);
+        let chain = ab.chain.clone();
+        let s = ab
+            .scores
+            .clone()
+            .ok_or_else(|| unsupported(format!("{name}: scores before their projection")))?;
+        let xv = self.val(x)?.clone();
+        let y = weighted_sums(
+            lw,
+            &Pool {
+                name: &name,
+                s: &s,
+                x: &xv.t,
+                batch,
+                t,
+                heads,
+            },
+        )?;
+
+        // `Y Wv + bv` with each head's `d` columns in `dp`, as the output
+        // projection expects the context.
+        let OpKind::MatMul {
+            b: wv, bias: bv, ..
+        } = v_op.kind
+        else {
+            unreachable!("absorbable checked the value projection")
+        };
+        let width = xv.t.cols;
+        let dp = d.next_multiple_of(AMP_WIDTH);
+        let n = heads * dp;
+        let wd = self.param_data(wv, (width * heads * d) as usize)?;
+        let bd = match bv {
+            Some(b) => Some(self.param_data(b, (heads * d) as usize)?),
+            None => None,
+        };
+        let mut wp = vec![0f32; (width * n) as usize];
+        for r in 0..width {
+            for c in 0..heads * d {
+                wp[(r * n + (c / d) * dp + c % d) as usize] = wd[(r * heads * d + c) as usize];
+            }
+        }
+        let bias = |_: u32, col: u32| -> f32 {
+            let (h, j) = (col / dp, col % dp);
+            match bd {
+                Some(b) if j < d => b[(h * d + j) as usize],
+                _ => 0.0,
+            }
+        };
+        let vname = v_op.name.clone();
+        let z = self.mapped_linear(lw, (&vname, None), &y, n, |lw, map| {
+            super::linear::linear(
+                lw,
+                &super::linear::Linear {
+                    name: &vname,
+                    x: &y,
+                    w: &wp,
+                    n,
+                    bias: &bias,
+                    per_row: false,
+                    gelu: false,
+                    residual: None,
+                    map,
+                },
+            )
+        })?;
+        // Head `h`'s context of image `b` is row `b * heads + h` of its own blocks.
+        let mut parts = Vec::new();
+        for b in 0..batch {
+            for h in 0..heads {
+                let row = b * heads + h;
+                for c in 0..dp / AMP_WIDTH {
+                    let col = h * dp + c * AMP_WIDTH;
+                    let p = z
+                        .parts
+                        .iter()
+                        .find(|p| p.rows.contains(&row) && p.cols == (col..col + AMP_WIDTH))
+                        .ok_or_else(|| {
+                            unsupported(format!("{vname}: no block of row {row}, column {col}"))
+                        })?;
+                    parts.push(Part {
+                        at: Loc {
+                            buf: p.at.buf,
+                            offset: p.at.offset + (row - p.rows.start) * AMP_WIDTH * 2,
+                        },
+                        rows: b..b + 1,
+                        cols: col..col + AMP_WIDTH,
+                    });
+                }
+            }
+        }
+        self.fused.push(vname);
+        // The weighted sums and each head's own columns of `Y Wv`.
+        self.flop = Some(2 * u64::from(batch * heads) * u64::from(width) * u64::from(t + d));
+        for op in chain {
+            self.mark(op);
+        }
+        let pv = self.absorbed[i]
+            .chain
+            .last()
+            .expect("the chain ends at p V");
+        self.vals.insert(
+            pv.output,
+            Val {
+                t: DistTensor {
+                    rows: batch,
+                    cols: n,
+                    elem_bytes: 2,
+                    parts,
+                },
+                cols: Cols::Heads { heads, d, dp },
+                offset: 0,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// The weighted sums of one absorbed attention.
+pub(super) struct Pool<'a> {
+    pub name: &'a str,
+    /// `[batch * t, 16]`: the scores, heads on the columns.
+    pub s: &'a DistTensor,
+    /// `[batch * t, width]`, dense.
+    pub x: &'a DistTensor,
+    pub batch: u32,
+    pub t: u32,
+    pub heads: u32,
+}
+
+/// A run tile: token block `kb` of image `b`, column blocks `c0..c0 + nc`.
+struct PoolRun {
+    tile: u32,
+    b: u32,
+    kb: u32,
+    /// Its place in the image's column groups; group 0 computes the maxima.
+    g: u32,
+    c0: u32,
+    nc: u32,
+    real: u32,
+    s: BufId,
+    x: BufId,
+    maxes: BufId,
+    e: BufId,
+    et: BufId,
+    sum: BufId,
+    y: BufId,
+}
+
+/// A combiner: head `h` of image `b`, column blocks `c0..c0 + nc`.
+struct Combiner {
+    tile: u32,
+    b: u32,
+    h: u32,
+    c0: u32,
+    nc: u32,
+    partials: BufId,
+    sums: BufId,
+    out: BufId,
+}
+
+/// `Y = softmax(S)^T X` per image (the softmax down each column of its scores):
+/// `[batch * heads, width]`, head `h` of image `b` on row `b * heads + h`.
+pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<DistTensor, PlanError> {
+    let name = op.name;
+    let tiles = lw.machine.tiles;
+    let (batch, t, heads) = (op.batch, op.t, op.heads);
+    let tb = t.div_ceil(AMP_WIDTH);
+    let nb = op.x.cols / AMP_WIDTH;
+    // Column groups: as many as the tiles allow beside the token blocks.
+    let per = nb.div_ceil((tiles / (batch * tb).max(1)).clamp(1, nb));
+    let groups = nb.div_ceil(per);
+    // The sums need two partials: a single token block is paired with zeros.
+    let members = tb.max(2);
+
+    let mut runs = Vec::new();
+    for b in 0..batch {
+        for kb in 0..tb {
+            for g in 0..groups {
+                let tile = ((b * tb + kb) * groups + g) % tiles;
+                let c0 = g * per;
+                let nc = per.min(nb - c0);
+                let mut buf = |what: &str, bytes: u32| {
+                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
+                };
+                runs.push(PoolRun {
+                    tile,
+                    b,
+                    kb,
+                    g,
+                    c0,
+                    nc,
+                    real: AMP_WIDTH.min(t - kb * AMP_WIDTH),
+                    s: buf("s", 512),
+                    x: buf("x", nc * 512),
+                    maxes: buf("maxes", tb * 32),
+                    e: buf("e", 512),
+                    et: buf("et", 512),
+                    sum: buf("sum", 64),
+                    y: buf("y", nc * 512),
+                });
+            }
+        }
+    }
+    // Combiners: the fewest column blocks each that one tile apiece allows.
+    let mut span = 1;
+    while span < nb && batch * heads * nb.div_ceil(span) > tiles {
+        span += 1;
+    }
+    let mut combiners = Vec::new();
+    for b in 0..batch {
+        for h in 0..heads {
+            for (r, c0) in (0..nb).step_by(span as usize).enumerate() {
+                let tile = (((b * heads + h) * nb.div_ceil(span)) + r as u32) % tiles;
+                let nc = span.min(nb - c0);
+                let mut buf = |what: &str, bytes: u32| {
+                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
+                };
+                combiners.push(Combiner {
+                    tile,
+                    b,
+                    h,
+                    c0,
+                    nc,
+                    partials: buf("partials", members * nc * 32),
+                    sums: buf("sums", members * 4),
+                    out: buf("ctx", nc * 32),
+                });
+            }
+        }
+    }
+
+    lw.plan.decisions.push(format!(
+        "{name}: constant query, projections absorbed: {batch} images x {heads} heads; softmax and weighted sums on {} tiles ({batch} x {tb} token blocks x {groups} column groups of {per} blocks), combined on {} ({span} blocks each)",
+        runs.len(),
+        combiners.len()
+    ));
+
+    // Each run's blocks of S and X.
+    let (mut s_parts, mut x_parts) = (Vec::new(), Vec::new());
+    for r in &runs {
+        let r0 = r.b * t + r.kb * AMP_WIDTH;
+        s_parts.push(Part {
+            at: Loc {
+                buf: r.s,
+                offset: 0,
+            },
+            rows: r0..r0 + r.real,
+            cols: 0..AMP_WIDTH,
+        });
+        for i in 0..r.nc {
+            let c = (r.c0 + i) * AMP_WIDTH;
+            x_parts.push(Part {
+                at: Loc {
+                    buf: r.x,
+                    offset: i * 512,
+                },
+                rows: r0..r0 + r.real,
+                cols: c..c + AMP_WIDTH,
+            });
+        }
+    }
+    let gather = |src: &DistTensor, parts: Vec<Part>, what: &str| {
+        let dst = DistTensor {
+            rows: src.rows,
+            cols: src.cols,
+            elem_bytes: 2,
+            parts,
+        };
+        redistribute(src, &dst)
+            .map_err(|e| unsupported(format!("{name}: {what} do not cover the tokens: {e}")))
+    };
+    let mut copies = gather(op.s, s_parts, "scores")?;
+    copies.extend(gather(op.x, x_parts, "inputs")?);
+    lw.exchange(&format!("{name}.in"), copies);
+
+    // Padding token rows zeroed (their `e` is zero, but 0 times a stale NaN is
+    // not); each token block's maxima; a lone token block's zero partner.
+    let step = lw.compute_step();
+    let at = |buf| Loc { buf, offset: 0 };
+    for r in &runs {
+        super::attention::zero_rows(lw, (r.tile, step), r.nc, r.x, (r.real, AMP_WIDTH));
+        if r.g == 0 {
+            lw.call(
+                r.tile,
+                step,
+                ColMax::new(r.real),
+                &[
+                    ("in", at(r.s)),
+                    (
+                        "out",
+                        Loc {
+                            buf: r.maxes,
+                            offset: r.kb * 32,
+                        },
+                    ),
+                ],
+            );
+        }
+    }
+    if tb < members {
+        for c in &combiners {
+            let row = c.nc * 32;
+            lw.call(
+                c.tile,
+                step,
+                ZeroFill::new(1, row, row),
+                &[(
+                    "out",
+                    Loc {
+                        buf: c.partials,
+                        offset: row,
+                    },
+                )],
+            );
+            lw.call(c.tile, step, ZeroFill::new(1, 8, 8), &[("out", at(c.sums))]);
+        }
+    }
+
+    let mut copies = Vec::new();
+    for r in runs.iter().filter(|r| r.g == 0) {
+        let dsts: Vec<Loc> = runs
+            .iter()
+            .filter(|o| o.b == r.b && !(o.kb == r.kb && o.g == 0))
+            .map(|o| Loc {
+                buf: o.maxes,
+                offset: r.kb * 32,
+            })
+            .collect();
+        if !dsts.is_empty() {
+            copies.push(Copy {
+                src: Loc {
+                    buf: r.maxes,
+                    offset: r.kb * 32,
+                },
+                bytes: 32,
+                dsts,
+            });
+        }
+    }
+    lw.exchange(&format!("{name}.max"), copies);
+
+    let step = lw.compute_step();
+    for r in &runs {
+        lw.call(
+            r.tile,
+            step,
+            ColExpShift::new(r.real, AMP_WIDTH, tb, 1.0),
+            &[
+                ("in", at(r.s)),
+                ("maxes", at(r.maxes)),
+                ("out", at(r.e)),
+                ("sum", at(r.sum)),
+            ],
+        );
+        lw.call(
+            r.tile,
+            step,
+            TransposeBlocks::new(1, 1),
+            &[("in", at(r.e)), ("out", at(r.et))],
+        );
+        amp(
+            lw,
+            r.tile,
+            step,
+            name,
+            (AMP_WIDTH, 1, r.nc),
+            at(r.et),
+            at(r.x),
+            at(r.y),
+        );
+    }
+
+    // To each combiner, its head's row of every token block's partials, and sums.
+    let mut copies = Vec::new();
+    for c in &combiners {
+        for kb in 0..tb {
+            for i in 0..c.nc {
+                let cb = c.c0 + i;
+                let r = runs
+                    .iter()
+                    .find(|r| r.b == c.b && r.kb == kb && (r.c0..r.c0 + r.nc).contains(&cb))
+                    .expect("every column block has a run");
+                copies.push(Copy {
+                    src: Loc {
+                        buf: r.y,
+                        offset: (cb - r.c0) * 512 + c.h * 32,
+                    },
+                    bytes: 32,
+                    dsts: vec![Loc {
+                        buf: c.partials,
+                        offset: (kb * c.nc + i) * 32,
+                    }],
+                });
+                if i == 0 {
+                    copies.push(Copy {
+                        src: Loc {
+                            buf: r.sum,
+                            offset: c.h * 4,
+                        },
+                        bytes: 4,
+                        dsts: vec![Loc {
+                            buf: c.sums,
+                            offset: kb * 4,
+                        }],
+                    });
+                }
+            }
+        }
+    }
+    lw.exchange(&format!("{name}.partials"), copies);
+
+    let step = lw.compute_step();
+    let mut parts = Vec::new();
+    for c in &combiners {
+        lw.call(
+            c.tile,
+            step,
+            ReduceNorm::new(members, c.nc * AMP_WIDTH),
+            &[
+                ("in", at(c.partials)),
+                ("sums", at(c.sums)),
+                ("out", at(c.out)),
+            ],
+        );
+        let row = c.b * heads + c.h;
+        parts.push(Part {
+            at: at(c.out),
+            rows: row..row + 1,
+            cols: c.c0 * AMP_WIDTH..(c.c0 + c.nc) * AMP_WIDTH,
+        });
+    }
+    Ok(DistTensor {
+        rows: batch * heads,
+        cols: op.x.cols,
+        elem_bytes: 2,
+        parts,
+    })
+}
