@@ -850,13 +850,6 @@ impl<'g> Walker<'g> {
                 beta,
                 eps,
             } => self.layer_norm(lw, op, (*x, *gamma, *beta, *eps)),
-            OpKind::MatMul { .. } if self.absorbed.iter().any(|ab| std::ptr::eq(ab.k_op, op)) => {
-                let i = self
-                    .absorbed
-                    .iter()
-                    .position(|ab| std::ptr::eq(ab.k_op, op));
-                self.absorbed_scores(lw, i.expect("just found"))
-            }
             OpKind::MatMul { .. }
                 if self
                     .absorbed
@@ -1101,8 +1094,8 @@ fn lower_with(
         absorbed: Vec::new(),
         flop: None,
     };
-    // Attentions with a constant query: their query projection and splits are
-    // folded away, their keys' projection becomes the scores' 16 columns.
+    // Attentions with a constant query: their projections and splits are lowered
+    // with the scores product.
     if !opts.unabsorbed {
         for op in graph.ops() {
             if let Some(ab) = w.absorbable(op) {
@@ -1119,29 +1112,24 @@ fn lower_with(
         }
     }
     // Every matmul by a parameter keeps its weights resident, except absorbed
-    // query and key projections: the scores' weights stand for both.
+    // query and key projections (the scores' few weights are constants beside
+    // the tiles' pieces of the input).
     let replaced = |op: &Op| w.absorbed.iter().any(|ab| ab.replaces(op));
-    w.weight_total = w
-        .absorbed
+    w.weight_total = graph
+        .ops()
         .iter()
-        .map(|ab| ab.scores_weight_bytes())
-        .sum::<u64>()
-        + graph
-            .ops()
-            .iter()
-            .filter(|op| !replaced(op))
-            .filter_map(|op| match op.kind {
-                OpKind::MatMul { b, .. } if w.is_param(b) => {
-                    let dims = graph.shape(b).dims();
-                    Some(
-                        (dims[0].next_multiple_of(16)
-                            * dims[dims.len() - 1].next_multiple_of(16)
-                            * 2) as u64,
-                    )
-                }
-                _ => None,
-            })
-            .sum::<u64>();
+        .filter(|op| !replaced(op))
+        .filter_map(|op| match op.kind {
+            OpKind::MatMul { b, .. } if w.is_param(b) => {
+                let dims = graph.shape(b).dims();
+                Some(
+                    (dims[0].next_multiple_of(16) * dims[dims.len() - 1].next_multiple_of(16) * 2)
+                        as u64,
+                )
+            }
+            _ => None,
+        })
+        .sum();
     let mut lw = Lowering::new(machine, opts);
     for (i, op) in graph.ops().iter().enumerate() {
         if w.done[i] {

@@ -3,19 +3,20 @@
 //! `h` the scores `q_h . (x Wk_h + bk_h)` are `x . u_h` plus a constant the softmax
 //! removes, with `u_h = scale Wk_h q_h`; and since each head's probabilities `p_h`
 //! sum to 1, its context `p_h (X Wv_h + bv_h)` is `(p_h X) Wv_h + bv_h`. So instead
-//! of projecting every token to keys and values (`2 W^2` per token) the head takes:
-//! - the scores `S = X U`, one 16-column matmul (heads on the columns, zero weight
-//!   columns past the last head): a linear (`Walker::absorbed_scores`);
-//! - the softmax down `S`'s columns and the weighted sums `Y = P^T X` (this file's
-//!   [`weighted_sums`]);
-//! - `Y Wv + bv`, a linear of `heads` rows per image, whose diagonal head blocks
-//!   are the context (`Walker::absorbed_attention`).
+//! of projecting every token to keys and values (`2 W^2` per token) the head takes
+//! the scores `S = X U` (16 columns: heads, zero weights past the last), the softmax
+//! down `S`'s columns, the weighted sums `Y = P^T X` ([`weighted_sums`]), and
+//! `Y Wv + bv`, a linear of `heads` rows per image whose diagonal head blocks are the
+//! context (`Walker::absorbed_attention`).
 //!
 //! The weighted sums cut each image's tokens into 16-row blocks and the width into
-//! column groups; a run tile takes one (image, token block, column group):
-//! - exchange: its block of `S` and of `X` (in the AMP weight layout);
-//! - compute: the column maxima of its block of `S` (`col_max`, one run per token
-//!   block);
+//! column groups; a run tile takes one (image, token block, column group) and
+//! computes both products of its piece of `X`:
+//! - exchange: its block of `X` (chunk-major, which is also the AMP weight layout);
+//! - compute: its group's partial scores `X_g U_g` (one AMP call, `U_g` a constant);
+//! - exchange: the partial scores to the other groups of its token block;
+//! - compute: their sum (`reduce_add`), the block's column maxima (`col_max`, on
+//!   group 0);
 //! - exchange: every token block's maxima to every run of the image;
 //! - compute: `e = exp(S - M)` with the image's maxima and its column sums
 //!   (`col_exp_shift`), `e^T` (the AMP's input layout: heads on the rows), and
@@ -25,19 +26,19 @@
 //! - compute: `reduce_norm` adds the partials and divides by the summed sums.
 
 use tessera_graph::{Op, OpKind, TensorId};
-use tessera_kernels::{ColExpShift, ColMax, ReduceNorm, TransposeBlocks, ZeroFill};
+use tessera_kernels::{ColExpShift, ColMax, ReduceAdd, ReduceNorm, TransposeBlocks, ZeroFill};
 
 use super::{Cols, Val, Walker, attention::amp, to_u32, unsupported};
 use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
 use crate::ir::*;
-use crate::lower::ctx::Lowering;
+use crate::lower::ctx::{Lowering, f16_bytes};
 use crate::matmul::AMP_WIDTH;
 
 /// An attention found absorbable: its operations and the folded score weights.
 pub(super) struct Absorbed<'g> {
     q_op: &'g Op,
-    pub k_op: &'g Op,
+    k_op: &'g Op,
     v_op: &'g Op,
     pub scores_op: &'g Op,
     /// The scale, softmax and `p V` after the scores, and the three head splits.
@@ -51,8 +52,6 @@ pub(super) struct Absorbed<'g> {
     d: u32,
     /// `[width][16]`: column `h < heads` is `scale Wk_h q_h`, the rest zero.
     u: Vec<f32>,
-    /// `S`, once the scores linear is lowered.
-    scores: Option<DistTensor>,
 }
 
 impl Absorbed<'_> {
@@ -61,15 +60,13 @@ impl Absorbed<'_> {
         std::ptr::eq(self.q_op, op) || std::ptr::eq(self.k_op, op)
     }
 
-    /// Bytes of the scores' weights `U`, padded as the linear stores them.
-    pub fn scores_weight_bytes(&self) -> u64 {
-        self.u.len() as u64 * 2
-    }
-
-    /// Operations lowered as part of the others: the query projection (folded),
-    /// the splits, and the value projection (lowered with the attention).
+    /// Operations lowered as part of the scores product: the projections (the
+    /// query's folded, the keys' into `U`, the values' after the weighted sums)
+    /// and the splits.
     pub fn folded(&self) -> impl Iterator<Item = &Op> {
-        [self.q_op, self.v_op].into_iter().chain(self.splits)
+        [self.q_op, self.k_op, self.v_op]
+            .into_iter()
+            .chain(self.splits)
     }
 }
 
@@ -226,52 +223,10 @@ impl<'g> Walker<'g> {
             heads: h as u32,
             d: d as u32,
             u,
-            scores: None,
         })
     }
 
-    /// The scores `S = X U` of absorbed attention `i`, at its key projection.
-    pub(super) fn absorbed_scores(
-        &mut self,
-        lw: &mut Lowering<'_>,
-        i: usize,
-    ) -> Result<(), PlanError> {
-        let (x, name) = (self.absorbed[i].x, self.absorbed[i].k_op.name.clone());
-        let xv = self.operand(lw, x)?;
-        let width = self.absorbed[i].u.len() as u32 / AMP_WIDTH;
-        if xv.cols != Cols::Dense || xv.offset != 0 || xv.t.cols != width {
-            return Err(unsupported(format!(
-                "{name}: the keys' input must be dense, {width} columns"
-            )));
-        }
-        let input_from = self.made_by.get(&x).cloned();
-        let u = std::mem::take(&mut self.absorbed[i].u);
-        let s = self.mapped_linear(lw, (&name, input_from), &xv.t, AMP_WIDTH, |lw, map| {
-            super::linear::linear(
-                lw,
-                &super::linear::Linear {
-                    name: &name,
-                    x: &xv.t,
-                    w: &u,
-                    n: AMP_WIDTH,
-                    bias: &|_, _| 0.0,
-                    per_row: false,
-                    gelu: false,
-                    residual: None,
-                    map,
-                },
-            )
-        })?;
-        let q = self.absorbed[i].q_op.name.clone();
-        self.fused.push(q);
-        let ab = &self.absorbed[i];
-        self.flop =
-            Some(2 * u64::from(ab.batch * ab.t) * u64::from(xv.t.cols) * u64::from(ab.heads));
-        self.absorbed[i].scores = Some(s);
-        Ok(())
-    }
-
-    /// The rest of absorbed attention `i`, at its scores product: the softmax and
+    /// Absorbed attention `i`, at its scores product: the scores, softmax and
     /// weighted sums, then `Y Wv + bv`, whose head blocks are the context.
     pub(super) fn absorbed_attention(
         &mut self,
@@ -282,16 +237,21 @@ impl<'g> Walker<'g> {
         let name = ab.scores_op.name.clone();
         let (batch, t, heads, d, x, v_op) = (ab.batch, ab.t, ab.heads, ab.d, ab.x, ab.v_op);
         let chain = ab.chain.clone();
-        let s = ab
-            .scores
-            .clone()
-            .ok_or_else(|| unsupported(format!("{name}: scores before their projection")))?;
-        let xv = self.val(x)?.clone();
+        let fused: Vec<String> = [ab.q_op, ab.k_op].iter().map(|o| o.name.clone()).collect();
+        let u = std::mem::take(&mut self.absorbed[i].u);
+        let xv = self.operand(lw, x)?;
+        let width = xv.t.cols;
+        if xv.cols != Cols::Dense || xv.offset != 0 || u.len() as u32 != width * AMP_WIDTH {
+            return Err(unsupported(format!(
+                "{name}: the keys' input must be dense, {} columns",
+                u.len() / 16
+            )));
+        }
         let y = weighted_sums(
             lw,
             &Pool {
                 name: &name,
-                s: &s,
+                u: &u,
                 x: &xv.t,
                 batch,
                 t,
@@ -307,7 +267,6 @@ impl<'g> Walker<'g> {
         else {
             unreachable!("absorbable checked the value projection")
         };
-        let width = xv.t.cols;
         let dp = d.next_multiple_of(AMP_WIDTH);
         let n = heads * dp;
         let wd = self.param_data(wv, (width * heads * d) as usize)?;
@@ -370,9 +329,10 @@ impl<'g> Walker<'g> {
                 }
             }
         }
+        self.fused.extend(fused);
         self.fused.push(vname);
-        // The weighted sums and each head's own columns of `Y Wv`.
-        self.flop = Some(2 * u64::from(batch * heads) * u64::from(width) * u64::from(t + d));
+        // The scores, the weighted sums and each head's own columns of `Y Wv`.
+        self.flop = Some(2 * u64::from(batch * heads) * u64::from(width) * u64::from(2 * t + d));
         for op in chain {
             self.mark(op);
         }
@@ -400,8 +360,8 @@ impl<'g> Walker<'g> {
 /// The weighted sums of one absorbed attention.
 pub(super) struct Pool<'a> {
     pub name: &'a str,
-    /// `[batch * t, 16]`: the scores, heads on the columns.
-    pub s: &'a DistTensor,
+    /// `[width][16]`: the scores' weights, heads on the columns.
+    pub u: &'a [f32],
     /// `[batch * t, width]`, dense.
     pub x: &'a DistTensor,
     pub batch: u32,
@@ -419,6 +379,11 @@ struct PoolRun {
     c0: u32,
     nc: u32,
     real: u32,
+    /// `U`'s rows of its column group (the AMP weight layout of one block).
+    u: BufId,
+    /// The groups' partial scores `[groups][16][16]`, its own at `g` (none with one
+    /// group: the product writes `s`).
+    sparts: Option<BufId>,
     s: BufId,
     x: BufId,
     maxes: BufId,
@@ -461,6 +426,17 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
                 let tile = ((b * tb + kb) * groups + g) % tiles;
                 let c0 = g * per;
                 let nc = per.min(nb - c0);
+                let u = lw.constant(
+                    tile,
+                    format!("{name}.u"),
+                    f16_bytes(
+                        op.u[(c0 * AMP_WIDTH * AMP_WIDTH) as usize
+                            ..((c0 + nc) * AMP_WIDTH * AMP_WIDTH) as usize]
+                            .iter()
+                            .copied(),
+                    ),
+                    Category::Weight,
+                );
                 let mut buf = |what: &str, bytes: u32| {
                     lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
                 };
@@ -472,6 +448,8 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
                     c0,
                     nc,
                     real: AMP_WIDTH.min(t - kb * AMP_WIDTH),
+                    u,
+                    sparts: (groups > 1).then(|| buf("sparts", groups * 512)),
                     s: buf("s", 512),
                     x: buf("x", nc * 512),
                     maxes: buf("maxes", tb * 32),
@@ -512,7 +490,7 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
     }
 
     lw.plan.decisions.push(format!(
-        "{name}: constant query, projections absorbed: {batch} images x {heads} heads; softmax and weighted sums on {} tiles ({batch} x {tb} token blocks x {groups} column groups of {per} blocks), combined on {} ({span} blocks each)",
+        "{name}: constant query, projections absorbed: {batch} images x {heads} heads; scores, softmax and weighted sums on {} tiles ({batch} x {tb} token blocks x {groups} column groups of {per} blocks), combined on {} ({span} blocks each)",
         runs.len(),
         combiners.len()
     ));
@@ -541,26 +519,74 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
             });
         }
     }
-    let gather = |src: &DistTensor, parts: Vec<Part>, what: &str| {
-        let dst = DistTensor {
-            rows: src.rows,
-            cols: src.cols,
-            elem_bytes: 2,
-            parts,
-        };
-        redistribute(src, &dst)
-            .map_err(|e| unsupported(format!("{name}: {what} do not cover the tokens: {e}")))
+    let dst = DistTensor {
+        rows: op.x.rows,
+        cols: op.x.cols,
+        elem_bytes: 2,
+        parts: x_parts,
     };
-    let mut copies = gather(op.s, s_parts, "scores")?;
-    copies.extend(gather(op.x, x_parts, "inputs")?);
+    let copies = redistribute(op.x, &dst)
+        .map_err(|e| unsupported(format!("{name}: the inputs do not cover the tokens: {e}")))?;
     lw.exchange(&format!("{name}.in"), copies);
 
-    // Padding token rows zeroed (their `e` is zero, but 0 times a stale NaN is
-    // not); each token block's maxima; a lone token block's zero partner.
+    // Padding token rows zeroed (their scores and `e` are then zero; 0 times a
+    // stale NaN would not be), each group's partial scores.
     let step = lw.compute_step();
     let at = |buf| Loc { buf, offset: 0 };
     for r in &runs {
         super::attention::zero_rows(lw, (r.tile, step), r.nc, r.x, (r.real, AMP_WIDTH));
+        let out = match r.sparts {
+            Some(buf) => Loc {
+                buf,
+                offset: r.g * 512,
+            },
+            None => at(r.s),
+        };
+        amp(
+            lw,
+            r.tile,
+            step,
+            name,
+            (AMP_WIDTH, r.nc, 1),
+            at(r.x),
+            at(r.u),
+            out,
+        );
+    }
+    let mut copies = Vec::new();
+    for r in runs.iter().filter(|r| r.sparts.is_some()) {
+        let dsts: Vec<Loc> = runs
+            .iter()
+            .filter(|o| o.b == r.b && o.kb == r.kb && o.g != r.g)
+            .filter_map(|o| {
+                o.sparts.map(|buf| Loc {
+                    buf,
+                    offset: r.g * 512,
+                })
+            })
+            .collect();
+        copies.push(Copy {
+            src: Loc {
+                buf: r.sparts.expect("filtered"),
+                offset: r.g * 512,
+            },
+            bytes: 512,
+            dsts,
+        });
+    }
+    lw.exchange(&format!("{name}.scores"), copies);
+
+    // The scores, each token block's maxima, a lone token block's zero partner.
+    let step = lw.compute_step();
+    for r in &runs {
+        if let Some(parts) = r.sparts {
+            lw.call(
+                r.tile,
+                step,
+                ReduceAdd::new(groups, AMP_WIDTH * AMP_WIDTH),
+                &[("in", at(parts)), ("out", at(r.s))],
+            );
+        }
         if r.g == 0 {
             lw.call(
                 r.tile,
