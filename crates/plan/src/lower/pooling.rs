@@ -55,6 +55,12 @@ pub(super) struct Absorbed<'g> {
 }
 
 impl Absorbed<'_> {
+    /// The rows its value projection `op` is applied to (`Y`'s), if it is this
+    /// attention's.
+    pub fn value_rows(&self, op: &Op) -> Option<u32> {
+        std::ptr::eq(self.v_op, op).then_some(self.batch * self.heads)
+    }
+
     /// Whether `op` is its query or key projection, whose weights it does not keep.
     pub fn replaces(&self, op: &Op) -> bool {
         std::ptr::eq(self.q_op, op) || std::ptr::eq(self.k_op, op)
