@@ -736,12 +736,20 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
                 ("out", at(c.out)),
             ],
         );
+        // One part a 16-column block: the value projection then takes `Y` in the
+        // AMP's layout as it arrives, without a rearrangement.
         let row = c.b * heads + c.h;
-        parts.push(Part {
-            at: at(c.out),
-            rows: row..row + 1,
-            cols: c.c0 * AMP_WIDTH..(c.c0 + c.nc) * AMP_WIDTH,
-        });
+        for i in 0..c.nc {
+            let col = (c.c0 + i) * AMP_WIDTH;
+            parts.push(Part {
+                at: Loc {
+                    buf: c.out,
+                    offset: i * 32,
+                },
+                rows: row..row + 1,
+                cols: col..col + AMP_WIDTH,
+            });
+        }
     }
     Ok(DistTensor {
         rows: batch * heads,
