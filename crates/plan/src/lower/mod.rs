@@ -603,6 +603,45 @@ impl<'g> Walker<'g> {
         lower(lw, map)
     }
 
+    /// What follows an attention's scores product: an optional scale, the softmax,
+    /// and the probabilities (left) times the values. Returns the scale, those
+    /// operations (the product last) and the values' tensor, or what is missing.
+    fn softmax_chain(&self, scores: &Op) -> Result<(f32, Vec<&'g Op>, TensorId), &'static str> {
+        let mut scale = 1.0f32;
+        let mut chain = Vec::new();
+        let mut next = self
+            .sole(scores.output)
+            .ok_or("scores must have one consumer")?;
+        if let OpKind::Scale { factor, .. } = next.kind {
+            scale = factor;
+            chain.push(next);
+            next = self
+                .sole(next.output)
+                .ok_or("scaled scores must have one consumer")?;
+        }
+        let OpKind::Softmax { .. } = next.kind else {
+            return Err("scores must feed a softmax");
+        };
+        chain.push(next);
+        let pv = self
+            .sole(next.output)
+            .ok_or("probabilities must have one consumer")?;
+        let OpKind::MatMul {
+            a,
+            b: v,
+            transpose_b: false,
+            bias: None,
+        } = pv.kind
+        else {
+            return Err("probabilities must feed a matmul by the values");
+        };
+        if a != next.output {
+            return Err("probabilities must be the left operand");
+        }
+        chain.push(pv);
+        Ok((scale, chain, v))
+    }
+
     /// `softmax(q @ k^T * scale) @ v` per image and head, from the scores product.
     fn attention(
         &mut self,
@@ -611,41 +650,8 @@ impl<'g> Walker<'g> {
         (q, k): (TensorId, TensorId),
     ) -> Result<(), PlanError> {
         let fail = |what: &str| unsupported(format!("{}: {what}", op.name));
-        let mut t = op.output;
-        let mut scale = 1.0f32;
-        let mut chain = Vec::new();
-        let mut next = self
-            .sole(t)
-            .ok_or_else(|| fail("scores must have one consumer"))?;
-        if let OpKind::Scale { factor, .. } = next.kind {
-            scale = factor;
-            chain.push(next);
-            t = next.output;
-            next = self
-                .sole(t)
-                .ok_or_else(|| fail("scaled scores must have one consumer"))?;
-        }
-        let OpKind::Softmax { .. } = next.kind else {
-            return Err(fail("scores must feed a softmax"));
-        };
-        chain.push(next);
-        t = next.output;
-        let pv = self
-            .sole(t)
-            .ok_or_else(|| fail("probabilities must have one consumer"))?;
-        let OpKind::MatMul {
-            a,
-            b: v,
-            transpose_b: false,
-            bias: None,
-        } = pv.kind
-        else {
-            return Err(fail("probabilities must feed a matmul by the values"));
-        };
-        if a != t {
-            return Err(fail("probabilities must be the left operand"));
-        }
-        chain.push(pv);
+        let (scale, chain, v) = self.softmax_chain(op).map_err(fail)?;
+        let pv = *chain.last().expect("the chain ends at p V");
         if !(scale > 0.0 && scale <= tessera_kernels::Softmax::SCALE_MAX) {
             return Err(fail("the softmax scale must be in (0, 16]"));
         }

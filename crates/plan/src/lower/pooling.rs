@@ -112,32 +112,11 @@ impl<'g> Walker<'g> {
         if a != qs.output {
             return None;
         }
-        let mut chain = Vec::new();
-        let mut scale = 1.0f32;
-        let mut next = self.sole(sc.output)?;
-        if let OpKind::Scale { factor, .. } = next.kind {
-            scale = factor;
-            chain.push(next);
-            next = self.sole(next.output)?;
-        }
-        let OpKind::Softmax { .. } = next.kind else {
-            return None;
-        };
-        chain.push(next);
-        let pv = self.sole(next.output)?;
-        let OpKind::MatMul {
-            a: probs,
-            b: vs_t,
-            transpose_b: false,
-            bias: None,
-        } = pv.kind
-        else {
-            return None;
-        };
-        if probs != next.output || !(scale.is_finite() && scale > 0.0) {
+        let (scale, chain, vs_t) = self.softmax_chain(sc).ok()?;
+        let pv = *chain.last()?;
+        if !(scale.is_finite() && scale > 0.0) {
             return None;
         }
-        chain.push(pv);
         // Keys and values: split projections of one input, read only here.
         let split_of = |t: TensorId, reader: &Op| -> Option<(&'g Op, &'g Op)> {
             let split = self.graph.producer(t);
