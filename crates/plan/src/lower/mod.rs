@@ -69,7 +69,7 @@ pub struct LowerOptions {
 impl Default for LowerOptions {
     fn default() -> Self {
         LowerOptions {
-            weight_bytes: 320 * 1024,
+            weight_bytes: 512 * 1024,
             transient_bytes: 160 * 1024,
             slab_bias_bytes: 16 * 1024,
             rearrange_declared_align: None,
