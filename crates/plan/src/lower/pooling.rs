@@ -14,9 +14,10 @@
 //! computes both products of its piece of `X`:
 //! - exchange: its block of `X` (chunk-major, which is also the AMP weight layout);
 //! - compute: its group's partial scores `X_g U_g` (one AMP call, `U_g` a constant);
-//! - exchange: the partial scores to the other groups of its token block;
-//! - compute: their sum (`reduce_add`), the block's column maxima (`col_max`, on
-//!   group 0);
+//! - exchange: the partial scores reduce-scattered by rows over the groups of its
+//!   token block; compute: each group's rows added up (`reduce_add`); exchange: the
+//!   rows all-gathered;
+//! - compute: the block's column maxima (`col_max`, on group 0);
 //! - exchange: every token block's maxima to every run of the image;
 //! - compute: `e = exp(S - M)` with the image's maxima and its column sums
 //!   (`col_exp_shift`), `e^T` (the AMP's input layout: heads on the rows), and
@@ -366,9 +367,12 @@ struct PoolRun {
     real: u32,
     /// `U`'s rows of its column group (the AMP weight layout of one block).
     u: BufId,
-    /// The groups' partial scores `[groups][16][16]`, its own at `g` (none with one
-    /// group: the product writes `s`).
-    sparts: Option<BufId>,
+    /// Its group's partial scores `[16][16]` (none with one group: the product
+    /// writes `s`).
+    spart: Option<BufId>,
+    /// On a group that owns score rows (`owned`), every group's partial of them,
+    /// `[groups][rows][16]`.
+    rparts: Option<BufId>,
     s: BufId,
     x: BufId,
     maxes: BufId,
@@ -403,6 +407,10 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
     let groups = nb.div_ceil(per);
     // The sums need two partials: a single token block is paired with zeros.
     let members = tb.max(2);
+    // The partial scores are reduce-scattered by rows over a token block's groups
+    // and the sums all-gathered: group `g` adds up rows `owned(g)`.
+    let rpg = AMP_WIDTH.div_ceil(groups);
+    let owned = |g: u32| (g * rpg).min(AMP_WIDTH)..((g + 1) * rpg).min(AMP_WIDTH);
 
     let mut runs = Vec::new();
     for b in 0..batch {
@@ -434,7 +442,9 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
                     nc,
                     real: AMP_WIDTH.min(t - kb * AMP_WIDTH),
                     u,
-                    sparts: (groups > 1).then(|| buf("sparts", groups * 512)),
+                    spart: (groups > 1).then(|| buf("spart", 512)),
+                    rparts: (groups > 1 && !owned(g).is_empty())
+                        .then(|| buf("rparts", groups * owned(g).len() as u32 * 32)),
                     s: buf("s", 512),
                     x: buf("x", nc * 512),
                     maxes: buf("maxes", tb * 32),
@@ -520,11 +530,8 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
     let at = |buf| Loc { buf, offset: 0 };
     for r in &runs {
         super::attention::zero_rows(lw, (r.tile, step), r.nc, r.x, (r.real, AMP_WIDTH));
-        let out = match r.sparts {
-            Some(buf) => Loc {
-                buf,
-                offset: r.g * 512,
-            },
+        let out = match r.spart {
+            Some(buf) => at(buf),
             None => at(r.s),
         };
         amp(
@@ -538,40 +545,74 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
             out,
         );
     }
+    let same_block = |r: &PoolRun, o: &PoolRun| o.b == r.b && o.kb == r.kb;
     let mut copies = Vec::new();
-    for r in runs.iter().filter(|r| r.sparts.is_some()) {
+    for r in &runs {
+        let Some(spart) = r.spart else { continue };
+        for o in runs.iter().filter(|o| same_block(r, o)) {
+            let (rows, Some(rparts)) = (owned(o.g), o.rparts) else {
+                continue;
+            };
+            copies.push(Copy {
+                src: Loc {
+                    buf: spart,
+                    offset: rows.start * 32,
+                },
+                bytes: rows.len() as u32 * 32,
+                dsts: vec![Loc {
+                    buf: rparts,
+                    offset: r.g * rows.len() as u32 * 32,
+                }],
+            });
+        }
+    }
+    lw.exchange(&format!("{name}.scores"), copies);
+    let step = lw.compute_step();
+    for r in &runs {
+        if let Some(rparts) = r.rparts {
+            let rows = owned(r.g);
+            lw.call(
+                r.tile,
+                step,
+                ReduceAdd::new(groups, rows.len() as u32 * AMP_WIDTH),
+                &[
+                    ("in", at(rparts)),
+                    (
+                        "out",
+                        Loc {
+                            buf: r.s,
+                            offset: rows.start * 32,
+                        },
+                    ),
+                ],
+            );
+        }
+    }
+    let mut copies = Vec::new();
+    for r in runs.iter().filter(|r| r.rparts.is_some()) {
+        let rows = owned(r.g);
         let dsts: Vec<Loc> = runs
             .iter()
-            .filter(|o| o.b == r.b && o.kb == r.kb && o.g != r.g)
-            .filter_map(|o| {
-                o.sparts.map(|buf| Loc {
-                    buf,
-                    offset: r.g * 512,
-                })
+            .filter(|o| same_block(r, o) && o.g != r.g)
+            .map(|o| Loc {
+                buf: o.s,
+                offset: rows.start * 32,
             })
             .collect();
         copies.push(Copy {
             src: Loc {
-                buf: r.sparts.expect("filtered"),
-                offset: r.g * 512,
+                buf: r.s,
+                offset: rows.start * 32,
             },
-            bytes: 512,
+            bytes: rows.len() as u32 * 32,
             dsts,
         });
     }
-    lw.exchange(&format!("{name}.scores"), copies);
+    lw.exchange(&format!("{name}.scores.rows"), copies);
 
     // The scores, each token block's maxima, a lone token block's zero partner.
     let step = lw.compute_step();
     for r in &runs {
-        if let Some(parts) = r.sparts {
-            lw.call(
-                r.tile,
-                step,
-                ReduceAdd::new(groups, AMP_WIDTH * AMP_WIDTH),
-                &[("in", at(parts)), ("out", at(r.s))],
-            );
-        }
         if r.g == 0 {
             lw.call(
                 r.tile,
