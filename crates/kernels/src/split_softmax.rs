@@ -13,7 +13,7 @@
 //! Scores are read as 4-element groups; a partial last group's lanes past `n` are
 //! never used (any bits, NaN included).
 
-use tessera_isa::{FBinOp, FUnOp, FVec, Inst};
+use tessera_isa::{FBinOp, FUnOp, FVec, Inst, Word};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, ld32, ld32m, m};
@@ -460,28 +460,23 @@ impl Kernel for ColMax {
         Ok(())
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        self.validate()?;
-        crate::check_code_base(&self.symbol(), code_base, 8)?;
-        let mut s = Asm::new(code_base);
-        let done = s.label();
-        s.i(ld32m(m(2), m(0), 0)); // in, 0 on an idle worker
-        s.brz(m(2), done);
-        s.i(ld32m(m(3), m(0), 1)); // out
-        s.i(col_step_ld(4, 2));
-        if self.n >= 2 {
-            s.rpti((self.n - 1) as u16, |b| {
-                b.i(col_step_ld(0, 2));
-                b.i(fbin(FBinOp::Max, FVec::F16V4, 4, 4, 0));
-            });
-        }
-        s.i(st64(4, 3, 0));
-        s.bind(done);
-        s.i(Inst::Exit);
-        Ok(KernelCode {
-            symbol: self.symbol(),
-            code_base,
-            entry: code_base,
-            words: s.finish(),
+        crate::single_entry(self, code_base, || {
+            let mut s = Asm::new(code_base);
+            let done = s.label();
+            s.i(ld32m(m(2), m(0), 0)); // in, 0 on an idle worker
+            s.brz(m(2), done);
+            s.i(ld32m(m(3), m(0), 1)); // out
+            s.i(col_step_ld(4, 2));
+            if self.n >= 2 {
+                s.rpti((self.n - 1) as u16, |b| {
+                    b.i(col_step_ld(0, 2));
+                    b.i(fbin(FBinOp::Max, FVec::F16V4, 4, 4, 0));
+                });
+            }
+            s.i(st64(4, 3, 0));
+            s.bind(done);
+            s.i(Inst::Exit);
+            s.finish()
         })
     }
     fn contract(&self) -> Contract {
@@ -522,55 +517,8 @@ impl ColExpShift {
     pub fn new(n: u32, rows: u32, g: u32, scale: f32) -> ColExpShift {
         ColExpShift { n, rows, g, scale }
     }
-    /// (issues, f32 transcendentals) of an active worker.
-    fn active_work(&self) -> (u64, u64) {
-        let (n, g, pad) = (
-            u64::from(self.n),
-            u64::from(self.g),
-            u64::from(self.rows - self.n),
-        );
-        // load, branch, three loads, scale and `-scale` with their broadcasts
-        let mut issues = 9;
-        // the maxima: first row, repeat and body
-        issues += 1 + if g >= 2 { 1 + 2 * (g - 1) } else { 0 };
-        // to f32, `C`, zeroed sums
-        issues += 2 + 2 + 4;
-        // the rows: repeat and body
-        issues += 1 + 16 * n;
-        if pad > 0 {
-            issues += 2 + 1 + pad;
-        }
-        // the sums, exit
-        issues += 3;
-        (issues, 4 * n)
-    }
-}
-
-impl Kernel for ColExpShift {
-    fn symbol(&self) -> String {
-        format!(
-            "{}_n{}_r{}_g{}_s{:08x}",
-            Self::NAME,
-            self.n,
-            self.rows,
-            self.g,
-            self.scale.to_bits()
-        )
-    }
-    fn validate(&self) -> Result<(), KernelError> {
-        let name = self.symbol();
-        if self.n == 0 || self.rows < self.n || self.rows > RPT_MAX {
-            return Err(invalid(&name, "n must be positive, n <= rows <= 4095"));
-        }
-        if self.g == 0 || self.g > RPT_MAX {
-            return Err(invalid(&name, "g must be 1..=4095"));
-        }
-        crate::softmax::check_scale(&name, self.scale)?;
-        Ok(())
-    }
-    fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        self.validate()?;
-        crate::check_code_base(&self.symbol(), code_base, 8)?;
+    /// The worker code (parameters validated by the caller).
+    fn program(&self, code_base: u32) -> Vec<Word> {
         let mut s = Asm::new(code_base);
         let done = s.label();
         s.i(ld32m(m(2), m(0), 0)); // in, 0 on an idle worker
@@ -622,12 +570,57 @@ impl Kernel for ColExpShift {
         s.i(st64(4, 5, 1));
         s.bind(done);
         s.i(Inst::Exit);
-        Ok(KernelCode {
-            symbol: self.symbol(),
-            code_base,
-            entry: code_base,
-            words: s.finish(),
-        })
+        s.finish()
+    }
+
+    /// (issues, f32 transcendentals) of an active worker.
+    fn active_work(&self) -> (u64, u64) {
+        let (n, g, pad) = (
+            u64::from(self.n),
+            u64::from(self.g),
+            u64::from(self.rows - self.n),
+        );
+        // load, branch, three loads, scale and `-scale` with their broadcasts
+        let mut issues = 9;
+        // the maxima: first row, repeat and body
+        issues += 1 + if g >= 2 { 1 + 2 * (g - 1) } else { 0 };
+        // to f32, `C`, zeroed sums
+        issues += 2 + 2 + 4;
+        // the rows: repeat and body
+        issues += 1 + 16 * n;
+        if pad > 0 {
+            issues += 2 + 1 + pad;
+        }
+        // the sums, exit
+        issues += 3;
+        (issues, 4 * n)
+    }
+}
+
+impl Kernel for ColExpShift {
+    fn symbol(&self) -> String {
+        format!(
+            "{}_n{}_r{}_g{}_s{:08x}",
+            Self::NAME,
+            self.n,
+            self.rows,
+            self.g,
+            self.scale.to_bits()
+        )
+    }
+    fn validate(&self) -> Result<(), KernelError> {
+        let name = self.symbol();
+        if self.n == 0 || self.rows < self.n || self.rows > RPT_MAX {
+            return Err(invalid(&name, "n must be positive, n <= rows <= 4095"));
+        }
+        if self.g == 0 || self.g > RPT_MAX {
+            return Err(invalid(&name, "g must be 1..=4095"));
+        }
+        crate::softmax::check_scale(&name, self.scale)?;
+        Ok(())
+    }
+    fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
+        crate::single_entry(self, code_base, || self.program(code_base))
     }
     fn contract(&self) -> Contract {
         simple_contract(

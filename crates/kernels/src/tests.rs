@@ -30,6 +30,10 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(ZeroFill::new(1, 8, 8)),
         Box::new(BlocksToRows::new(32, 46)),
         Box::new(TransposeBlocks::new(5, 46)),
+        Box::new(ColMax::new(16)),
+        Box::new(ColMax::new(1)),
+        Box::new(ColExpShift::new(9, 16, 46, 1.0)),
+        Box::new(ColExpShift::new(16, 16, 1, 0.5)),
     ]
 }
 
