@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
-use tessera_plan::{Candidate, OpCandidates, lower_exact, lower_fitted, smaller_weight_budget};
+use tessera_plan::{Candidate, OpCandidates, lower_exact, lower_fitted};
 
 use crate::{CompileError, CompileOptions, Compiled, compile_lowered};
 
@@ -211,35 +211,8 @@ fn combinations(ops: &[OpCandidates], members: &[usize]) -> Vec<Vec<usize>> {
 }
 
 /// Builds `k` finalists and selects the feasible one with the fewest estimated
-/// cycles. `progress` is called after each build with (built, total). When none
-/// places, the finalists of the next smaller weight budget are built, down to the
-/// lowering's floor: placement has the final word on what fits.
+/// cycles. `progress` is called after each build with (built, total).
 pub fn select(
-    machine: &Machine,
-    graph: &Graph,
-    weights: &TensorMap,
-    opts: &CompileOptions,
-    k: usize,
-    progress: &(dyn Fn(usize, usize) + Sync),
-) -> Result<Selection, CompileError> {
-    let start = Instant::now();
-    let mut o = opts.clone();
-    loop {
-        match select_once(machine, graph, weights, &o, k, progress) {
-            Err(CompileError::DoesNotFit(d)) => match smaller_weight_budget(&o.lower) {
-                Some(lower) => o.lower = lower,
-                None => return Err(CompileError::DoesNotFit(d)),
-            },
-            Ok(mut sel) => {
-                sel.selection_ms = start.elapsed().as_secs_f64() * 1e3;
-                return Ok(sel);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-fn select_once(
     machine: &Machine,
     graph: &Graph,
     weights: &TensorMap,

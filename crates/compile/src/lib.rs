@@ -275,9 +275,7 @@ fn op_stats(plan: &TilePlan) -> Vec<OpStats> {
     stats
 }
 
-/// Lowers `graph` with the per-operation rules and compiles it; when the plan does
-/// not place, lowers it again with the next smaller weight budget, down to the
-/// lowering's floor (placement has the final word on what fits).
+/// Lowers `graph` with the per-operation rules and compiles it.
 pub fn compile_model(
     machine: &Machine,
     graph: &Graph,
@@ -285,25 +283,12 @@ pub fn compile_model(
     opts: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
-    let mut o = opts.clone();
-    loop {
-        let t = Instant::now();
-        let plan = lower(machine, graph, weights, &o.lower)?;
-        let lower_ms = t.elapsed().as_secs_f64() * 1e3;
-        match compile_lowered(machine, &plan, &o) {
-            Ok(mut compiled) => {
-                compiled.report.stage_ms.lower = lower_ms;
-                compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
-                return Ok(compiled);
-            }
-            Err(CompileError::DoesNotFit(d)) => match tessera_plan::smaller_weight_budget(&o.lower)
-            {
-                Some(lower) => o.lower = lower,
-                None => return Err(CompileError::DoesNotFit(d)),
-            },
-            Err(e) => return Err(e),
-        }
-    }
+    let plan = lower(machine, graph, weights, &opts.lower)?;
+    let lower_ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut compiled = compile_lowered(machine, &plan, opts)?;
+    compiled.report.stage_ms.lower = lower_ms;
+    compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(compiled)
 }
 
 /// Compiles a plan already lowered (the finalist search lowers its own), with

@@ -17,7 +17,6 @@ pub use estimate::{PlanEstimate, estimate};
 pub use ir::*;
 pub use lower::{
     FIT_SHARE, LowerOptions, busiest, lower, lower_exact, lower_fitted, max_live_bytes,
-    smaller_weight_budget,
 };
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};
 pub use verify::{Site, VerifyError, verify};

@@ -1057,9 +1057,8 @@ pub fn lower_fitted(
 }
 
 /// `o` with the next smaller weight budget the fit loop tries, `None` at the
-/// floor: for a driver whose placement refuses every plan of a budget (the fit
-/// loop counts live bytes, not the separation placement must keep).
-pub fn smaller_weight_budget(o: &LowerOptions) -> Option<LowerOptions> {
+/// floor.
+fn smaller_weight_budget(o: &LowerOptions) -> Option<LowerOptions> {
     (o.weight_bytes > MIN_WEIGHT_BYTES).then(|| LowerOptions {
         weight_bytes: (o.weight_bytes * 3 / 4).max(MIN_WEIGHT_BYTES),
         ..o.clone()
