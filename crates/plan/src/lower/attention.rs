@@ -338,14 +338,7 @@ pub(crate) fn attention(
                 .with_blocked()
                 .validate()
                 .is_ok();
-            let mut blk = |what: &str, bytes: u32| {
-                lw.buffer(
-                    sl.tile,
-                    format!("{name}.{what}"),
-                    bytes,
-                    Category::Activation,
-                )
-            };
+            let mut blk = |what: &str, bytes: u32| lw.activation(sl.tile, name, what, bytes);
             work.push(RowWork {
                 s: sl,
                 q_amp: blk("q", rows * op.dp * 2),
@@ -596,14 +589,7 @@ fn transposed(
     for pair in 0..op.batch * op.heads {
         for sl in op.slots(tiles, group, pair, rows_per) {
             let nbq = sl.rows.div_ceil(AMP_WIDTH);
-            let mut blk = |what: &str, bytes: u32| {
-                lw.buffer(
-                    sl.tile,
-                    format!("{name}.{what}"),
-                    bytes,
-                    Category::Activation,
-                )
-            };
+            let mut blk = |what: &str, bytes: u32| lw.activation(sl.tile, name, what, bytes);
             work.push(ColWork {
                 s: sl,
                 nbq,

@@ -83,6 +83,11 @@ impl<'a> Lowering<'a> {
         self.plan.add_buffer(tile, name, bytes, category)
     }
 
+    /// An activation buffer named `{op}.{what}`.
+    pub fn activation(&mut self, tile: u32, op: &str, what: &str, bytes: u32) -> BufId {
+        self.buffer(tile, format!("{op}.{what}"), bytes, Category::Activation)
+    }
+
     /// A buffer of constant contents: the host streams `bytes` into it once, at
     /// initialisation, through the weight binding `weights/NAME`, whose image is
     /// every tile's part in device layout, concatenated in the order of creation.

@@ -430,9 +430,7 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
                     ),
                     Category::Weight,
                 );
-                let mut buf = |what: &str, bytes: u32| {
-                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
-                };
+                let mut buf = |what: &str, bytes: u32| lw.activation(tile, name, what, bytes);
                 runs.push(PoolRun {
                     tile,
                     b,
@@ -467,9 +465,7 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
             for (r, c0) in (0..nb).step_by(span as usize).enumerate() {
                 let tile = (((b * heads + h) * nb.div_ceil(span)) + r as u32) % tiles;
                 let nc = span.min(nb - c0);
-                let mut buf = |what: &str, bytes: u32| {
-                    lw.buffer(tile, format!("{name}.{what}"), bytes, Category::Activation)
-                };
+                let mut buf = |what: &str, bytes: u32| lw.activation(tile, name, what, bytes);
                 combiners.push(Combiner {
                     tile,
                     b,
@@ -710,10 +706,9 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
         for kb in 0..tb {
             for i in 0..c.nc {
                 let cb = c.c0 + i;
-                let r = runs
-                    .iter()
-                    .find(|r| r.b == c.b && r.kb == kb && (r.c0..r.c0 + r.nc).contains(&cb))
-                    .expect("every column block has a run");
+                // Runs are made image, token block, then column group, in order.
+                let r = &runs[((c.b * tb + kb) * groups + cb / per) as usize];
+                debug_assert!(r.b == c.b && r.kb == kb && (r.c0..r.c0 + r.nc).contains(&cb));
                 copies.push(Copy {
                     src: Loc {
                         buf: r.y,
