@@ -15,10 +15,19 @@ fn tessera(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn tiny_layer_runs_and_validates() {
-    let (code, text) = tessera(&["run", "--size", "tiny", "--machine", "small", "--json"]);
+    let (code, text) = tessera(&[
+        "run", "--size", "tiny", "--machine", "small", "--tokens", "--json",
+    ]);
     assert_eq!(code, 0, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(v["status"], "ok");
+    let outputs: Vec<&str> = v["outputs"]
+        .as_array()
+        .expect("outputs")
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(outputs, ["tokens", "pooled"], "{text}");
     // Every operation's floor is one of the three bounds and never above what the
     // simulator achieved: a floor above it would mean the machine model or the
     // floor is wrong.
@@ -48,6 +57,21 @@ fn tiny_layer_runs_and_validates() {
     }
     assert!(v["max_abs_error"].as_f64().unwrap() <= v["tolerance"].as_f64().unwrap());
     assert!(v["cosine"].as_f64().unwrap() > 0.9999);
+}
+
+/// The layer's result is `pooled`; the tokens go to the host only when asked for,
+/// and only the layer has them.
+#[test]
+fn the_tokens_are_an_output_on_request() {
+    let (code, text) = tessera(&["run", "--size", "tiny", "--finalists", "1", "--json"]);
+    assert_eq!(code, 0, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let outputs = v["outputs"].as_array().expect("outputs");
+    assert_eq!(outputs.len(), 1, "{text}");
+    assert_eq!(outputs[0]["name"], "pooled");
+    let (code, text) = tessera(&["run", "--model", "mlp", "--size", "tiny", "--tokens"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("--tokens"), "{text}");
 }
 
 #[test]
@@ -416,13 +440,15 @@ fn a_single_query_cut_over_tiles_validates() {
 }
 
 /// A one-layer config of width 64 and two heads, with `image_size` px images in
-/// 14 px patches, written into `dir`.
+/// 14 px patches, written into `dir`. It sends the tokens out too, so that the
+/// attention paths these tests pick are checked element by element, not only
+/// through the pooled result.
 fn small_layer_config(dir: &std::path::Path, image_size: u32) -> std::path::PathBuf {
     let c = dir.join(format!("c{image_size}.toml"));
     std::fs::write(
         &c,
         format!(
-            "image_size = {image_size}\nchannels = 3\npatch = 14\nwidth = 64\nheads = 2\nmlp_hidden = 128\nlayers = 1\neps = 1e-6\n"
+            "image_size = {image_size}\nchannels = 3\npatch = 14\nwidth = 64\nheads = 2\nmlp_hidden = 128\nlayers = 1\neps = 1e-6\ntoken_output = true\n"
         ),
     )
     .unwrap();

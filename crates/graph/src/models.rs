@@ -114,6 +114,13 @@ pub struct EncoderLayerConfig {
     pub dtype: DType,
     /// Build the MAP head and the `pooled` output.
     pub map_head: bool,
+    /// Also send the post-LayerNorm tokens to the host as output `tokens`. With the
+    /// MAP head the model's result is `pooled` (`[batch, width]`, as the seed's
+    /// benchmark returns), and the tokens, 1,458 times its bytes at So400m, are an
+    /// extra the caller asks for; without the head they are the only output and
+    /// always go out.
+    #[serde(default)]
+    pub token_output: bool,
 }
 
 impl EncoderLayerConfig {
@@ -131,6 +138,7 @@ impl EncoderLayerConfig {
             eps: so400m::LAYER_NORM_EPS,
             dtype: DType::F16,
             map_head: true,
+            token_output: false,
         }
     }
 
@@ -149,12 +157,13 @@ impl EncoderLayerConfig {
             eps: so400m::LAYER_NORM_EPS,
             dtype: DType::F16,
             map_head: true,
+            token_output: false,
         }
     }
 
     /// A configuration file: TOML with any of the fields `image_size`, `channels`,
-    /// `patch`, `width`, `heads`, `mlp_hidden`, `layers`, `eps` (the rest as in
-    /// So400m); the batch comes from the caller. Unknown fields are refused, and
+    /// `patch`, `width`, `heads`, `mlp_hidden`, `layers`, `eps`, `token_output`
+    /// (the rest as in So400m); the batch comes from the caller. Unknown fields are refused, and
     /// the result is validated; `origin` names the file in errors.
     pub fn from_toml(text: &str, origin: &str, batch: usize) -> Result<Self, GraphError> {
         #[derive(Deserialize)]
@@ -168,6 +177,7 @@ impl EncoderLayerConfig {
             mlp_hidden: Option<usize>,
             layers: Option<usize>,
             eps: Option<f32>,
+            token_output: Option<bool>,
         }
         let f: File = toml::from_str(text)
             .map_err(|e| GraphError::Config(format!("{origin}: {}", e.to_string().trim_end())))?;
@@ -184,6 +194,7 @@ impl EncoderLayerConfig {
             eps: f.eps.unwrap_or(d.eps),
             dtype: d.dtype,
             map_head: d.map_head,
+            token_output: f.token_output.unwrap_or(d.token_output),
         };
         cfg.validate()
             .map_err(|e| GraphError::Config(format!("{origin}: {e}")))?;
@@ -204,6 +215,7 @@ impl EncoderLayerConfig {
             eps: so400m::LAYER_NORM_EPS,
             dtype: DType::F16,
             map_head: true,
+            token_output: false,
         }
     }
 
@@ -446,8 +458,9 @@ pub fn mlp(cfg: &MlpConfig) -> Result<Graph, GraphError> {
 ///
 /// Input `patches` is `[batch * tokens, patch * patch * channels]`: each row one
 /// patch, rows in raster order of patches per image, values in (row, column, channel)
-/// order inside a patch (see [`patchify`]). Outputs: `tokens` `[batch * tokens,
-/// width]` after the post-LayerNorm, and with `map_head`, `pooled` `[batch, width]`.
+/// order inside a patch (see [`patchify`]). Outputs: with `map_head`, `pooled`
+/// `[batch, width]`; `tokens` `[batch * tokens, width]` after the post-LayerNorm
+/// when `token_output` asks for them or there is no head.
 pub fn encoder_layer(cfg: &EncoderLayerConfig) -> Result<Graph, GraphError> {
     cfg.validate()?;
     let (batch, tokens, width) = (cfg.batch, cfg.tokens(), cfg.width);
@@ -479,7 +492,9 @@ pub fn encoder_layer(cfg: &EncoderLayerConfig) -> Result<Graph, GraphError> {
         })?;
     }
     let x = b.layer_norm(x, "post_ln", cfg.eps)?;
-    b.output("tokens", x)?;
+    if cfg.token_output || !cfg.map_head {
+        b.output("tokens", x)?;
+    }
 
     if cfg.map_head {
         let pooled = b.with_scope("head", |b| {

@@ -73,8 +73,15 @@ fn so400m_encoder_shapes() {
     let g = encoder_layer(&cfg).unwrap();
     g.validate().unwrap();
     assert_eq!(g.shape(g.input("patches").unwrap()).dims(), [1458, 588]);
-    assert_eq!(g.shape(g.output("tokens").unwrap()).dims(), [1458, 1152]);
+    assert!(g.output("tokens").is_none(), "the tokens go out only on request");
     assert_eq!(g.shape(g.output("pooled").unwrap()).dims(), [2, 1152]);
+    let with_tokens = encoder_layer(&EncoderLayerConfig {
+        token_output: true,
+        ..cfg.clone()
+    })
+    .unwrap();
+    let tokens = with_tokens.output("tokens").unwrap();
+    assert_eq!(with_tokens.shape(tokens).dims(), [1458, 1152]);
     let p = |n: &str| g.param(n).map(|t| g.shape(t).dims().to_vec());
     assert_eq!(p("embed.patch.weight"), Some(vec![588, 1152]));
     assert_eq!(p("embed.pos"), Some(vec![729, 1152]));
@@ -104,6 +111,8 @@ fn encoder_layers_and_head_are_configurable() {
     assert!(g.param("layers.2.mlp.fc2.bias").is_some());
     assert!(g.param("head.probe").is_none());
     assert!(g.output("pooled").is_none());
+    // Without the head the tokens are the only result, asked for or not.
+    assert!(g.output("tokens").is_some());
 }
 
 #[test]

@@ -199,6 +199,12 @@ impl AmpMatmul {
             }
         }
         crate::check_code_base(&name, code_base, 4)?;
+        // The walked estimates reach here without `validate`, for shapes no tile
+        // holds; their counts and block size must still fit `setzi`, or the
+        // instance is refused as too large rather than emitted wrong.
+        if u64::from(self.rows) * 32 >= 1 << 20 || self.kc >= 1 << 20 || self.nb >= 1 << 20 {
+            return Err(invalid(&name, "a block or count above setzi's 20 bits"));
+        }
         let sup = Sup {
             entry: call.entry,
             zero_entry,

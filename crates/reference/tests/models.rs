@@ -98,7 +98,10 @@ fn mlp_at_reduced_so400m_width_is_stable_and_deterministic() {
 
 #[test]
 fn encoder_at_reduced_size_has_the_right_outputs() {
-    let cfg = EncoderLayerConfig::tiny(2);
+    let cfg = EncoderLayerConfig {
+        token_output: true,
+        ..EncoderLayerConfig::tiny(2)
+    };
     let g = encoder_layer(&cfg).unwrap();
     let w = init_weights(&g, 3);
     let x = random_inputs(&g, 4);

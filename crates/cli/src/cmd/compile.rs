@@ -57,6 +57,11 @@ pub struct ModelArgs {
     pub tiles: Option<u32>,
     #[arg(long, default_value_t = 2)]
     pub batch: usize,
+    /// Also send the post-LayerNorm tokens `[batch*tokens, width]` to the host and
+    /// check them (`--model layer`; the layer's result is `pooled`, `[batch, width]`).
+    /// At So400m they are 1.6 MB an image, about 80,000 cycles of host link.
+    #[arg(long)]
+    pub tokens: bool,
     /// Usable SRAM bytes per tile from the first SRAM address, for placement (at
     /// most the machine's): squeezes a compile without editing the machine.
     #[arg(long)]
@@ -178,6 +183,9 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
             if a.config.is_some() {
                 bail!("--config sets layer dimensions; it applies to --model layer only");
             }
+            if a.tokens {
+                bail!("--tokens adds the layer's token output; it applies to --model layer only");
+            }
             mlp(&match a.size {
                 Size::So400m => MlpConfig::so400m(a.batch),
                 Size::Base => MlpConfig::base(a.batch),
@@ -185,7 +193,7 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
             })?
         }
         ModelKind::Layer => {
-            let cfg = match &a.config {
+            let mut cfg = match &a.config {
                 Some(path) => {
                     let text = std::fs::read_to_string(path)
                         .with_context(|| format!("reading {}", path.display()))?;
@@ -197,6 +205,7 @@ fn prepare_on(a: &ModelArgs, machine: Machine) -> anyhow::Result<Prepared> {
                     Size::Tiny => EncoderLayerConfig::tiny(a.batch),
                 },
             };
+            cfg.token_output |= a.tokens;
             encoder_layer(&cfg)?
         }
     };
@@ -1375,6 +1384,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         mutate_kernel: None,
         row_attention: false,
         unabsorbed_head: false,
+        tokens: false,
         // Each variant keeps the rules' defaults, so that only the assumption moves.
         finalists: 1,
         simulate_finalists: 0,

@@ -173,3 +173,14 @@ fn estimates_track_simulation() {
         check_exact(&ZeroFill::new(runs, bytes, stride));
     }
 }
+
+/// The planner asks for estimates of shapes no tile holds (a batch of 1,000 gives
+/// a row pass of 45,563 rows): they come back as too costly to choose, and the
+/// supervisor code is never emitted with a `setzi` immediate out of range.
+#[test]
+fn estimates_of_shapes_beyond_a_tile_are_prohibitive_not_panics() {
+    for rows in [32_768, 45_563, u32::MAX / 64] {
+        let e = AmpMatmul::new(rows, 1, 1).estimate_cycles();
+        assert!(e >= u64::MAX / 8, "rows {rows}: {e}");
+    }
+}
