@@ -16,7 +16,13 @@ fn tessera(args: &[&str]) -> (i32, String) {
 #[test]
 fn tiny_layer_runs_and_validates() {
     let (code, text) = tessera(&[
-        "run", "--size", "tiny", "--machine", "small", "--tokens", "--json",
+        "run",
+        "--size",
+        "tiny",
+        "--machine",
+        "small",
+        "--tokens",
+        "--json",
     ]);
     assert_eq!(code, 0, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");

@@ -73,7 +73,10 @@ fn so400m_encoder_shapes() {
     let g = encoder_layer(&cfg).unwrap();
     g.validate().unwrap();
     assert_eq!(g.shape(g.input("patches").unwrap()).dims(), [1458, 588]);
-    assert!(g.output("tokens").is_none(), "the tokens go out only on request");
+    assert!(
+        g.output("tokens").is_none(),
+        "the tokens go out only on request"
+    );
     assert_eq!(g.shape(g.output("pooled").unwrap()).dims(), [2, 1152]);
     let with_tokens = encoder_layer(&EncoderLayerConfig {
         token_output: true,
