@@ -116,7 +116,7 @@ pub struct EncoderLayerConfig {
     pub map_head: bool,
     /// Also send the post-LayerNorm tokens to the host as output `tokens`. With the
     /// MAP head the model's result is `pooled` (`[batch, width]`, as the seed's
-    /// benchmark returns), and the tokens, 1,458 times its bytes at So400m, are an
+    /// benchmark returns), and the tokens, 729 times its bytes at So400m, are an
     /// extra the caller asks for; without the head they are the only output and
     /// always go out.
     #[serde(default)]
@@ -163,8 +163,8 @@ impl EncoderLayerConfig {
 
     /// A configuration file: TOML with any of the fields `image_size`, `channels`,
     /// `patch`, `width`, `heads`, `mlp_hidden`, `layers`, `eps`, `token_output`
-    /// (the rest as in So400m); the batch comes from the caller. Unknown fields are refused, and
-    /// the result is validated; `origin` names the file in errors.
+    /// (the rest as in So400m); the batch comes from the caller. Unknown fields are
+    /// refused, and the result is validated; `origin` names the file in errors.
     pub fn from_toml(text: &str, origin: &str, batch: usize) -> Result<Self, GraphError> {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]

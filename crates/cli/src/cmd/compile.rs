@@ -45,8 +45,8 @@ pub struct ModelArgs {
     #[arg(long, value_enum, default_value = "so400m")]
     pub size: Size,
     /// Layer dimensions from a TOML file (`image_size`, `channels`, `patch`,
-    /// `width`, `heads`, `mlp_hidden`, `layers`, `eps`; the rest as So400m). Only
-    /// with `--model layer`; replaces `--size`.
+    /// `width`, `heads`, `mlp_hidden`, `layers`, `eps`, and `token_output` as
+    /// `--tokens`; the rest as So400m). Only with `--model layer`; replaces `--size`.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Machine preset or TOML file.
