@@ -59,7 +59,7 @@ pub struct ModelArgs {
     pub batch: usize,
     /// Also send the post-LayerNorm tokens `[batch*tokens, width]` to the host and
     /// check them (`--model layer`; the layer's result is `pooled`, `[batch, width]`).
-    /// At So400m they are 1.6 MB an image, about 80,000 cycles of host link.
+    /// At So400m they are 1.7 MB an image, about 80,000 cycles of host link.
     #[arg(long)]
     pub tokens: bool,
     /// Usable SRAM bytes per tile from the first SRAM address, for placement (at

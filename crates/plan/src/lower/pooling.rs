@@ -411,12 +411,16 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
     // and the sums all-gathered: group `g` adds up rows `owned(g)`.
     let rpg = AMP_WIDTH.div_ceil(groups);
     let owned = |g: u32| (g * rpg).min(AMP_WIDTH)..((g + 1) * rpg).min(AMP_WIDTH);
+    // Runs are made image, token block, then column group, in order: run
+    // `(b, kb, g)` is `runs[run_at(b, kb, g)]`, and a block's or an image's runs are
+    // one slice.
+    let run_at = |b: u32, kb: u32, g: u32| ((b * tb + kb) * groups + g) as usize;
 
     let mut runs = Vec::new();
     for b in 0..batch {
         for kb in 0..tb {
             for g in 0..groups {
-                let tile = ((b * tb + kb) * groups + g) % tiles;
+                let tile = run_at(b, kb, g) as u32 % tiles;
                 let c0 = g * per;
                 let nc = per.min(nb - c0);
                 let u = lw.constant(
@@ -454,6 +458,11 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
             }
         }
     }
+    debug_assert!(
+        runs.iter()
+            .enumerate()
+            .all(|(i, r)| run_at(r.b, r.kb, r.g) == i)
+    );
     // Combiners: the fewest column blocks each that one tile apiece allows.
     let mut span = 1;
     while span < nb && batch * heads * nb.div_ceil(span) > tiles {
@@ -541,11 +550,11 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
             out,
         );
     }
-    let same_block = |r: &PoolRun, o: &PoolRun| o.b == r.b && o.kb == r.kb;
+    let block = |r: &PoolRun| &runs[run_at(r.b, r.kb, 0)..run_at(r.b, r.kb + 1, 0)];
     let mut copies = Vec::new();
     for r in &runs {
         let Some(spart) = r.spart else { continue };
-        for o in runs.iter().filter(|o| same_block(r, o)) {
+        for o in block(r) {
             let (rows, Some(rparts)) = (owned(o.g), o.rparts) else {
                 continue;
             };
@@ -587,9 +596,9 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
     let mut copies = Vec::new();
     for r in runs.iter().filter(|r| r.rparts.is_some()) {
         let rows = owned(r.g);
-        let dsts: Vec<Loc> = runs
+        let dsts: Vec<Loc> = block(r)
             .iter()
-            .filter(|o| same_block(r, o) && o.g != r.g)
+            .filter(|o| o.g != r.g)
             .map(|o| Loc {
                 buf: o.s,
                 offset: rows.start * 32,
@@ -648,9 +657,9 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
 
     let mut copies = Vec::new();
     for r in runs.iter().filter(|r| r.g == 0) {
-        let dsts: Vec<Loc> = runs
+        let dsts: Vec<Loc> = runs[run_at(r.b, 0, 0)..run_at(r.b + 1, 0, 0)]
             .iter()
-            .filter(|o| o.b == r.b && !(o.kb == r.kb && o.g == 0))
+            .filter(|o| !(o.kb == r.kb && o.g == 0))
             .map(|o| Loc {
                 buf: o.maxes,
                 offset: r.kb * 32,
@@ -706,8 +715,7 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
         for kb in 0..tb {
             for i in 0..c.nc {
                 let cb = c.c0 + i;
-                // Runs are made image, token block, then column group, in order.
-                let r = &runs[((c.b * tb + kb) * groups + cb / per) as usize];
+                let r = &runs[run_at(c.b, kb, cb / per)];
                 debug_assert!(r.b == c.b && r.kb == kb && (r.c0..r.c0 + r.nc).contains(&cb));
                 copies.push(Copy {
                     src: Loc {
