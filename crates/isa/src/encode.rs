@@ -99,6 +99,7 @@ pub mod opcode {
     pub const F16_ACC: u8 = 0x4a;
     pub const F32V2_GINA: u8 = 0x4b;
     pub const SORT4X16: u8 = 0x4c;
+    pub const F16V2_EXP: u8 = 0x4d;
 }
 
 /// First aux-pipe opcode.
@@ -223,6 +224,7 @@ pub fn inst_name(inst: &Inst) -> &'static str {
         Inst::FMac { .. } => "fmac",
         Inst::FUn { .. } => "fun",
         Inst::F16v2Tanh { .. } => "f16v2tanh",
+        Inst::F16v2Exp { .. } => "f16v2exp",
         Inst::F16v2ToF32 { .. } => "f16v2tof32",
         Inst::F32v2ToF16 { .. } => "f32v2tof16",
         Inst::Sort4x16 { hi: false, .. } => "sort4x16lo",
@@ -465,6 +467,7 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
         }
         Inst::FUn { op, d, a } => word(F_UN, r0(c.a("d", d)?) | r1(c.a("a", a)?) | op.code()),
         Inst::F16v2Tanh { d, a } => word(F16V2_TANH, r0(c.a("d", d)?) | r1(c.a("a", a)?)),
+        Inst::F16v2Exp { d, a } => word(F16V2_EXP, r0(c.a("d", d)?) | r1(c.a("a", a)?)),
         Inst::F16v2ToF32 { d, a } => word(F16V2_TO_F32, r0(c.pair("d", d)?) | r1(c.a("a", a)?)),
         Inst::F32v2ToF16 { d, a } => word(F32V2_TO_F16, r0(c.a("d", d)?) | r1(c.pair("a", a)?)),
         Inst::Sort4x16 { hi, d, a, b } => word(
@@ -857,6 +860,13 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
             },
             0xff0000,
         ),
+        F16V2_EXP => (
+            Inst::F16v2Exp {
+                d: AReg(f0),
+                a: AReg(f1),
+            },
+            0xff0000,
+        ),
         F16V2_TO_F32 => (
             Inst::F16v2ToF32 {
                 d: AReg(f0),
@@ -1047,6 +1057,12 @@ mod tests {
             a: AReg(3),
         });
         assert_eq!(encode(&[w]).unwrap(), 0x4923_0000u32.to_le_bytes());
+        round_trip(w);
+        let w = Word::Single(Inst::F16v2Exp {
+            d: AReg(1),
+            a: AReg(0),
+        });
+        assert_eq!(encode(&[w]).unwrap(), 0x4d10_0000u32.to_le_bytes());
         round_trip(w);
     }
 

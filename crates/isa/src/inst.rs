@@ -333,6 +333,12 @@ pub enum Inst {
         d: AReg,
         a: AReg,
     },
+    /// `exp` of both f16 lanes of `$aA` (computed in f32, rounded to f16) into
+    /// `$aD`; one issue, as `f16v2tanh`.
+    F16v2Exp {
+        d: AReg,
+        a: AReg,
+    },
     /// Pair of f32 from two f16 in `$aA`: `$aD:pair = (f32(lo), f32(hi))`.
     F16v2ToF32 {
         d: AReg,
@@ -420,6 +426,7 @@ impl Inst {
             | Inst::FMac { .. }
             | Inst::FUn { .. }
             | Inst::F16v2Tanh { .. }
+            | Inst::F16v2Exp { .. }
             | Inst::F16v2ToF32 { .. }
             | Inst::F32v2ToF16 { .. }
             | Inst::Sort4x16 { .. }

@@ -804,6 +804,7 @@ fn known_mnemonic(mn: &str) -> bool {
         || mn == "f16v2tof32"
         || mn == "f32v2tof16"
         || mn == "f16v2tanh"
+        || mn == "f16v2exp"
         || mn == "sort4x16lo"
         || mn == "sort4x16hi"
         || mn == "f16v4acc"
@@ -1156,6 +1157,13 @@ pub(crate) fn lower_inst(
                 a: o.a(1)?,
             })
         }
+        "f16v2exp" => {
+            o.count(2, "$aD, $aA")?;
+            one(Inst::F16v2Exp {
+                d: o.a(0)?,
+                a: o.a(1)?,
+            })
+        }
         "f16v4acc" => {
             o.count(1, "$aA:pair")?;
             one(Inst::F16Acc {
@@ -1432,6 +1440,7 @@ impl fmt::Display for Inst {
             }
             Inst::FUn { op, d, a } => write!(f, "f32{} {}, {}", fun_name(op), A(d), A(a)),
             Inst::F16v2Tanh { d, a } => write!(f, "f16v2tanh {}, {}", A(d), A(a)),
+            Inst::F16v2Exp { d, a } => write!(f, "f16v2exp {}, {}", A(d), A(a)),
             Inst::F16v2ToF32 { d, a } => write!(f, "f16v2tof32 {}, {}", P(d), A(a)),
             Inst::F32v2ToF16 { d, a } => write!(f, "f32v2tof16 {}, {}", A(d), P(a)),
             Inst::Sort4x16 { hi, d, a, b } => write!(

@@ -129,6 +129,7 @@ pub fn aux_inst() -> BoxedStrategy<Inst> {
         }),
         (fun_op(), areg(), areg()).prop_map(|(op, d, a)| Inst::FUn { op, d, a }),
         (areg(), areg()).prop_map(|(d, a)| Inst::F16v2Tanh { d, a }),
+        (areg(), areg()).prop_map(|(d, a)| Inst::F16v2Exp { d, a }),
         (apair(), areg()).prop_map(|(d, a)| Inst::F16v2ToF32 { d, a }),
         apair().prop_map(|a| Inst::F16Acc { a, quad: false }),
         aquad().prop_map(|a| Inst::F16Acc { a, quad: true }),

@@ -463,6 +463,7 @@ fn single_words_parse_and_print() {
         "f32tanh $a0, $a1",
         "f16v2tanh $a2, $azero",
         "{ ld64step $a0:1, $m2+=, 1 ; f16v2tanh $a2, $a3 }",
+        "{ st64step $a2:3, $m5+=, 4 ; f16v2exp $a1, $a0 }",
         "f16v4acc $a2:3",
         "{ ld64 $a0:1, $m5, 0 ; f16v8acc $a0:3 }",
         "f32v2gina $a4:5",

@@ -1031,6 +1031,12 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             let hi = fp::f32_to_f16(fp::h(x >> 16).tanh());
             one(d, u32::from(lo) | (u32::from(hi) << 16))
         }
+        Inst::F16v2Exp { d, a } => {
+            let x = ar(ctx, a);
+            let lo = fp::f32_to_f16(fp::h(x).exp());
+            let hi = fp::f32_to_f16(fp::h(x >> 16).exp());
+            one(d, u32::from(lo) | (u32::from(hi) << 16))
+        }
         Inst::F16Acc { a, quad } => {
             let (lanes, base) = if quad {
                 (8, (a.0 & 12) as usize)

@@ -524,6 +524,43 @@ fn tanh_f32_and_f16v2() {
 }
 
 #[test]
+fn exp_f16v2() {
+    // f16 lanes from the f32 exp, rounded to nearest: exp(-1) = 0.36787944 ->
+    // 0x35e3, exp(-8) = 3.3546e-4 -> 0x0d7f; exp(-20) is below half the smallest
+    // subnormal (+0) and exp(12) = 162,755 above the f16 range (+inf).
+    let r = exec_with::<false>(
+        &[
+            s(Inst::F16v2Exp {
+                d: AReg(2),
+                a: AReg(0),
+            }),
+            s(Inst::F16v2Exp {
+                d: AReg(3),
+                a: AReg(1),
+            }),
+        ],
+        |c, _, _| {
+            c.a[0] = hbits(0.0) | (hbits(-1.0) << 16);
+            c.a[1] = hbits(-8.0) | (hbits(-20.0) << 16);
+        },
+    );
+    r.ok();
+    assert_eq!(r.a(2), 0x35e3_3c00);
+    assert_eq!(r.a(3), 0x0000_0d7f);
+    // One issue each, as f16v2tanh: three issues with the exit.
+    assert_eq!(r.ctx.clock, 18);
+    let r = exec_with::<false>(
+        &[s(Inst::F16v2Exp {
+            d: AReg(1),
+            a: AReg(0),
+        })],
+        |c, _, _| c.a[0] = hbits(12.0) | (hbits(2.5) << 16),
+    );
+    r.ok();
+    assert_eq!(r.a(1), 0x4a17_7c00);
+}
+
+#[test]
 fn f16_rounding() {
     let tiny = 2f32.powi(-11);
     // (a, b, op, expected) per lane.
