@@ -1,7 +1,7 @@
 //! `softmax_cols_f16`: the softmax down every column of f16 scores in the AMP's
 //! output layout `[blocks][rows][16]` (`out` may be `in`), with the normalisation left to
-//! the caller: the exponentials `e = exp(x*scale + C)` (f32, rounded once to f16)
-//! and each column's `1/sum` (f32). It serves the transposed attention scores
+//! the caller: the exponentials `e = exp((x - M) * scale)` (in f16, see below) and
+//! each column's `1/sum` (f32). It serves the transposed attention scores
 //! `S^T = K Q^T`, whose columns are queries and whose rows are keys: rows `n..rows`
 //! (the key dimension's padding) are never read and are written as `+0`, so `e`
 //! is the AMP weight layout of `e^T` for `V^T e^T` as it stands.
@@ -11,11 +11,15 @@
 //! are combined across workers in three launches:
 //! 1. each worker's maximum of every 4-column group over its rows (f16 lanes; max
 //!    is exact), into the state;
-//! 2. each worker takes the six maxima of a group, `C = -(M*scale)` per column
-//!    (one f32 rounding, as the row softmax), then its rows' exponentials with the
-//!    row softmax's pass-2 body ([`crate::softmax::pass2_group`], one `C` per lane)
-//!    and their f32 lane sums into the state; the worker with the last rows zeroes
-//!    the padding rows;
+//! 2. each worker takes the six maxima `M` of a group, then for each of its rows
+//!    five issues: `f16v4sub` (`x - M`), `f16v4mul` (by `scale` rounded to f16),
+//!    two `f16v2exp`, and `f16v4acc`, which adds the four `e` to f32 lane sums in
+//!    the worker's accumulators (the load of the next row and the store of `e`
+//!    ride in two of them); the sums go to the state by `f32v2gina`. The
+//!    argument is an f16, so `e` is within `2^-11 + 1.25 * 2^-10 |a|` (relative)
+//!    of `exp(a)`: the f32 argument and `f32exp` of the row softmax cost 16 issue
+//!    slots a row instead of 5. The worker with the last rows zeroes the padding
+//!    rows;
 //! 3. the groups split over the workers: the six partial sums added in worker
 //!    order, `1/sum` per column.
 //!
@@ -25,15 +29,10 @@
 use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, MReg, Word};
 use tessera_machine::Timing;
 
-use crate::asm::{Asm, MZ, a, int, inti, ld32, ld32m, m, setzi};
+use crate::asm::{Asm, a, int, inti, ld32, ld32m, m, setzi};
 use crate::contract::{Contract, Operand, Role};
-use crate::layernorm::{
-    SPLIT_SNIPPET_BYTES, bcast2, fbin, fun, simple_contract, split_snippet, to_f32,
-};
-use crate::softmax::{
-    AZ, D0, D1, End, Issue, NEG_SCALE, S1, S2, SC, W, X, add2, ai, bi, block, exp, ld64, mi,
-    mov_am, pass2_group,
-};
+use crate::layernorm::{SPLIT_SNIPPET_BYTES, bcast2, fbin, fun, simple_contract, split_snippet};
+use crate::softmax::{AZ, D0, D1, End, Issue, S1, S2, SC, W, X, add2, ai, bi, block, ld64, mi};
 use crate::{
     Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand, split,
@@ -55,7 +54,7 @@ pub struct SoftmaxCols {
 
 /// A worker record (words): its first row of block 0 in `in`, its rows, the
 /// group-offset table, its maxima, everyone's maxima, its sums, its padding rows,
-/// `scale`, `-scale`; launch 3: its first group's partial sums, its first `1/sum`,
+/// `scale` as f16 (low half), a spare word; launch 3: its first group's partial sums, its first `1/sum`,
 /// its groups; then its first row in `out`. Pointers into the state are offsets
 /// from the record.
 const STRIDE: u16 = 56;
@@ -72,9 +71,16 @@ const RD: MReg = MReg(9);
 const WR: MReg = MReg(10);
 const OFF: MReg = MReg(11);
 const BASE_OUT: MReg = MReg(0);
-/// Each lane's `C` (launch 2); `$m1`, the worker index, is free once the record
-/// pointer is known.
-const C: [MReg; 4] = [MReg(12), MReg(13), MReg(14), MReg(1)];
+
+// `$a` registers of launch 2 (pairs), besides `X` (the scores) and the sums.
+/// The arguments `(x - M) * scale` (f16).
+const ARG: u8 = D0;
+/// Their exponentials (f16).
+const E: u8 = W;
+/// `scale` rounded to f16, in all four lanes.
+const SCV: u8 = D1;
+/// The group's column maxima (f16).
+const MV: u8 = SC;
 
 /// `ld64step`/`st64step` increment down a column: one 32-byte row.
 const ROW_STEP: i8 = 4;
@@ -85,7 +91,7 @@ struct Tally {
     /// Launch 1: before the group loop, one group without its repeat, the end.
     max_setup: u64,
     max_group: u64,
-    /// Launch 2, the same; each row repeat body is `pass2_group`'s 12 issues.
+    /// Launch 2, the same; each row repeat body is [`ROW_ISSUES`] issues.
     exp_setup: u64,
     exp_group: u64,
     /// Launch 3: with groups, before the loop and one group; without, all.
@@ -96,6 +102,16 @@ struct Tally {
 }
 
 const EXIT_ISSUES: u64 = 1;
+/// Issues of launch 2's row body.
+const ROW_ISSUES: u64 = 5;
+
+fn max4(d: u8, x: u8, y: u8) -> Inst {
+    fbin(FBinOp::Max, FVec::F16V4, d, x, y)
+}
+
+fn exp16(d: u8, x: u8) -> Inst {
+    Inst::F16v2Exp { d: a(d), a: a(x) }
+}
 
 impl SoftmaxCols {
     pub const NAME: &'static str = "softmax_cols_f16";
@@ -206,9 +222,15 @@ impl SoftmaxCols {
                 mi(ld32m(SW, m(0), 5)),
                 mi(int(IntOp::Add, SW, SW, m(0))),
                 mi(ld32m(PADN, m(0), 6)),
-                mi(ld32(a(SC), m(0), 7)),
-                bi(ld32(a(NEG_SCALE), m(0), 8), bcast2(SC, SC)),
-                mi(setzi(GI, g4)),
+                mi(ld32(a(SCV), m(0), 7)),
+                bi(
+                    setzi(GI, g4),
+                    Inst::FBcast {
+                        vec: FVec::F16V4,
+                        d: a(SCV),
+                        a: a(SCV),
+                    },
+                ),
                 // Last: it overwrites the record pointer.
                 mi(ld32m(BASE_OUT, m(0), 12)),
             ],
@@ -220,68 +242,55 @@ impl SoftmaxCols {
         let mut head = group_start.to_vec();
         head.push(mi(int(IntOp::Add, WR, BASE_OUT, OFF)));
         // The column maxima over the six workers' (`g4` groups apart).
-        head.push(mi(ld64(S1, MX, 0)));
+        head.push(mi(ld64(MV, MX, 0)));
         head.push(mi(ld64(X, MX, g4 as u16)));
         for k in 2..WORKERS as u16 {
-            head.push(bi(
-                ld64(X, MX, k * g4 as u16),
-                fbin(FBinOp::Max, FVec::F16V4, S1, S1, X),
-            ));
+            head.push(bi(ld64(X, MX, k * g4 as u16), max4(MV, MV, X)));
         }
-        head.extend([
-            bi(
-                inti(IntOp::Add, MX, MX, 8),
-                fbin(FBinOp::Max, FVec::F16V4, S1, S1, X),
-            ),
-            ai(to_f32(D0, S1)),
-            ai(to_f32(D1, S1 + 1)),
-            ai(bcast2(W, NEG_SCALE)),
-            ai(fbin(FBinOp::Mul, FVec::F32V2, D0, D0, W)),
-            ai(fbin(FBinOp::Mul, FVec::F32V2, D1, D1, W)),
-        ]);
-        for (i, r) in [D0, D0 + 1, D1, D1 + 1].into_iter().enumerate() {
-            head.push(mi(Inst::MovMa { d: C[i], a: a(r) }));
-        }
-        // Group row 0: zero the sums, arm the arguments with `C`, convert and
-        // multiply in.
-        head.extend([
-            mi(step_ld(X)),
-            mi(mov_am(S1, MZ)),
-            mi(mov_am(S1 + 1, MZ)),
-            mi(mov_am(S2, MZ)),
-            mi(mov_am(S2 + 1, MZ)),
-            mi(mov_am(D0, C[0])),
-            mi(mov_am(D0 + 1, C[1])),
-            mi(mov_am(D1, C[2])),
-            bi(mov_am(D1 + 1, C[3]), to_f32(W, X)),
-            ai(crate::layernorm::fmac(FVec::F32V2, D0, W, SC)),
-            ai(to_f32(W, X + 1)),
-            ai(crate::layernorm::fmac(FVec::F32V2, D1, W, SC)),
-        ]);
+        head.push(bi(inti(IntOp::Add, MX, MX, 8), max4(MV, MV, X)));
+        head.push(mi(step_ld(X)));
         block(&mut s, &head, End::BeforeRpt);
-        repeat(&mut s, CNT, &pass2_group(step_ld(X), step_st(W), C, false));
-        // The last row's exponentials, sums, packing and store; the sums out; the
-        // padding rows zeroed (a repeat of none on all but the last worker).
+        // A row: its arguments `(x - M) * scale` in f16, their exponentials, the
+        // store and the f32 lane sums in the accumulators; the next row's load goes
+        // once the scores are read.
+        let sub = ai(fbin(FBinOp::Sub, FVec::F16V4, ARG, X, MV));
+        let mul = fbin(FBinOp::Mul, FVec::F16V4, ARG, ARG, SCV);
+        let acc = Inst::F16Acc {
+            a: a(E),
+            quad: false,
+        };
+        repeat(
+            &mut s,
+            CNT,
+            &[
+                sub,
+                bi(step_ld(X), mul),
+                ai(exp16(E, ARG)),
+                ai(exp16(E + 1, ARG + 1)),
+                bi(step_st(E), acc),
+            ],
+        );
+        // The last row without a load; the sums out of the accumulators (which
+        // leaves them zero for the next group); the padding rows zeroed (a repeat
+        // of none on all but the last worker).
         block(
             &mut s,
             &[
-                ai(exp(D0)),
-                ai(exp(D0 + 1)),
-                ai(exp(D1)),
-                ai(exp(D1 + 1)),
-                ai(add2(S1, D0)),
-                ai(crate::layernorm::to_f16(W, D0)),
-                ai(add2(S2, D1)),
+                sub,
+                ai(mul),
+                ai(exp16(E, ARG)),
+                bi(inti(IntOp::Sub, GI, GI, 1), exp16(E + 1, ARG + 1)),
+                bi(step_st(E), acc),
+                ai(Inst::F32v2Gina { d: a(S1) }),
+                ai(Inst::F32v2Gina { d: a(S2) }),
                 bi(
-                    inti(IntOp::Sub, GI, GI, 1),
-                    crate::layernorm::to_f16(W + 1, D1),
+                    Inst::St64 {
+                        s: a(S1),
+                        base: SW,
+                        imm: 0,
+                    },
+                    bcast2(X, AZ),
                 ),
-                bi(step_st(W), bcast2(X, AZ)),
-                mi(Inst::St64 {
-                    s: a(S1),
-                    base: SW,
-                    imm: 0,
-                }),
                 mi(Inst::St64 {
                     s: a(S2),
                     base: SW,
@@ -369,11 +378,13 @@ impl SoftmaxCols {
                 };
                 match launch {
                     0 => tl.max_setup + g4 * (tl.max_group + r).saturating_sub(3),
-                    1 => crate::issue_slots(
-                        t,
-                        tl.exp_setup + g4 * (tl.exp_group + 12 * r + pad).saturating_sub(25),
-                        4 * r * g4,
-                    ),
+                    // The emitted group holds the row body once and the padding
+                    // store once; the body runs r - 1 times, the store `pad`.
+                    1 => {
+                        tl.exp_setup
+                            + g4 * (tl.exp_group + ROW_ISSUES * r + pad)
+                                .saturating_sub(2 * ROW_ISSUES + 1)
+                    }
                     _ => match u64::from(sums[w].1) {
                         0 => tl.sum_idle,
                         c => crate::issue_slots(t, tl.sum_setup + c * tl.sum_group, 4 * c),
@@ -460,8 +471,8 @@ impl Kernel for SoftmaxCols {
                 .u32(maxes - record)
                 .u32(sums + w as u32 * g4 * 16 - record)
                 .u32(if last { self.rows - self.n } else { 0 })
-                .f32(self.scale * crate::mutation::factor("softmax"))
-                .f32(-self.scale * crate::mutation::factor("softmax"))
+                .u32(u32::from(self.scale16().to_bits()))
+                .u32(0)
                 .u32(sums + gi0 * 16 - record)
                 .u32(recip + gi0 * 16)
                 .u32(gn)
@@ -499,6 +510,13 @@ impl Kernel for SoftmaxCols {
 }
 
 impl SoftmaxCols {
+    /// `scale` as the kernel multiplies by it: rounded to f16 (a relative change of
+    /// at most 2^-12, a temperature the softmax cannot tell from its arguments'
+    /// own f16 rounding).
+    fn scale16(&self) -> half::f16 {
+        half::f16::from_f32(self.scale * crate::mutation::factor("softmax"))
+    }
+
     fn state_bytes(&self) -> u32 {
         let g4 = self.groups();
         u32::from(STRIDE) * WORKERS + (4 * g4).next_multiple_of(8) + 24 * WORKERS * g4
