@@ -7,12 +7,13 @@
 //! `add_bias` load one group ahead, with the first group peeled; `out` may be the same
 //! buffer as `a` (each group is stored after it is loaded), never a partial overlap.
 
-use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, Word};
+use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, MReg, Word};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
 use crate::contract::{Contract, MemClass, Operand, Role};
 use crate::layernorm::{fbin, ld64s, simple_contract, st64s, to_f16};
+use crate::softmax::{End, Issue, ai, bi, block, mi};
 use crate::{
     Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand, split,
@@ -417,7 +418,10 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
     let setup = if addends > 0 { 2 } else { 0 };
     // An addend is read like one more partial.
     let per_input = if wide(n) { 2 } else { 3 };
-    let per_octet = if unrolled(k, n) {
+    let pipelined = unrolled(k, n) && !norm;
+    let per_octet = if pipelined {
+        pipelined_octet_issues(k, addends)
+    } else if unrolled(k, n) {
         // The partials one issue each, without the rolled loop's pointer copy,
         // pointer step and `rpt`.
         k64 + 2 * b + 12
@@ -432,7 +436,10 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
             } else {
                 1
             };
-            8 + prologue + setup + u64::from(o) * (per_octet + 4 * scaled) + tail
+            // The pipelined loop's setup: the addends' addresses, the first load,
+            // the count, the `rpt`.
+            let pre = if pipelined && o > 0 { b + 3 } else { 0 };
+            8 + prologue + setup + pre + u64::from(o) * (per_octet + 4 * scaled) + tail
         }),
     )
 }
@@ -447,6 +454,76 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
         .enumerate()
         .map(|(w, (o0, o))| (o0, o, tail && w as u32 == WORKERS - 1))
         .collect()
+}
+
+/// The octet loop of an unrolled `reduce_add` (no `norm`), software-pipelined:
+/// each input's `{ ld128 ; f16v8acc }` loads the next one beside the previous
+/// one's accumulation, the addends' addresses and the next octet's first load are
+/// formed during the drain (four `f32v2gina`, four `f32v2tof16`, two stores), so
+/// an octet costs `k + b + 9` issues (`b` addends) against `k + 2b + 12` rolled
+/// the plain way. The last octet is peeled: it loads nothing past its own.
+/// Expects `$m8` = octets (at least one), `$m4` at partial 0 of the first octet,
+/// `$m3` at the output; leaves both past the last octet, as the rolled loop does.
+fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
+    let at = |j: u32| Inst::Ld128 {
+        d: a(0),
+        base: m(4),
+        imm: (j * n * 2 / 16) as u16,
+    };
+    let acc8 = Inst::F16Acc {
+        a: a(0),
+        quad: true,
+    };
+    let gina = |d| Inst::F32v2Gina { d: a(d) };
+    // An addend's address, then its octet, from its own register: `$m11`, `$m10`.
+    let addr = [m(11), m(10)];
+    let addr = &addr[..distances.len()];
+    let form = |i: usize| int(IntOp::Add, addr[i], m(4), distances[i]);
+    let mut pre: Vec<Issue> = (0..distances.len()).map(|i| mi(form(i))).collect();
+    pre.push(mi(at(0)));
+    pre.push(mi(inti(IntOp::Sub, m(8), m(8), 1)));
+    block(s, &pre, End::BeforeRpt);
+    let octet = |last: bool| -> Vec<Issue> {
+        let mut loads: Vec<Inst> = (1..k).map(at).collect();
+        loads.extend(addr.iter().map(|&r| Inst::Ld128 {
+            d: a(0),
+            base: r,
+            imm: 0,
+        }));
+        let mut v: Vec<Issue> = loads.into_iter().map(|l| bi(l, acc8)).collect();
+        v.push(bi(inti(IntOp::Add, m(4), m(4), 16), acc8));
+        // The drain; beside it the next octet's first load and addend addresses.
+        let mut beside: Vec<Inst> = Vec::new();
+        if !last {
+            beside.push(at(0));
+            beside.extend((0..addr.len()).map(form));
+        }
+        let mut beside = beside.into_iter();
+        let mut with = |aux: Inst, v: &mut Vec<Issue>| {
+            v.push(match beside.next() {
+                Some(main) => bi(main, aux),
+                None => ai(aux),
+            });
+        };
+        with(gina(4), &mut v);
+        with(gina(6), &mut v);
+        with(to_f16(10, 4), &mut v);
+        v.push(ai(to_f16(11, 6)));
+        v.push(bi(st64s(10, 3), gina(4)));
+        v.push(ai(gina(6)));
+        v.push(ai(to_f16(12, 4)));
+        v.push(ai(to_f16(13, 6)));
+        v.push(mi(st64s(12, 3)));
+        v
+    };
+    let body = octet(false);
+    s.rpt(m(8), |b| block(b, &body, End::Aligned));
+    block(s, &octet(true), End::Any);
+}
+
+/// The octet count of [`pipelined_octets`]'s body and its peeled last octet.
+fn pipelined_octet_issues(k: u32, addends: u8) -> u64 {
+    u64::from(k) + u64::from(addends) + 9
 }
 
 /// `reduce_add` worker code. The accumulators (`f16v8acc`, `f32v2gina`) widen and
@@ -547,82 +624,86 @@ fn reduce_code(code_base: u32, norm: Option<u32>, (k, n): (u32, u32), addends: u
         }
     };
     s.brz(m(8), tail);
-    s.bind(octet);
-    if unroll {
-        // Partial j's octet is `j` strides on: each load beside the previous
-        // partial's accumulation. (One word, then bundles: the loop starts where
-        // the rolled one does, so what follows stays aligned.)
-        let at = |j: u32| Inst::Ld128 {
-            d: a(0),
-            base: m(4),
-            imm: (j * n * 2 / 16) as u16,
-        };
-        s.i(at(0));
-        for j in 1..k {
-            s.b(at(j), acc8);
-        }
+    if unroll && norm.is_none() {
+        pipelined_octets(&mut s, k, n, distances);
     } else {
-        s.i(mov(m(5), m(4)));
-        if wide {
-            // Eight bytes like the two loads it replaces, so the bundles below stay
-            // aligned without padding issues.
-            s.b(ld128(), crate::asm::AUX_NOP);
-        } else {
-            s.i(ld(0, 0));
-            s.i(ld(2, 1));
-        }
-        s.i(int(IntOp::Add, m(5), m(5), m(6)));
-        // Each pass accumulates the previous partial while loading the next.
-        s.rpt(m(7), |b| {
-            if wide {
-                b.b(ld128(), acc8);
-                b.b(int(IntOp::Add, m(5), m(5), m(6)), crate::asm::AUX_NOP);
-            } else {
-                b.b(ld(0, 0), acc8);
-                b.i(ld(2, 1));
-                b.i(int(IntOp::Add, m(5), m(5), m(6)));
+        s.bind(octet);
+        if unroll {
+            // Partial j's octet is `j` strides on: each load beside the previous
+            // partial's accumulation. (One word, then bundles: the loop starts where
+            // the rolled one does, so what follows stays aligned.)
+            let at = |j: u32| Inst::Ld128 {
+                d: a(0),
+                base: m(4),
+                imm: (j * n * 2 / 16) as u16,
+            };
+            s.i(at(0));
+            for j in 1..k {
+                s.b(at(j), acc8);
             }
-        });
-    }
-    for &d in distances {
-        // The last partial (or addend) is accumulated while the next addend's
-        // address is formed; the addend then goes in as one more partial.
-        s.b(int(IntOp::Add, m(11), m(4), d), acc8);
-        if wide {
-            s.b(
-                Inst::Ld128 {
+        } else {
+            s.i(mov(m(5), m(4)));
+            if wide {
+                // Eight bytes like the two loads it replaces, so the bundles below stay
+                // aligned without padding issues.
+                s.b(ld128(), crate::asm::AUX_NOP);
+            } else {
+                s.i(ld(0, 0));
+                s.i(ld(2, 1));
+            }
+            s.i(int(IntOp::Add, m(5), m(5), m(6)));
+            // Each pass accumulates the previous partial while loading the next.
+            s.rpt(m(7), |b| {
+                if wide {
+                    b.b(ld128(), acc8);
+                    b.b(int(IntOp::Add, m(5), m(5), m(6)), crate::asm::AUX_NOP);
+                } else {
+                    b.b(ld(0, 0), acc8);
+                    b.i(ld(2, 1));
+                    b.i(int(IntOp::Add, m(5), m(5), m(6)));
+                }
+            });
+        }
+        for &d in distances {
+            // The last partial (or addend) is accumulated while the next addend's
+            // address is formed; the addend then goes in as one more partial.
+            s.b(int(IntOp::Add, m(11), m(4), d), acc8);
+            if wide {
+                s.b(
+                    Inst::Ld128 {
+                        d: a(0),
+                        base: m(11),
+                        imm: 0,
+                    },
+                    crate::asm::AUX_NOP,
+                );
+            } else {
+                s.i(Inst::Ld64 {
                     d: a(0),
                     base: m(11),
                     imm: 0,
-                },
-                crate::asm::AUX_NOP,
-            );
-        } else {
-            s.i(Inst::Ld64 {
-                d: a(0),
-                base: m(11),
-                imm: 0,
-            });
-            s.i(Inst::Ld64 {
-                d: a(2),
-                base: m(11),
-                imm: 1,
-            });
+                });
+                s.i(Inst::Ld64 {
+                    d: a(2),
+                    base: m(11),
+                    imm: 1,
+                });
+            }
         }
+        s.b(inti(IntOp::Add, m(4), m(4), 16), acc8);
+        s.b(inti(IntOp::Sub, m(8), m(8), 1), gina(4));
+        s.i(gina(6));
+        scale(&mut s);
+        s.i(to_f16(0, 4));
+        s.i(to_f16(1, 6));
+        s.b(st64s(0, 3), gina(4));
+        s.i(gina(6));
+        scale(&mut s);
+        s.i(to_f16(2, 4));
+        s.i(to_f16(3, 6));
+        s.i(st64s(2, 3));
+        s.brnz(m(8), octet);
     }
-    s.b(inti(IntOp::Add, m(4), m(4), 16), acc8);
-    s.b(inti(IntOp::Sub, m(8), m(8), 1), gina(4));
-    s.i(gina(6));
-    scale(&mut s);
-    s.i(to_f16(0, 4));
-    s.i(to_f16(1, 6));
-    s.b(st64s(0, 3), gina(4));
-    s.i(gina(6));
-    scale(&mut s);
-    s.i(to_f16(2, 4));
-    s.i(to_f16(3, 6));
-    s.i(st64s(2, 3));
-    s.brnz(m(8), octet);
     s.bind(tail);
     s.brz(m(9), done);
     s.i(mov(m(5), m(4)));
