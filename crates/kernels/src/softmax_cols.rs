@@ -380,10 +380,12 @@ impl SoftmaxCols {
                     0 => tl.max_setup + g4 * (tl.max_group + r).saturating_sub(3),
                     // The emitted group holds the row body once and the padding
                     // store once; the body runs r - 1 times, the store `pad`.
+                    // Two `f16v2exp` a row, each holding its slot `f16_exp_issues`.
                     1 => {
                         tl.exp_setup
                             + g4 * (tl.exp_group + ROW_ISSUES * r + pad)
                                 .saturating_sub(2 * ROW_ISSUES + 1)
+                            + g4 * 2 * r * u64::from(t.f16_exp_issues.saturating_sub(1))
                     }
                     _ => match u64::from(sums[w].1) {
                         0 => tl.sum_idle,

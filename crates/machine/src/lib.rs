@@ -147,6 +147,9 @@ pub struct Timing {
     /// Issue slots taken by an f32 tanh (`f16v2tanh` takes one).
     #[serde(default = "default_tanh_issues")]
     pub f32_tanh_issues: u32,
+    /// Issue slots taken by an `f16v2exp` (both lanes).
+    #[serde(default = "default_f16_exp_issues")]
+    pub f16_exp_issues: u32,
     /// Fixed cycles of one chip-wide host transfer phase, on top of the link time.
     #[serde(default = "default_host_transfer_overhead")]
     pub host_transfer_overhead_cycles: u32,
@@ -154,6 +157,10 @@ pub struct Timing {
 
 fn default_tanh_issues() -> u32 {
     5
+}
+
+fn default_f16_exp_issues() -> u32 {
+    1
 }
 
 fn default_supervisor_latency() -> u32 {
@@ -273,6 +280,7 @@ impl Machine {
                 supervisor_result_latency: default_supervisor_latency(),
                 f32_transcendental_issues: default_transcendental_issues(),
                 f32_tanh_issues: default_tanh_issues(),
+                f16_exp_issues: default_f16_exp_issues(),
                 host_transfer_overhead_cycles: default_host_transfer_overhead(),
             },
         }
@@ -377,6 +385,7 @@ impl Machine {
             1..=64,
         )?;
         field("timing.f32_tanh_issues", t.f32_tanh_issues.into(), 1..=64)?;
+        field("timing.f16_exp_issues", t.f16_exp_issues.into(), 1..=64)?;
         field(
             "timing.host_transfer_overhead_cycles",
             t.host_transfer_overhead_cycles.into(),
@@ -582,6 +591,7 @@ mod tests {
                     && !l.starts_with("host_transfer_overhead_cycles")
                     && !l.starts_with("supervisor_result_latency")
                     && !l.starts_with("f32_tanh_issues")
+                    && !l.starts_with("f16_exp_issues")
             })
             .collect::<Vec<_>>()
             .join("\n");
@@ -644,6 +654,9 @@ mod tests {
             }),
             ("timing.f32_tanh_issues", "0", |m| {
                 m.timing.f32_tanh_issues = 0
+            }),
+            ("timing.f16_exp_issues", "0", |m| {
+                m.timing.f16_exp_issues = 0
             }),
             ("timing.host_transfer_overhead_cycles", "4000000000", |m| {
                 m.timing.host_transfer_overhead_cycles = 4_000_000_000

@@ -64,6 +64,7 @@ pub(crate) struct Env {
     pub transcendental_issues: u64,
     /// Issue slots of an `f32tanh`.
     pub tanh_issues: u64,
+    pub f16_exp_issues: u64,
     pub rpt_max: u32,
     pub budget: u64,
 }
@@ -1035,6 +1036,7 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             let x = ar(ctx, a);
             let lo = fp::f32_to_f16(fp::h(x).exp());
             let hi = fp::f32_to_f16(fp::h(x >> 16).exp());
+            ctx.clock += env.interval * env.f16_exp_issues.saturating_sub(1);
             one(d, u32::from(lo) | (u32::from(hi) << 16))
         }
         Inst::F16Acc { a, quad } => {

@@ -430,6 +430,7 @@ impl Simulator {
             amp_extra: amp_extra_cycles(&self.machine),
             transcendental_issues: u64::from(self.machine.timing.f32_transcendental_issues),
             tanh_issues: u64::from(self.machine.timing.f32_tanh_issues),
+            f16_exp_issues: u64::from(self.machine.timing.f16_exp_issues),
             rpt_max: self.machine.rpt_max_count,
             budget: opts.cycle_budget,
         }

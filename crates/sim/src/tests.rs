@@ -65,6 +65,15 @@ fn exec_with<const SUP: bool>(
     words: &[Word],
     init: impl FnOnce(&mut Ctx, &mut Shared, &Layout),
 ) -> Run {
+    exec_env::<SUP>(words, init, |_| {})
+}
+
+/// [`exec_with`] with the timing of the run changed by `tweak`.
+fn exec_env<const SUP: bool>(
+    words: &[Word],
+    init: impl FnOnce(&mut Ctx, &mut Shared, &Layout),
+    tweak: impl FnOnce(&mut Env),
+) -> Run {
     let machine = Machine::c600();
     let layout = Layout::new(&machine);
     let mut code: Vec<Word> = words.to_vec();
@@ -111,16 +120,18 @@ fn exec_with<const SUP: bool>(
         ..Ctx::default()
     };
     init(&mut ctx, &mut sh, &layout);
-    let env = Env {
+    let mut env = Env {
         layout: layout.clone(),
         interval: 6,
         latency: 6,
         amp_extra: 0,
         transcendental_issues: 2,
         tanh_issues: 5,
+        f16_exp_issues: 1,
         rpt_max: machine.rpt_max_count,
         budget: 1_000_000,
     };
+    tweak(&mut env);
     let mut amp = Amp::default();
     let stop = loop {
         match interp::run::<SUP>(&mut sh, &mut ctx, &mut amp, &env) {
@@ -558,6 +569,17 @@ fn exp_f16v2() {
     );
     r.ok();
     assert_eq!(r.a(1), 0x4a17_7c00);
+    // `f16_exp_issues` holds the slot: three issues and the exit.
+    let r = exec_env::<false>(
+        &[s(Inst::F16v2Exp {
+            d: AReg(1),
+            a: AReg(0),
+        })],
+        |_, _, _| {},
+        |e| e.f16_exp_issues = 3,
+    );
+    r.ok();
+    assert_eq!(r.ctx.clock, 24);
 }
 
 #[test]

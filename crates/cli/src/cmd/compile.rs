@@ -1323,6 +1323,7 @@ const ASSUMPTIONS: &[Assumption] = assumptions!(
     supervisor_result_latency,
     f32_transcendental_issues,
     f32_tanh_issues,
+    f16_exp_issues,
     host_transfer_overhead_cycles,
     sync_cycles,
     exchange_overhead_cycles,
