@@ -26,6 +26,7 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(Softmax::with_ld(16, 729, 736, 0.125).with_recip()),
         Box::new(Softmax::with_ld(32, 729, 736, 0.125).with_blocked()),
         Box::new(ScaleRows::new(16, 5)),
+        Box::new(ScaleCols::new(80, 2)),
         Box::new(ZeroFill::new(5, 224, 1472)),
         Box::new(ZeroFill::new(1, 8, 8)),
         Box::new(BlocksToRows::new(32, 46)),

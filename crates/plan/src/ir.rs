@@ -9,8 +9,8 @@ use std::fmt;
 use serde::Serialize;
 use tessera_kernels::{
     Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, Contract, ExpShift, Gelu, Kernel,
-    LayerNorm, MemClass, Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleRows, Softmax, SoftmaxCols,
-    TransposeBlocks, ZeroFill,
+    LayerNorm, MemClass, Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax,
+    SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -83,6 +83,7 @@ pub enum KernelKind {
     ColExpShift(ColExpShift),
     ReduceNorm(ReduceNorm),
     ScaleRows(ScaleRows),
+    ScaleCols(ScaleCols),
     SoftmaxCols(SoftmaxCols),
 }
 
@@ -106,6 +107,7 @@ impl KernelKind {
             KernelKind::ColExpShift(k) => k,
             KernelKind::ReduceNorm(k) => k,
             KernelKind::ScaleRows(k) => k,
+            KernelKind::ScaleCols(k) => k,
             KernelKind::SoftmaxCols(k) => k,
         }
     }
@@ -142,6 +144,7 @@ kernel_kind_from!(
     ColExpShift => ColExpShift,
     ReduceNorm => ReduceNorm,
     ScaleRows => ScaleRows,
+    ScaleCols => ScaleCols,
     SoftmaxCols => SoftmaxCols,
 );
 

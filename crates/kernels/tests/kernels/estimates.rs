@@ -2,8 +2,8 @@
 
 use tessera_kernels::{
     Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, ExpShift, Gelu, Kernel, LayerNorm,
-    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleRows, Softmax, SoftmaxCols, TransposeBlocks,
-    ZeroFill,
+    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax, SoftmaxCols,
+    TransposeBlocks, ZeroFill,
 };
 
 use crate::harness::{layout, run};
@@ -156,6 +156,9 @@ fn estimates_track_simulation() {
     }
     for (r, nb) in [(1, 1), (5, 2), (16, 5), (32, 5), (7, 46)] {
         check_exact(&ScaleRows::new(r, nb));
+    }
+    for (r, nb) in [(1, 1), (5, 2), (13, 3), (80, 1), (80, 2)] {
+        check_exact(&ScaleCols::new(r, nb));
     }
     for (blocks, rows, n) in [(1, 736, 729), (2, 736, 729), (1, 12, 12), (3, 40, 13)] {
         check_exact(&SoftmaxCols::new(blocks, rows, n, 0.125));

@@ -9,6 +9,7 @@ mod layernorm;
 mod layouts;
 mod matmul;
 mod rearrange;
+mod scale_cols;
 mod scale_rows;
 mod softmax;
 mod softmax_cols;

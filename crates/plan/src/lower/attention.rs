@@ -36,7 +36,7 @@
 //! divides by the summed denominators (`row_max`, `exp_shift`, `reduce_norm`).
 
 use tessera_kernels::{
-    AmpMatmul, BlocksToRows, ExpShift, Kernel, Rearrange, ReduceNorm, RowMax, ScaleRows, Softmax,
+    AmpMatmul, BlocksToRows, ExpShift, Kernel, Rearrange, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax,
     SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
@@ -552,6 +552,9 @@ struct ColWork {
     vt: BufId,
     /// `(e V)^T = V^T e^T`, `[nbq][kc 16][16]`.
     ctxt: BufId,
+    /// `ctxt` with each query's column scaled by its `1/sum` (`scale_cols` reads
+    /// and writes different memory elements).
+    ctxs: BufId,
     /// The context, `[kc][16 nbq][16]`.
     ctx: BufId,
 }
@@ -600,6 +603,7 @@ fn transposed(
                 recip: blk("recip", nbq * 64),
                 vt: blk("vt", tp * op.dp * 2),
                 ctxt: blk("ctx.t", nbq * op.dp * 32),
+                ctxs: blk("ctx.ts", nbq * op.dp * 32),
                 ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
             });
         }
@@ -706,8 +710,8 @@ fn transposed(
     }
     lw.exchange(&format!("{name}.vt"), copies);
 
-    // `(e V)^T = V^T e^T`, back to the context's layout, each query row scaled by
-    // its `1/sum`.
+    // `(e V)^T = V^T e^T`, each query's column scaled by its `1/sum`, back to the
+    // context's layout.
     let step = lw.compute_step();
     let mut out = Vec::new();
     for w in &work {
@@ -724,14 +728,14 @@ fn transposed(
         lw.call(
             w.s.tile,
             step,
-            TransposeBlocks::new(w.nbq, kc),
-            &[("in", at(w.ctxt)), ("out", at(w.ctx))],
+            ScaleCols::new(kc * AMP_WIDTH, w.nbq),
+            &[("in", at(w.ctxt)), ("out", at(w.ctxs)), ("f", at(w.recip))],
         );
         lw.call(
             w.s.tile,
             step,
-            ScaleRows::new(w.nbq * AMP_WIDTH, kc),
-            &[("x", at(w.ctx)), ("f", at(w.recip))],
+            TransposeBlocks::new(w.nbq, kc),
+            &[("in", at(w.ctxs)), ("out", at(w.ctx))],
         );
         let r = w.s.b * op.tq + w.s.r0;
         for c in 0..kc {
