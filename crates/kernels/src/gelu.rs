@@ -24,6 +24,7 @@ use tessera_machine::Timing;
 use crate::asm::{Asm, a, inti, ld32, ld32m, m};
 use crate::contract::{Contract, Operand, Role};
 use crate::layernorm::{fbin, fmac, ld64s, simple_contract, st64s};
+use crate::softmax::{End, ai, bi, block, mi};
 use crate::{
     Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand, split,
@@ -36,15 +37,17 @@ pub struct Gelu {
     pub n: u32,
 }
 
-/// A worker record: `in`, `out`, groups, then `c1`, `c2` and 0.5 as f16 in the low
+/// A worker record: `in`, `out`, groups, then `c1` as f16 in both halves of a word
+/// (moved into the accumulator pair as it stands), `c2` and 0.5 as f16 in the low
 /// half of a word each (broadcast to four lanes by the worker).
 const STRIDE: u16 = 32;
-/// Issues of a worker with at least one group, beyond the repeat body: 13 before it
-/// (the loads with group 0's head beside them, and the `rpt`), 4 after it (the last
-/// group's tail and store) and the `exit`.
+/// Issues of a worker with at least one group, beyond the repeat body: 12 before it
+/// (the record, the loads with group 0's head beside them, and the `rpt`), 4 after
+/// it (the last group's tail and store) and the `exit`.
 const FIXED_ISSUES: u64 = 18;
-/// Issues per group of four elements (the repeat body).
-const ISSUES_PER_GROUP: u64 = 8;
+/// Issues per group of four elements (the repeat body): its seven aux
+/// instructions, the load, the store and the two moves that re-arm `c1` beside them.
+const ISSUES_PER_GROUP: u64 = 7;
 
 impl Gelu {
     pub const NAME: &'static str = "gelu";
@@ -59,17 +62,13 @@ impl Gelu {
         (half::f16::from_f64(c1), half::f16::from_f64(c1 * 0.044715))
     }
 
-    /// First half of the group in `$a0:1`: `a = x^2`, `d = c1`, `d += a c2`,
-    /// `u = d x` (in `$a4:5`), `h = x/2` (in `$a6:7`).
-    fn head() -> [Inst; 5] {
+    /// First half of the group in `$a0:1`, with `d = c1` already in `$a4:5` (two
+    /// main-pipe moves from `$m5`): `a = x^2`, `d += a c2`, `u = d x` (in `$a4:5`),
+    /// `h = x/2` (in `$a6:7`).
+    fn head() -> [Inst; 4] {
         const V: FVec = FVec::F16V4;
         [
             fbin(FBinOp::Mul, V, 2, 0, 0),
-            Inst::FMov {
-                d: a(4),
-                a: a(8),
-                pair: true,
-            },
             fmac(V, 4, 2, 10),
             fbin(FBinOp::Mul, V, 4, 4, 0),
             fbin(FBinOp::Mul, V, 6, 0, 12),
@@ -81,17 +80,6 @@ impl Gelu {
     fn tail() -> [Inst; 3] {
         let tanh = |r: u8| Inst::F16v2Tanh { d: a(r), a: a(r) };
         [tanh(4), tanh(5), fmac(FVec::F16V4, 6, 6, 4)]
-    }
-}
-
-/// The aux instructions in order, the first ones sharing their issues with `mains`.
-fn paired(s: &mut Asm, mains: &[Inst], aux: &[Inst]) {
-    assert!(mains.len() <= aux.len());
-    for (i, &x) in aux.iter().enumerate() {
-        match mains.get(i) {
-            Some(&main) => s.b(main, x),
-            None => s.i(x),
-        }
     }
 }
 
@@ -121,29 +109,51 @@ impl Kernel for Gelu {
         };
         let mut s = Asm::new(code_base);
         let done = s.label();
-        // Hand-scheduled so that each loaded value is read no earlier than the next
-        // issue, group 0's head fills the aux slots beside the loads, and the `rpt`
-        // lands where its body is 8-byte aligned without a padding `nop`. Constants:
-        // c1 in $a8:9, c2 in $a10:11, 0.5 in $a12:13, each through $a14.
+        // Each loaded value is read no earlier than the next issue; in a bundle
+        // the aux instruction reads its registers before the main one writes.
+        // Constants: c2 in $a10:11 and 0.5 in $a12:13 (each through $a14), c1's
+        // pair pattern in $m5.
+        let c1 = m(5);
+        let mov_c1 = |r: u8| Inst::MovAm { d: a(r), a: c1 };
         s.i(ld32m(m(4), m(0), 2)); // groups
         s.i(ld32m(m(2), m(0), 0)); // x
-        s.i(ld32(a(14), m(0), 3));
+        s.i(ld32m(c1, m(0), 3));
+        s.i(ld32(a(14), m(0), 4));
         s.brz(m(4), done);
-        let head = Self::head();
-        s.b(ld64s(0, 2), bcast(8));
-        s.b(ld32(a(14), m(0), 4), head[0]);
-        s.b(ld32(a(14), m(0), 5), bcast(10));
-        s.b(ld32m(m(3), m(0), 1), bcast(12)); // y
-        s.b(inti(IntOp::Sub, m(4), m(4), 1), head[1]);
-        paired(&mut s, &[], &head[2..]);
-        s.rpt(m(4), |b| {
-            // Group j's load lands after group j-1's last read of `$a0:1`, and the
-            // store of y(j-1) precedes the `h` of group j that overwrites `$a6:7`.
-            paired(b, &[ld64s(0, 2)], &Self::tail());
-            paired(b, &[st64s(6, 3)], &head);
-        });
-        paired(&mut s, &[], &Self::tail());
-        s.i(st64s(6, 3));
+        let [sq, mac, mul_u, mul_h] = Self::head();
+        let [tanh_lo, tanh_hi, mac_y] = Self::tail();
+        block(
+            &mut s,
+            &[
+                mi(ld64s(0, 2)),
+                bi(ld32(a(14), m(0), 5), bcast(10)),
+                bi(mov_c1(4), sq),
+                bi(mov_c1(5), bcast(12)),
+                bi(ld32m(m(3), m(0), 1), mac), // y
+                bi(inti(IntOp::Sub, m(4), m(4), 1), mul_u),
+                ai(mul_h),
+            ],
+            End::BeforeRpt,
+        );
+        // Group j's load lands after group j-1's last read of `$a0:1`; `c1` goes
+        // back into `$a4:5` once the tail has read `t` from it (the `mac` beside
+        // the second move reads the old `$a5`); the store of y(j-1) precedes the
+        // `h` of group j that overwrites `$a6:7`.
+        let body = [
+            bi(ld64s(0, 2), tanh_lo),
+            ai(tanh_hi),
+            bi(mov_c1(5), mac_y),
+            bi(mov_c1(4), sq),
+            bi(st64s(6, 3), mac),
+            ai(mul_u),
+            ai(mul_h),
+        ];
+        s.rpt(m(4), |b| block(b, &body, End::Aligned));
+        block(
+            &mut s,
+            &[ai(tanh_lo), ai(tanh_hi), ai(mac_y), mi(st64s(6, 3))],
+            End::Any,
+        );
         s.bind(done);
         s.i(Inst::Exit);
         Ok(KernelCode {
@@ -176,8 +186,12 @@ impl Kernel for Gelu {
         let half = half::f16::from_f32(0.5);
         let mut buf = StateBuf::default();
         for (i, (g0, g)) in split(self.n / 4).into_iter().enumerate() {
-            buf.u32(inp + g0 * 8).u32(out + g0 * 8).u32(g);
-            for c in [c1, c2, half] {
+            let c1 = u32::from(c1.to_bits());
+            buf.u32(inp + g0 * 8)
+                .u32(out + g0 * 8)
+                .u32(g)
+                .u32(c1 | c1 << 16);
+            for c in [c2, half] {
                 buf.u32(c.to_bits().into());
             }
             buf.pad_to((i + 1) * usize::from(STRIDE));

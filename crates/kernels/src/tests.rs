@@ -306,3 +306,10 @@ fn block_transpose_needs_no_padding_nop() {
         assert_no_padding_nop(&TransposeBlocks::new(kc, tb));
     }
 }
+
+#[test]
+fn gelu_needs_no_padding_nop() {
+    for n in [4, 96, 4304] {
+        assert_no_padding_nop(&Gelu::new(n));
+    }
+}

@@ -36,8 +36,8 @@
 //! divides by the summed denominators (`row_max`, `exp_shift`, `reduce_norm`).
 
 use tessera_kernels::{
-    AmpMatmul, BlocksToRows, ExpShift, Kernel, Rearrange, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax,
-    SoftmaxCols, TransposeBlocks, ZeroFill,
+    AmpMatmul, BlocksToRows, ExpShift, Kernel, Rearrange, ReduceNorm, RowMax, ScaleCols, ScaleRows,
+    Softmax, SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
 use crate::PlanError;
