@@ -521,7 +521,7 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
     block(s, &octet(true), End::Any);
 }
 
-/// The octet count of [`pipelined_octets`]'s body and its peeled last octet.
+/// Issues of one octet of [`pipelined_octets`], in its repeat body and peeled alike.
 fn pipelined_octet_issues(k: u32, addends: u8) -> u64 {
     u64::from(k) + u64::from(addends) + 9
 }

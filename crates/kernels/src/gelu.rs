@@ -41,7 +41,7 @@ pub struct Gelu {
 /// (moved into the accumulator pair as it stands), `c2` and 0.5 as f16 in the low
 /// half of a word each (broadcast to four lanes by the worker).
 const STRIDE: u16 = 32;
-/// Issues of a worker with at least one group, beyond the repeat body: 12 before it
+/// Issues of a worker with at least one group, beyond the repeat body: 13 before it
 /// (the record, the loads with group 0's head beside them, and the `rpt`), 4 after
 /// it (the last group's tail and store) and the `exit`.
 const FIXED_ISSUES: u64 = 18;

@@ -156,16 +156,10 @@ impl Kernel for ScaleCols {
 
     fn validate(&self) -> Result<(), KernelError> {
         let name = self.symbol();
-        if self.rows == 0 || self.nb == 0 {
-            return Err(invalid(&name, "rows and nb must be positive"));
-        }
         if self.rows > RPT_MAX {
             return Err(invalid(&name, "more than 4095 rows"));
         }
-        if u64::from(self.rows) * u64::from(self.nb) * 32 >= 1 << 20 {
-            return Err(invalid(&name, "operand larger than tile memory"));
-        }
-        Ok(())
+        crate::scale_rows::check_blocks(&name, self.rows, self.nb)
     }
 
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {

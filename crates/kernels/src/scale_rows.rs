@@ -97,6 +97,18 @@ impl ScaleRows {
     }
 }
 
+/// The checks a `[nb][rows][16]` f16 operand shares in the row and column scalings:
+/// some rows and blocks, and less than the tile's memory.
+pub(crate) fn check_blocks(name: &str, rows: u32, nb: u32) -> Result<(), KernelError> {
+    if rows == 0 || nb == 0 {
+        return Err(invalid(name, "rows and nb must be positive"));
+    }
+    if u64::from(rows) * u64::from(nb) * 32 >= 1 << 20 {
+        return Err(invalid(name, "operand larger than tile memory"));
+    }
+    Ok(())
+}
+
 impl Kernel for ScaleRows {
     fn symbol(&self) -> String {
         format!("{}_r{}_nb{}", Self::NAME, self.rows, self.nb)
@@ -104,16 +116,10 @@ impl Kernel for ScaleRows {
 
     fn validate(&self) -> Result<(), KernelError> {
         let name = self.symbol();
-        if self.rows == 0 || self.nb == 0 {
-            return Err(invalid(&name, "rows and nb must be positive"));
-        }
         if self.nb > RPT_MAX {
             return Err(invalid(&name, "more than 4095 blocks"));
         }
-        if u64::from(self.rows) * u64::from(self.nb) * 32 >= 1 << 20 {
-            return Err(invalid(&name, "operand larger than tile memory"));
-        }
-        Ok(())
+        check_blocks(&name, self.rows, self.nb)
     }
 
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {

@@ -266,8 +266,8 @@ pub(crate) fn mul2(d: u8, x: u8) -> Inst {
 /// `masked`): `ld` loads the group's four scores into `X`; the previous group's
 /// arguments (in `D0`, `D1`) are exponentiated, added to the lane sums (`S1` lanes
 /// 0-1, `S2` lanes 2-3), packed into `W` and stored by `st`; the argument pairs are
-/// re-armed with `C` from `c` (one `$m` register per lane: the row softmax passes its
-/// one `C` four times, the column softmax each column's own) and the new group is
+/// re-armed with `C` from `c` (one `$m` register per lane; the row softmax passes its
+/// one `C` four times) and the new group is
 /// converted and multiplied in (`D = C + x * scale`). With `masked`, the mask is
 /// loaded into `W` (free between the last conversion and the packing) and applied
 /// before the conversion.

@@ -16,7 +16,8 @@
 //!   columns (`softmax_cols`: the exponentials in place, each query's `1/sum`);
 //! - exchange: `V^T` to every row tile of the pair;
 //! - compute: `(e V)^T = V^T e^T` (`e^T` is the AMP weight layout as it stands),
-//!   transposed back to the context's layout, each query row scaled by its `1/sum`.
+//!   each query's column scaled by its `1/sum` (`scale_cols`), transposed back to
+//!   the context's layout.
 //!
 //! The row path (`Q K^T`, the keys transposed by the transposers, the row softmax
 //! on the AMP's block layout, `e V`) is taken under 12 keys, where the column
