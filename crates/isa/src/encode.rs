@@ -1162,13 +1162,17 @@ mod tests {
             decode_word(&(0x0b10_0000u32).to_le_bytes()),
             Err(DecodeError::Field { .. })
         ));
-        // The last free `FUnOp` code, and f16v2tanh with an operand bit set.
+        // The last free `FUnOp` code, and f16v2tanh and f16v2exp with an operand bit set.
         assert!(matches!(
             decode_word(&(0x4201_0007u32).to_le_bytes()),
             Err(DecodeError::ReservedBits { .. })
         ));
         assert!(matches!(
             decode_word(&(0x4923_0001u32).to_le_bytes()),
+            Err(DecodeError::ReservedBits { .. })
+        ));
+        assert!(matches!(
+            decode_word(&(0x4d10_0001u32).to_le_bytes()),
             Err(DecodeError::ReservedBits { .. })
         ));
     }

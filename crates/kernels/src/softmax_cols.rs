@@ -54,7 +54,7 @@ pub struct SoftmaxCols {
 
 /// A worker record (words): its first row of block 0 in `in`, its rows, the
 /// group-offset table, its maxima, everyone's maxima, its sums, its padding rows,
-/// `scale` as f16 (low half), a spare word; launch 3: its first group's partial sums, its first `1/sum`,
+/// `scale` as f16 (low half); launch 3: its first group's partial sums, its first `1/sum`,
 /// its groups; then its first row in `out`. Pointers into the state are offsets
 /// from the record.
 const STRIDE: u16 = 56;
@@ -91,9 +91,10 @@ struct Tally {
     /// Launch 1: before the group loop, one group without its repeat, the end.
     max_setup: u64,
     max_group: u64,
-    /// Launch 2, the same; each row repeat body is [`ROW_ISSUES`] issues.
+    /// Launch 2, the same, and the issues of its row repeat body.
     exp_setup: u64,
     exp_group: u64,
+    exp_row: u64,
     /// Launch 3: with groups, before the loop and one group; without, all.
     sum_setup: u64,
     sum_group: u64,
@@ -102,8 +103,6 @@ struct Tally {
 }
 
 const EXIT_ISSUES: u64 = 1;
-/// Issues of launch 2's row body.
-const ROW_ISSUES: u64 = 5;
 
 fn max4(d: u8, x: u8, y: u8) -> Inst {
     fbin(FBinOp::Max, FVec::F16V4, d, x, y)
@@ -232,7 +231,7 @@ impl SoftmaxCols {
                     },
                 ),
                 // Last: it overwrites the record pointer.
-                mi(ld32m(BASE_OUT, m(0), 12)),
+                mi(ld32m(BASE_OUT, m(0), 11)),
             ],
             End::Any,
         );
@@ -259,17 +258,15 @@ impl SoftmaxCols {
             a: a(E),
             quad: false,
         };
-        repeat(
-            &mut s,
-            CNT,
-            &[
-                sub,
-                bi(step_ld(X), mul),
-                ai(exp16(E, ARG)),
-                ai(exp16(E + 1, ARG + 1)),
-                bi(step_st(E), acc),
-            ],
-        );
+        let row = [
+            sub,
+            bi(step_ld(X), mul),
+            ai(exp16(E, ARG)),
+            ai(exp16(E + 1, ARG + 1)),
+            bi(step_st(E), acc),
+        ];
+        t.exp_row = row.len() as u64;
+        repeat(&mut s, CNT, &row);
         // The last row without a load; the sums out of the accumulators (which
         // leaves them zero for the next group); the padding rows zeroed (a repeat
         // of none on all but the last worker).
@@ -311,15 +308,15 @@ impl SoftmaxCols {
         let n0 = s.len();
         let done = s.label();
         let (sp, rp) = (MReg(2), MReg(3));
-        s.i(ld32m(CNT, m(0), 11));
+        s.i(ld32m(CNT, m(0), 10));
         s.brz(CNT, done);
         t.sum_idle = (s.len() - n0) as u64 + EXIT_ISSUES;
         block(
             &mut s,
             &[
-                mi(ld32m(sp, m(0), 9)),
+                mi(ld32m(sp, m(0), 8)),
                 mi(int(IntOp::Add, sp, sp, m(0))),
-                mi(ld32m(rp, m(0), 10)),
+                mi(ld32m(rp, m(0), 9)),
             ],
             End::BeforeRpt,
         );
@@ -383,8 +380,8 @@ impl SoftmaxCols {
                     // Two `f16v2exp` a row, each holding its slot `f16_exp_issues`.
                     1 => {
                         tl.exp_setup
-                            + g4 * (tl.exp_group + ROW_ISSUES * r + pad)
-                                .saturating_sub(2 * ROW_ISSUES + 1)
+                            + g4 * (tl.exp_group + tl.exp_row * r + pad)
+                                .saturating_sub(2 * tl.exp_row + 1)
                             + g4 * 2 * r * u64::from(t.f16_exp_issues.saturating_sub(1))
                     }
                     _ => match u64::from(sums[w].1) {
@@ -474,7 +471,6 @@ impl Kernel for SoftmaxCols {
                 .u32(sums + w as u32 * g4 * 16 - record)
                 .u32(if last { self.rows - self.n } else { 0 })
                 .u32(u32::from(self.scale16().to_bits()))
-                .u32(0)
                 .u32(sums + gi0 * 16 - record)
                 .u32(recip + gi0 * 16)
                 .u32(gn)

@@ -900,6 +900,13 @@ fn fmac(ctx: &Ctx, vec: FVec, d: AReg, a: AReg, b: AReg) -> AuxOut {
     }
 }
 
+/// `f` of both f16 lanes of `x`, each widened to f32 and the result rounded to f16.
+fn f16v2_map(x: u32, f: fn(f32) -> f32) -> u32 {
+    let lo = fp::f32_to_f16(f(fp::h(x)));
+    let hi = fp::f32_to_f16(f(fp::h(x >> 16)));
+    u32::from(lo) | (u32::from(hi) << 16)
+}
+
 /// One AMP step (docs/isa.md, "AMP"): returns the previous row's output quarter as
 /// four f16 lanes and accumulates 64 products plus four partials.
 #[inline(always)]
@@ -1026,18 +1033,10 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             ctx.clock += env.interval * issues.saturating_sub(1);
             one(d, r.to_bits())
         }
-        Inst::F16v2Tanh { d, a } => {
-            let x = ar(ctx, a);
-            let lo = fp::f32_to_f16(fp::h(x).tanh());
-            let hi = fp::f32_to_f16(fp::h(x >> 16).tanh());
-            one(d, u32::from(lo) | (u32::from(hi) << 16))
-        }
+        Inst::F16v2Tanh { d, a } => one(d, f16v2_map(ar(ctx, a), f32::tanh)),
         Inst::F16v2Exp { d, a } => {
-            let x = ar(ctx, a);
-            let lo = fp::f32_to_f16(fp::h(x).exp());
-            let hi = fp::f32_to_f16(fp::h(x >> 16).exp());
             ctx.clock += env.interval * env.f16_exp_issues.saturating_sub(1);
-            one(d, u32::from(lo) | (u32::from(hi) << 16))
+            one(d, f16v2_map(ar(ctx, a), f32::exp))
         }
         Inst::F16Acc { a, quad } => {
             let (lanes, base) = if quad {
