@@ -75,6 +75,7 @@ fn understated_rearrange_contract_faults_at_ld64step() {
         ..CompileOptions::default()
     };
     weak.lower.rearrange_declared_align = Some(2);
+    weak.lower.rearrange_inputs = true;
     let (compiled, report) = run(&weak);
     assert!(compiled.placement.exploited_buffers > 0);
     assert_eq!(report.status, Status::Fault);

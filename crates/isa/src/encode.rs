@@ -85,6 +85,10 @@ pub mod opcode {
     pub const EXCHANGE: u8 = 0x20;
     pub const HOST_XFER: u8 = 0x21;
     pub const MARK: u8 = 0x22;
+    pub const LD64_STRIDE: u8 = 0x23;
+    pub const LD2X64_PACE_STRIDE: u8 = 0x24;
+    pub const LDST64_PACE_STRIDE: u8 = 0x25;
+    pub const LD2XST64_PACE_STRIDE: u8 = 0x26;
 
     pub const F_BIN: u8 = 0x40;
     pub const F_MAC: u8 = 0x41;
@@ -204,6 +208,10 @@ pub fn inst_name(inst: &Inst) -> &'static str {
         Inst::Ld2x64Pace { .. } => "ld2x64pace",
         Inst::Ldst64Pace { .. } => "ldst64pace",
         Inst::Ld2xSt64Pace { .. } => "ld2xst64pace",
+        Inst::Ld64Stride { .. } => "ld64step (stride)",
+        Inst::Ld2x64PaceStride { .. } => "ld2x64pace (stride)",
+        Inst::Ldst64PaceStride { .. } => "ldst64pace (stride)",
+        Inst::Ld2xSt64PaceStride { .. } => "ld2xst64pace (stride)",
         Inst::AmpLoadW { .. } => "amploadw",
         Inst::Br { .. } => "br",
         Inst::Bri { .. } => "bri",
@@ -403,6 +411,65 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
                 | r4(c.m("p1", p1)?)
                 | c.m("ps", ps)?,
         ),
+        Inst::Ld64Stride { d, base, stride } => word(
+            LD64_STRIDE,
+            r0(c.pair("d", d)?) | r1(c.m("base", base)?) | r2(c.m("stride", stride)?),
+        ),
+        Inst::Ld2x64PaceStride {
+            d0,
+            d1,
+            p0,
+            p1,
+            stride,
+        } => word(
+            LD2X64_PACE_STRIDE,
+            r0(c.pair("d0", d0)?)
+                | r1(c.pair("d1", d1)?)
+                | r2(c.m("p0", p0)?)
+                | r3(c.m("p1", p1)?)
+                | r4(c.m("stride", stride)?),
+        ),
+        Inst::Ldst64PaceStride {
+            d,
+            s,
+            pl,
+            ps,
+            stride,
+        } => word(
+            LDST64_PACE_STRIDE,
+            r0(c.pair("d", d)?)
+                | r1(c.pair("s", s)?)
+                | r2(c.m("pl", pl)?)
+                | r3(c.m("ps", ps)?)
+                | r4(c.m("stride", stride)?),
+        ),
+        Inst::Ld2xSt64PaceStride {
+            d0,
+            d1,
+            s,
+            p0,
+            p1,
+            ps,
+            stride,
+        } => {
+            let q = c.quad("d0", d0)?;
+            if u32::from(d1.0) != q + 2 {
+                return Err(c.err(
+                    "d1",
+                    d1.0.into(),
+                    "is not d0 + 2 (the strided form loads a quad)",
+                ));
+            }
+            word(
+                LD2XST64_PACE_STRIDE,
+                r0(q)
+                    | r1(c.pair("s", s)?)
+                    | r2(c.m("p0", p0)?)
+                    | r3(c.m("p1", p1)?)
+                    | r4(c.m("ps", ps)?)
+                    | c.m("stride", stride)?,
+            )
+        }
         Inst::AmpLoadW { base, quad } => word(
             AMP_LOAD_W,
             r0(c.m("base", base)?) | c.range("quad", quad.into(), 0, 31)?,
@@ -740,6 +807,46 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
             },
             0xff_ffff,
         ),
+        LD64_STRIDE => (
+            Inst::Ld64Stride {
+                d: AReg(f0),
+                base: MReg(f1),
+                stride: MReg(f2),
+            },
+            0xfff000,
+        ),
+        LD2X64_PACE_STRIDE => (
+            Inst::Ld2x64PaceStride {
+                d0: AReg(f0),
+                d1: AReg(f1),
+                p0: MReg(f2),
+                p1: MReg(f3),
+                stride: MReg(f4),
+            },
+            0xfffff0,
+        ),
+        LDST64_PACE_STRIDE => (
+            Inst::Ldst64PaceStride {
+                d: AReg(f0),
+                s: AReg(f1),
+                pl: MReg(f2),
+                ps: MReg(f3),
+                stride: MReg(f4),
+            },
+            0xfffff0,
+        ),
+        LD2XST64_PACE_STRIDE => (
+            Inst::Ld2xSt64PaceStride {
+                d0: AReg(f0),
+                d1: AReg(f0.wrapping_add(2)),
+                s: AReg(f1),
+                p0: MReg(f2),
+                p1: MReg(f3),
+                ps: MReg(f4),
+                stride: MReg(f5),
+            },
+            0xff_ffff,
+        ),
         AMP_LOAD_W => (
             Inst::AmpLoadW {
                 base: MReg(f0),
@@ -1064,6 +1171,47 @@ mod tests {
         });
         assert_eq!(encode(&[w]).unwrap(), 0x4d10_0000u32.to_le_bytes());
         round_trip(w);
+        // The strided AMP feeder: a quad of loads, the stride register last.
+        let w = Word::Single(Inst::Ld2xSt64PaceStride {
+            d0: AReg(0),
+            d1: AReg(2),
+            s: AReg(4),
+            p0: MReg(3),
+            p1: MReg(4),
+            ps: MReg(5),
+            stride: MReg(9),
+        });
+        assert_eq!(encode(&[w]).unwrap(), 0x2604_3459u32.to_le_bytes());
+        round_trip(w);
+        let w = Word::Single(Inst::Ld64Stride {
+            d: AReg(0),
+            base: MReg(3),
+            stride: MReg(9),
+        });
+        assert_eq!(encode(&[w]).unwrap(), 0x2303_9000u32.to_le_bytes());
+        round_trip(w);
+    }
+
+    /// The strided `ld2xst64pace` loads a quad: a second destination that is not
+    /// the first plus two, or a first that is not a quad, does not encode, and a
+    /// word whose quad field is not a multiple of 4 does not decode.
+    #[test]
+    fn strided_feeder_needs_a_quad() {
+        let mk = |d0: u8, d1: u8| {
+            Word::Single(Inst::Ld2xSt64PaceStride {
+                d0: AReg(d0),
+                d1: AReg(d1),
+                s: AReg(4),
+                p0: MReg(3),
+                p1: MReg(4),
+                ps: MReg(5),
+                stride: MReg(9),
+            })
+        };
+        assert!(encode(&[mk(0, 2)]).is_ok());
+        assert!(encode(&[mk(0, 6)]).is_err());
+        assert!(encode(&[mk(2, 4)]).is_err());
+        assert!(decode_word(&0x2624_3459u32.to_le_bytes()).is_err());
     }
 
     #[test]

@@ -222,6 +222,44 @@ pub enum Inst {
         p1: MReg,
         ps: MReg,
     },
+    /// The strided forms (the chip's `$mStride` operand, reduced to one register):
+    /// the first pointer advances by `8 * m[stride]` bytes (`m[stride]` signed), the
+    /// others by 8 as in the plain forms. They let a stream walk a row-major matrix
+    /// a few columns at a time (the AMP reading rows of a wider input).
+    /// `ld64step` whose pointer advances by `8 * m[stride]`.
+    Ld64Stride {
+        d: AReg,
+        base: MReg,
+        stride: MReg,
+    },
+    /// `ld2x64pace` whose first pointer advances by `8 * m[stride]`.
+    Ld2x64PaceStride {
+        d0: AReg,
+        d1: AReg,
+        p0: MReg,
+        p1: MReg,
+        stride: MReg,
+    },
+    /// `ldst64pace` whose load pointer advances by `8 * m[stride]`.
+    Ldst64PaceStride {
+        d: AReg,
+        s: AReg,
+        pl: MReg,
+        ps: MReg,
+        stride: MReg,
+    },
+    /// `ld2xst64pace` whose first pointer advances by `8 * m[stride]`. The two load
+    /// destinations form a quad (`d1 = d0 + 2`, `d0` a multiple of 4): the encoding
+    /// has no room for two separate pairs beside the stride.
+    Ld2xSt64PaceStride {
+        d0: AReg,
+        d1: AReg,
+        s: AReg,
+        p0: MReg,
+        p1: MReg,
+        ps: MReg,
+        stride: MReg,
+    },
     /// Loads 16 bytes at `$mBase` (ld128 rules) into AMP weight quad `quad`
     /// (0..=31) of this tile, then `$mBase += 16`.
     AmpLoadW {
@@ -565,6 +603,46 @@ impl Inst {
                 ps,
             } => {
                 r |= m_bit(p0) | m_bit(p1) | m_bit(ps) | a_bits(s, 2);
+                w |= a_bits(d0, 2) | a_bits(d1, 2);
+                inc |= m_bit(p0) | m_bit(p1) | m_bit(ps);
+            }
+            Inst::Ld64Stride { d, base, stride } => {
+                r |= m_bit(base) | m_bit(stride);
+                w |= a_bits(d, 2);
+                inc |= m_bit(base);
+            }
+            Inst::Ld2x64PaceStride {
+                d0,
+                d1,
+                p0,
+                p1,
+                stride,
+            } => {
+                r |= m_bit(p0) | m_bit(p1) | m_bit(stride);
+                w |= a_bits(d0, 2) | a_bits(d1, 2);
+                inc |= m_bit(p0) | m_bit(p1);
+            }
+            Inst::Ldst64PaceStride {
+                d,
+                s,
+                pl,
+                ps,
+                stride,
+            } => {
+                r |= m_bit(pl) | m_bit(ps) | m_bit(stride) | a_bits(s, 2);
+                w |= a_bits(d, 2);
+                inc |= m_bit(pl) | m_bit(ps);
+            }
+            Inst::Ld2xSt64PaceStride {
+                d0,
+                d1,
+                s,
+                p0,
+                p1,
+                ps,
+                stride,
+            } => {
+                r |= m_bit(p0) | m_bit(p1) | m_bit(ps) | m_bit(stride) | a_bits(s, 2);
                 w |= a_bits(d0, 2) | a_bits(d1, 2);
                 inc |= m_bit(p0) | m_bit(p1) | m_bit(ps);
             }

@@ -440,6 +440,8 @@ pub(crate) enum Operand {
     M(u8),
     /// `$mN+=`: a post-incremented pointer.
     MInc(u8),
+    /// `$mN+=$mS`: a pointer advanced by the stride register `$mS` (8-byte units).
+    MStride(u8, u8),
     A {
         first: u8,
         last: u8,
@@ -498,7 +500,14 @@ fn inst_stmt(c: &mut Cursor) -> Result<InstStmt, SyntaxError> {
                 Some(Tok::M(n)) => {
                     c.pos += 1;
                     if c.eat(&Tok::PlusEq) {
-                        Operand::MInc(*n)
+                        match c.peek() {
+                            Some(Tok::M(r)) => {
+                                let r = *r;
+                                c.pos += 1;
+                                Operand::MStride(*n, r)
+                            }
+                            _ => Operand::MInc(*n),
+                        }
                     } else {
                         Operand::M(*n)
                     }
@@ -600,9 +609,17 @@ impl Ops<'_> {
             (_, c) => err(c, "expected an $m register"),
         }
     }
+    /// A pointer operand that may carry a stride: `$mN+=` or `$mN+=$mS`.
+    fn mstride(&self, i: usize) -> Result<(MReg, Option<MReg>), SyntaxError> {
+        match self.get(i) {
+            (Operand::MStride(n, r), _) => Ok((MReg(*n), Some(MReg(*r)))),
+            _ => Ok((self.minc(i)?, None)),
+        }
+    }
     fn minc(&self, i: usize) -> Result<MReg, SyntaxError> {
         match self.get(i) {
             (Operand::MInc(n), _) => Ok(MReg(*n)),
+            (Operand::MStride(..), c) => err(c, "this pointer takes no stride register"),
             (Operand::M(_), c) => err(c, "expected a post-incremented pointer `$mN+=`"),
             (_, c) => err(c, "expected a post-incremented pointer `$mN+=`"),
         }
@@ -1021,6 +1038,14 @@ pub(crate) fn lower_inst(
                 }),
             }
         }
+        "ld64step" if o.s.operands.len() == 2 => {
+            o.count(2, "$aN:N+1, $mBase+=$mStride")?;
+            let d = o.pair(0)?;
+            match o.mstride(1)? {
+                (base, Some(stride)) => one(Inst::Ld64Stride { d, base, stride }),
+                (_, None) => err(o.get(1).1, "expected `$mBase+=$mStride` or an increment"),
+            }
+        }
         "ld64step" | "st64step" => {
             o.count(3, "$aN:N+1, $mBase+=, increment")?;
             let r = o.pair(0)?;
@@ -1034,35 +1059,66 @@ pub(crate) fn lower_inst(
         }
         "ld2x64pace" => {
             o.count(4, "$aD0:pair, $aD1:pair, $mP0+=, $mP1+=")?;
-            one(Inst::Ld2x64Pace {
-                d0: o.pair(0)?,
-                d1: o.pair(1)?,
-                p0: o.minc(2)?,
-                p1: o.minc(3)?,
-            })
+            let (d0, d1, (p0, stride), p1) = (o.pair(0)?, o.pair(1)?, o.mstride(2)?, o.minc(3)?);
+            match stride {
+                None => one(Inst::Ld2x64Pace { d0, d1, p0, p1 }),
+                Some(stride) => one(Inst::Ld2x64PaceStride {
+                    d0,
+                    d1,
+                    p0,
+                    p1,
+                    stride,
+                }),
+            }
         }
         "ldst64pace" => {
             o.count(4, "$aD:pair, $aS:pair, $mLoad+=, $mStore+=")?;
-            one(Inst::Ldst64Pace {
-                d: o.pair(0)?,
-                s: o.pair(1)?,
-                pl: o.minc(2)?,
-                ps: o.minc(3)?,
-            })
+            let (d, s, (pl, stride), ps) = (o.pair(0)?, o.pair(1)?, o.mstride(2)?, o.minc(3)?);
+            match stride {
+                None => one(Inst::Ldst64Pace { d, s, pl, ps }),
+                Some(stride) => one(Inst::Ldst64PaceStride {
+                    d,
+                    s,
+                    pl,
+                    ps,
+                    stride,
+                }),
+            }
         }
         "ld2xst64pace" => {
             o.count(
                 6,
                 "$aD0:pair, $aD1:pair, $aS:pair, $mP0+=, $mP1+=, $mStore+=",
             )?;
-            one(Inst::Ld2xSt64Pace {
-                d0: o.pair(0)?,
-                d1: o.pair(1)?,
-                s: o.pair(2)?,
-                p0: o.minc(3)?,
-                p1: o.minc(4)?,
-                ps: o.minc(5)?,
-            })
+            let (d0, d1, s) = (o.pair(0)?, o.pair(1)?, o.pair(2)?);
+            let ((p0, stride), p1, ps) = (o.mstride(3)?, o.minc(4)?, o.minc(5)?);
+            match stride {
+                None => one(Inst::Ld2xSt64Pace {
+                    d0,
+                    d1,
+                    s,
+                    p0,
+                    p1,
+                    ps,
+                }),
+                Some(stride) => {
+                    if d0.0 % 4 != 0 || d1.0 != d0.0 + 2 {
+                        return err(
+                            o.get(0).1,
+                            "the strided form loads a quad: `$aN:N+1, $aN+2:N+3` with N a multiple of 4",
+                        );
+                    }
+                    one(Inst::Ld2xSt64PaceStride {
+                        d0,
+                        d1,
+                        s,
+                        p0,
+                        p1,
+                        ps,
+                        stride,
+                    })
+                }
+            }
         }
         "ampw" => {
             o.count(2, "$mBase+=, quad")?;
@@ -1388,6 +1444,58 @@ impl fmt::Display for Inst {
                 P(d1),
                 P(s),
                 M(p0),
+                M(p1),
+                M(ps)
+            ),
+            Inst::Ld64Stride { d, base, stride } => {
+                write!(f, "ld64step {}, {}+={}", P(d), M(base), M(stride))
+            }
+            Inst::Ld2x64PaceStride {
+                d0,
+                d1,
+                p0,
+                p1,
+                stride,
+            } => write!(
+                f,
+                "ld2x64pace {}, {}, {}+={}, {}+=",
+                P(d0),
+                P(d1),
+                M(p0),
+                M(stride),
+                M(p1)
+            ),
+            Inst::Ldst64PaceStride {
+                d,
+                s,
+                pl,
+                ps,
+                stride,
+            } => write!(
+                f,
+                "ldst64pace {}, {}, {}+={}, {}+=",
+                P(d),
+                P(s),
+                M(pl),
+                M(stride),
+                M(ps)
+            ),
+            Inst::Ld2xSt64PaceStride {
+                d0,
+                d1,
+                s,
+                p0,
+                p1,
+                ps,
+                stride,
+            } => write!(
+                f,
+                "ld2xst64pace {}, {}, {}, {}+={}, {}+=, {}+=",
+                P(d0),
+                P(d1),
+                P(s),
+                M(p0),
+                M(stride),
                 M(p1),
                 M(ps)
             ),

@@ -88,6 +88,40 @@ pub fn main_inst() -> BoxedStrategy<Inst> {
                 ps,
             }
         }),
+        (apair(), mreg(), mreg()).prop_map(|(d, base, stride)| Inst::Ld64Stride {
+            d,
+            base,
+            stride
+        }),
+        (apair(), apair(), mreg(), mreg(), mreg()).prop_map(|(d0, d1, p0, p1, stride)| {
+            Inst::Ld2x64PaceStride {
+                d0,
+                d1,
+                p0,
+                p1,
+                stride,
+            }
+        }),
+        (apair(), apair(), mreg(), mreg(), mreg()).prop_map(|(d, s, pl, ps, stride)| {
+            Inst::Ldst64PaceStride {
+                d,
+                s,
+                pl,
+                ps,
+                stride,
+            }
+        }),
+        (aquad(), apair(), mreg(), mreg(), mreg(), mreg()).prop_map(
+            |(d0, s, p0, p1, ps, stride)| Inst::Ld2xSt64PaceStride {
+                d0,
+                d1: AReg(d0.0 + 2),
+                s,
+                p0,
+                p1,
+                ps,
+                stride,
+            }
+        ),
         (mreg(), 0u8..32).prop_map(|(base, quad)| Inst::AmpLoadW { base, quad }),
         mreg().prop_map(|a| Inst::Br { a }),
         target().prop_map(|target| Inst::Bri { target }),

@@ -1,7 +1,10 @@
 //! `amp_matmul`: `out[rows, 16*nb] = A[rows, 16*kc] x W[16*kc, 16*nb]` in f16 on the
 //! AMP, with f16 partial sums between 16-wide K chunks.
 //!
-//! Layouts: A is chunk-major `[kc][rows][16]` (what `rearrange` produces); W is
+//! Layouts: A is chunk-major `[kc][rows][16]` (what `rearrange` produces) or, with
+//! [`AmpMatmul::row_major`], row-major `[rows][16*kc]` as it arrives from an
+//! exchange: then the A stream reads a row's four quarters and jumps to the next
+//! row with the strided form of its load (`$m9` = `4*kc - 3` atoms). W is
 //! `[nb][kc][16][16]`, each 16x16 block row-major with `W[kk][j]` = weight from input
 //! `c*16+kk` to output `b*16+j` (see [`pack_weights`]); the output is `[nb][rows][16]`.
 //!
@@ -42,6 +45,10 @@ pub struct AmpMatmul {
     pub kc: u32,
     /// 16-wide blocks of output columns.
     pub nb: u32,
+    /// A is row-major `[rows][16*kc]` rather than chunk-major (no rearrangement
+    /// needed); it costs each worker two issues a call (A's row offset and the
+    /// stride). Irrelevant, and kept false, for one chunk.
+    pub a_row_major: bool,
 }
 
 /// Bytes of the call header at the start of the state buffer.
@@ -68,7 +75,19 @@ impl AmpMatmul {
     pub const NAME: &'static str = "amp_matmul";
 
     pub fn new(rows: u32, kc: u32, nb: u32) -> AmpMatmul {
-        AmpMatmul { rows, kc, nb }
+        AmpMatmul {
+            rows,
+            kc,
+            nb,
+            a_row_major: false,
+        }
+    }
+
+    /// The same product reading A row-major (`[rows][16*kc]`). One chunk is the same
+    /// layout either way, and keeps the chunk-major code.
+    pub fn row_major(mut self) -> AmpMatmul {
+        self.a_row_major = self.kc > 1;
+        self
     }
 
     fn block_bytes(&self) -> u32 {
@@ -105,7 +124,7 @@ impl AmpMatmul {
         let start = s.at();
         match self.layout() {
             Rows::Few => {
-                few_rows(s);
+                few_rows(s, self.stride_atoms());
                 0
             }
             Rows::Even { q } => {
@@ -122,8 +141,8 @@ impl AmpMatmul {
                     }
                     s.i(ld32m(m(5), m(0), 2));
                     s.i(inti(IntOp::Mul, m(6), m(1), (32 * q) as u16)); // row offset
-                    offset_pointers(s, f, count);
-                    rows_loop(s, f, count);
+                    offset_pointers(s, f, count, self.stride_atoms());
+                    rows_loop(s, f, count, self.stride_atoms().is_some());
                 }
                 zero_entry
             }
@@ -141,19 +160,27 @@ impl AmpMatmul {
                     }
                     s.i(ld32m(m(5), m(2), 2));
                     s.i(ld32m(m(6), m(0), RECORD));
-                    offset_pointers(s, f, Count::Record);
-                    rows_loop(s, f, Count::Record);
+                    offset_pointers(s, f, Count::Record, self.stride_atoms());
+                    rows_loop(s, f, Count::Record, self.stride_atoms().is_some());
                 }
                 zero_entry
             }
         }
     }
 
+    /// With a row-major A, the stride (in 8-byte atoms) from a row's last quarter
+    /// to the next row's first.
+    fn stride_atoms(&self) -> Option<u32> {
+        self.a_row_major.then(|| 4 * self.kc - 3)
+    }
+
     /// Issues of one worker run with `r` rows, as emitted: setup, then four per row
     /// plus pipeline fill and drain (see [`rows_loop`]).
     fn worker_issues(&self, r: u32, partials: bool) -> u64 {
         let (r, p) = (u64::from(r), u64::from(partials));
-        match self.layout() {
+        // A row-major A: its row offset and the stride register.
+        let rm = if self.a_row_major && r > 0 { 2 } else { 0 };
+        rm + match self.layout() {
             // Three or two header loads, the offset, one or two adds.
             Rows::Even { .. } => 4 * r + 9 + 4 + 2 * p,
             // Header address, header loads, record load, adds.
@@ -216,6 +243,7 @@ impl AmpMatmul {
             p0,
             p1,
             rb: self.block_bytes(),
+            a_row_major: self.a_row_major,
         };
         let mut s = Asm::new(code_base);
         if self.kc == 1 {
@@ -289,7 +317,7 @@ impl AmpMatmul {
         s.i(st32m(m(5), m(1), 0));
         s.i(st32m(MZ, m(1), 1));
         s.i(st32m(m(8), m(1), 2));
-        next_chunk(s, m(5), m(8));
+        next_chunk(s, c, m(5), m(8));
         if looped > 1 {
             s.i(setzi(m(6), looped));
         }
@@ -308,7 +336,7 @@ impl AmpMatmul {
         s.i(st32m(m(5), m(1), 0));
         s.i(st32m(m(7), m(1), 1));
         s.i(st32m(m(8), m(1), 2));
-        next_chunk(s, m(5), m(8));
+        next_chunk(s, c, m(5), m(8));
         s.i(setzi(m(0), c.entry));
         if looped > 1 {
             s.brnz(m(6), chunk);
@@ -328,7 +356,7 @@ impl AmpMatmul {
             s.i(st32m(m(11), m(1), 2));
             s.i(int(IntOp::Add, m(3), m(3), m(9)));
             s.i(setzi(m(0), c.zero_entry));
-            s.i(int(IntOp::Add, m(5), m(12), m(9)));
+            s.i(c.next_a(m(5), m(12)));
             s.i(mov(m(7), m(11)));
             s.i(int(IntOp::Xor, m(8), m(11), m(10)));
             if looped > 1 {
@@ -353,9 +381,20 @@ struct Sup {
     p1: u32,
     /// Bytes of one `[rows][16]` block.
     rb: u32,
+    /// A is row-major: the next chunk starts 32 bytes on, not a block on.
+    a_row_major: bool,
 }
 
 impl Sup {
+    /// `d` = the A chunk after `a`'s.
+    fn next_a(&self, d: MReg, a: MReg) -> Inst {
+        if self.a_row_major {
+            inti(IntOp::Add, d, a, 32)
+        } else {
+            int(IntOp::Add, d, a, m(9))
+        }
+    }
+
     fn run(&self, s: &mut Asm) {
         s.i(Inst::RunAll {
             entry: m(0),
@@ -368,8 +407,8 @@ impl Sup {
 /// Registers of the call after next from those of the next call (`a`, `out`;
 /// `$m7` becomes the partial-in): the A chunk advances one block, the partials
 /// swap buffers.
-fn next_chunk(s: &mut Asm, a: MReg, out: MReg) {
-    s.i(int(IntOp::Add, a, a, m(9)));
+fn next_chunk(s: &mut Asm, c: &Sup, a: MReg, out: MReg) {
+    s.i(c.next_a(a, a));
     s.i(mov(m(7), out));
     s.i(int(IntOp::Xor, out, out, m(10)));
 }
@@ -381,9 +420,11 @@ fn load_weights(s: &mut Asm) {
 }
 
 /// Adds the row offset (`$m6`) to the stream pointers; the output's only when
-/// [`rows_loop`] does not (`Count::Imm`).
-fn offset_pointers(s: &mut Asm, f: Feed, count: Count) {
-    s.i(int(IntOp::Add, m(3), m(3), m(6)));
+/// [`rows_loop`] does not (`Count::Imm`). A row-major A (`stride` atoms between a
+/// row's last quarter and the next row) is offset `kc` times as far, and the
+/// stride goes into `$m9`.
+fn offset_pointers(s: &mut Asm, f: Feed, count: Count, stride: Option<u32>) {
+    offset_a(s, stride);
     if f == Feed::Partials {
         s.i(int(IntOp::Add, m(4), m(4), m(6)));
     }
@@ -392,9 +433,24 @@ fn offset_pointers(s: &mut Asm, f: Feed, count: Count) {
     }
 }
 
+/// Adds A's row offset to its pointer `$m3`: the row offset `$m6` itself for a
+/// chunk-major A; for a row-major one (`stride` atoms between a row's last quarter
+/// and the next row's first, so `kc = (stride + 3) / 4` chunks a row) `kc` times
+/// it, and the stride goes into `$m9`.
+fn offset_a(s: &mut Asm, stride: Option<u32>) {
+    match stride {
+        Some(st) => {
+            s.i(inti(IntOp::Mul, m(10), m(6), st.div_ceil(4) as u16));
+            s.i(int(IntOp::Add, m(3), m(3), m(10)));
+            s.i(setzi(m(9), st));
+        }
+        None => s.i(int(IntOp::Add, m(3), m(3), m(6))),
+    }
+}
+
 /// The legacy worker for splits with fewer than two rows per worker: one entry,
 /// branching on the row count (`$m7`) and on a zero partial-in.
-fn few_rows(s: &mut Asm) {
+fn few_rows(s: &mut Asm, stride: Option<u32>) {
     let done = s.label();
     let zero = s.label();
     let one_pin = s.label();
@@ -408,18 +464,18 @@ fn few_rows(s: &mut Asm) {
     s.i(ld32m(m(7), m(0), RECORD + 1)); // rows
     // Workers without rows exit here, after reading the header like the others.
     s.brz(m(7), done);
-    s.i(int(IntOp::Add, m(3), m(3), m(6)));
+    offset_a(s, stride);
     s.i(int(IntOp::Add, m(5), m(5), m(6)));
     s.i(inti(IntOp::Sub, m(8), m(7), 1));
     s.brz(m(4), zero);
     s.i(int(IntOp::Add, m(4), m(4), m(6)));
     s.brz(m(8), one_pin);
-    rows_loop(s, Feed::Partials, Count::Rows);
+    rows_loop(s, Feed::Partials, Count::Rows, stride.is_some());
     s.bind(one_pin);
     one_row(s, Feed::Partials);
     s.bind(zero);
     s.brz(m(8), one_zero);
-    rows_loop(s, Feed::Zeros, Count::Rows);
+    rows_loop(s, Feed::Zeros, Count::Rows, stride.is_some());
     s.bind(one_zero);
     one_row(s, Feed::Zeros);
     s.bind(done);
@@ -456,6 +512,46 @@ impl Feed {
                 d: a(0),
                 base: m(3),
                 inc: 1,
+            },
+        }
+    }
+    /// The load of a row's last quarter: with a row-major A it strides to the
+    /// next row.
+    fn load_last(self, strided: bool) -> Inst {
+        match (self, strided) {
+            (_, false) => self.load(),
+            (Feed::Partials, true) => Inst::Ld2x64PaceStride {
+                d0: a(0),
+                d1: a(2),
+                p0: m(3),
+                p1: m(4),
+                stride: m(9),
+            },
+            (Feed::Zeros, true) => Inst::Ld64Stride {
+                d: a(0),
+                base: m(3),
+                stride: m(9),
+            },
+        }
+    }
+    fn load_store_last(self, strided: bool) -> Inst {
+        match (self, strided) {
+            (_, false) => self.load_store(),
+            (Feed::Partials, true) => Inst::Ld2xSt64PaceStride {
+                d0: a(0),
+                d1: a(2),
+                s: a(4),
+                p0: m(3),
+                p1: m(4),
+                ps: m(5),
+                stride: m(9),
+            },
+            (Feed::Zeros, true) => Inst::Ldst64PaceStride {
+                d: a(0),
+                s: a(4),
+                pl: m(3),
+                ps: m(5),
+                stride: m(9),
             },
         }
     }
@@ -512,14 +608,29 @@ enum Count {
 /// comes after the `rpt`. The first load is placed so that the bundles need no
 /// padding; the `rpt` needs one single word before it, which computes what it can:
 /// the output pointer or the count.
-fn rows_loop(s: &mut Asm, f: Feed, count: Count) {
+///
+/// With a row-major A (`strided`), the loads of words `4j + 3` (a row's last
+/// quarter) take the stride in `$m9` to the next row.
+fn rows_loop(s: &mut Asm, f: Feed, count: Count, strided: bool) {
     s.single_or_bundle(f.load());
     for t in 0..5u8 {
-        s.b(f.load(), f.amp(t % 4));
+        // Issue t loads word t + 1.
+        let load = if t == 2 {
+            f.load_last(strided)
+        } else {
+            f.load()
+        };
+        s.b(load, f.amp(t % 4));
     }
     let body = |b: &mut Asm| {
+        // Loads words 4j + 6 ..= 4j + 9.
         for p in [1, 2, 3, 0] {
-            b.b(f.load_store(), f.amp(p));
+            let ls = if p == 2 {
+                f.load_store_last(strided)
+            } else {
+                f.load_store()
+            };
+            b.b(ls, f.amp(p));
         }
     };
     match count {
@@ -536,6 +647,7 @@ fn rows_loop(s: &mut Asm, f: Feed, count: Count) {
             s.rpt(m(8), body);
         }
     }
+    // The last row's last quarter needs no stride: nothing is loaded after it.
     s.b(f.load_store(), f.amp(1));
     s.b(f.load_store(), f.amp(2));
     s.b(store(), f.amp(3));
@@ -562,7 +674,14 @@ fn one_row(s: &mut Asm, f: Feed) {
 
 impl Kernel for AmpMatmul {
     fn symbol(&self) -> String {
-        format!("{}_r{}_kc{}_nb{}", Self::NAME, self.rows, self.kc, self.nb)
+        let rm = if self.a_row_major { "_rm" } else { "" };
+        format!(
+            "{}_r{}_kc{}_nb{}{rm}",
+            Self::NAME,
+            self.rows,
+            self.kc,
+            self.nb
+        )
     }
 
     fn validate(&self) -> Result<(), KernelError> {
@@ -675,7 +794,7 @@ impl Kernel for AmpMatmul {
         // instances (one to four chunks, one to three blocks) are walked once per
         // timing and row count and extended linearly: the planner asks for
         // thousands of estimates.
-        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb);
+        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb, self.a_row_major);
         let per_chunk = |nb: u32| -> u64 {
             match self.kc {
                 0..=3 => walk(self.kc.max(1), nb),
@@ -701,10 +820,10 @@ impl Kernel for AmpMatmul {
 
 /// Cycles of the snippet of `AmpMatmul::new(rows, kc, nb)` walked with its workers
 /// (cached: see `estimate_cycles_with`).
-fn walked(t: &Timing, rows: u32, kc: u32, nb: u32) -> u64 {
+fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
-    type Key = (u32, u32, u32, u32, u32);
+    type Key = (u32, u32, u32, u32, u32, bool);
     static WALKS: Mutex<BTreeMap<Key, u64>> = Mutex::new(BTreeMap::new());
     let key = (
         t.worker_issue_interval,
@@ -712,11 +831,15 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32) -> u64 {
         rows,
         kc,
         nb,
+        row_major,
     );
     if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
         return c;
     }
-    let k = AmpMatmul::new(rows, kc, nb);
+    let mut k = AmpMatmul::new(rows, kc, nb);
+    if row_major {
+        k = k.row_major();
+    }
     // Placeholder addresses: the snippet's timing does not depend on them, and
     // `supervisor_words` does not insist on a shape that fits a tile (the walked
     // instance may be larger than the one estimated).

@@ -26,17 +26,27 @@ pub struct MatmulShape {
     /// previous product's output): no rearrangement on the tile and no row-major
     /// copy beside it.
     pub a_blocked: bool,
+    /// A row-major input is rearranged to the chunk-major layout on the tile (the
+    /// seed's way, kept for its weakened-contract reproduction) instead of being
+    /// read row-major by the AMP's strided loads.
+    pub rearrange: bool,
 }
 
 impl MatmulShape {
-    /// A product whose input arrives row-major (to be rearranged on the tile).
+    /// A product whose input arrives row-major (read so by the AMP).
     pub fn new(rows: u32, k: u32, n: u32) -> MatmulShape {
         MatmulShape {
             rows,
             k,
             n,
             a_blocked: false,
+            rearrange: false,
         }
+    }
+
+    /// Whether the tile rearranges A before the product.
+    fn rearranged(&self) -> bool {
+        !self.a_blocked && self.rearrange
     }
 
     pub fn k_chunks(&self) -> u32 {
@@ -104,10 +114,17 @@ impl MatmulMapping {
     fn evaluate(machine: &Machine, shape: MatmulShape, pr: u32, pk: u32, pn: u32) -> Self {
         let rows_t = shape.rows.div_ceil(pr);
         let kc_t = shape.k_chunks().div_ceil(pk);
+        let real_nb = shape.n_blocks().div_ceil(pn);
+        // The grid the lowering builds (`Grid`): groups of these sizes, so a
+        // nominal split with empty groups (46 column groups of 6 blocks for 269
+        // blocks) is the smaller one it really is (45), which decides the shared
+        // receive bus below and the tiles used.
+        let pr = shape.rows.div_ceil(rows_t);
+        let pk = shape.k_chunks().div_ceil(kc_t);
+        let pn = shape.n_blocks().div_ceil(real_nb);
         // A column group's blocks are reduced in slabs of `slab` blocks, one per
         // inner group while they last; the blocks are padded to whole slabs (less
         // than one slab of zero weights).
-        let real_nb = shape.n_blocks().div_ceil(pn);
         let slab = real_nb.div_ceil(pk);
         let nb_t = real_nb.div_ceil(slab) * slab;
         let (rows, kc, nb) = (u64::from(rows_t), u64::from(kc_t), u64::from(nb_t));
@@ -125,18 +142,23 @@ impl MatmulMapping {
         // Weights and the broadcast bias slab stay for the whole program; of the
         // rest, the rearrangement holds both copies of A, the matmul one copy of A,
         // its output and the ping-pong partials; the reduction works in place.
-        let transient = if shape.a_blocked {
-            a_bytes + out_bytes + partial_bytes
-        } else {
+        let transient = if shape.rearranged() {
             (2 * a_bytes).max(a_bytes + out_bytes + partial_bytes)
+        } else {
+            a_bytes + out_bytes + partial_bytes
         };
         let bytes_per_tile = weight_bytes + slab_bytes + transient;
 
-        let amp = AmpMatmul::new(rows_t, kc_t, nb_t).estimate_cycles_with(t);
-        let rearrange = if shape.a_blocked {
-            0
+        let mm = AmpMatmul::new(rows_t, kc_t, nb_t);
+        let (amp, rearrange) = if shape.a_blocked {
+            (mm.estimate_cycles_with(t), 0)
+        } else if shape.rearrange {
+            (
+                mm.estimate_cycles_with(t),
+                Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t),
+            )
         } else {
-            Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t)
+            (mm.row_major().estimate_cycles_with(t), 0)
         };
         // A (row, inner) group's tiles are consecutive from an aligned first tile
         // (the column group varies fastest, see the lowering's grid), and all of
@@ -342,7 +364,10 @@ mod tests {
     #[test]
     fn a_blocked_input_costs_no_rearrangement() {
         let m = Machine::c600();
-        let s = MatmulShape::new(1458, 1280, 1152);
+        let s = MatmulShape {
+            rearrange: true,
+            ..MatmulShape::new(1458, 1280, 1152)
+        };
         let b = MatmulShape {
             a_blocked: true,
             ..s
@@ -371,6 +396,44 @@ mod tests {
         assert!(map.rows_per_tile * map.pr >= 7);
         assert!(map.chunks_per_tile * map.pk >= 3);
         assert!(map.blocks_per_tile * map.pn >= 2);
+    }
+
+    /// Read row-major by the AMP's strided loads, an input costs no rearrangement
+    /// and no second copy, for two worker issues a call more than a chunk-major one.
+    #[test]
+    fn row_major_input_is_read_without_rearrangement() {
+        let m = Machine::c600();
+        let direct = MatmulShape::new(1458, 1152, 4304);
+        let seed = MatmulShape {
+            rearrange: true,
+            ..direct
+        };
+        let (pr, pk, pn) = (9, 6, 27);
+        let d = MatmulMapping::evaluate(&m, direct, pr, pk, pn);
+        let r = MatmulMapping::evaluate(&m, seed, pr, pk, pn);
+        assert_eq!(d.cost.rearrange, 0);
+        assert!(r.cost.rearrange > 0);
+        let calls = u64::from(d.chunks_per_tile) * u64::from(d.blocks_per_tile.div_ceil(1));
+        assert!(d.cost.amp > r.cost.amp, "{d:?} {r:?}");
+        assert!(d.cost.amp - r.cost.amp <= 2 * 6 * 2 * calls, "{d:?} {r:?}");
+        assert!(d.cost.total() < r.cost.total(), "{d:?} {r:?}");
+        assert!(d.bytes_per_tile <= r.bytes_per_tile);
+    }
+
+    /// A split with empty column groups is costed as the grid the lowering
+    /// builds: 269 blocks in groups of 6 make 45 column groups, not the 46 asked
+    /// for, so the input's receivers do not pair up on the shared bus.
+    #[test]
+    fn empty_groups_are_not_counted() {
+        let m = Machine::c600();
+        let s = MatmulShape::new(1458, 1152, 4304);
+        let nominal = MatmulMapping::evaluate(&m, s, 8, 4, 46);
+        let real = MatmulMapping::evaluate(&m, s, 8, 4, 45);
+        assert_eq!((nominal.pr, nominal.pk, nominal.pn), (8, 4, 45));
+        assert_eq!(nominal, real);
+        let a_bytes = 183 * 18 * 32;
+        assert_eq!(nominal.cost.exchange_in, 100 + a_bytes / 4);
+        assert_eq!(MatmulMapping::evaluate(&m, s, 8, 4, 46).tiles(), 8 * 4 * 45);
     }
 
     #[test]

@@ -264,6 +264,10 @@ fn uses_areg(i: &Inst) -> bool {
             | Inst::Ld2x64Pace { .. }
             | Inst::Ldst64Pace { .. }
             | Inst::Ld2xSt64Pace { .. }
+            | Inst::Ld64Stride { .. }
+            | Inst::Ld2x64PaceStride { .. }
+            | Inst::Ldst64PaceStride { .. }
+            | Inst::Ld2xSt64PaceStride { .. }
     )
 }
 
@@ -668,36 +672,34 @@ fn exec_main<const SUP: bool>(
             ctx.a[q + 2] = hi as u32;
             ctx.a[q + 3] = (hi >> 32) as u32;
         }
-        Inst::Ld2x64Pace { d0, d1, p0, p1 } => {
-            let (a0, a1) = (mr(ctx, p0), mr(ctx, p1));
-            let o0 = ea8(env, a0)?;
-            let o1 = ea8(env, a1)?;
-            let (e0, e1) = (env.layout.element(a0), env.layout.element(a1));
-            if e0 == e1 {
-                return Err(conflict(&[a0, a1], e0));
-            }
-            let (n0, n1) = (step8(a0)?, step8(a1)?);
-            let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
-            set_a2(ctx, d0, v0);
-            set_a2(ctx, d1, v1);
-            set_m(ctx, p0, n0);
-            set_m(ctx, p1, n1);
+        Inst::Ld64Stride { d, base, stride } => {
+            let p = mr(ctx, base);
+            let off = ea8(env, p)?;
+            let next = bump(p, stride_bytes(ctx, stride))?;
+            set_a2(ctx, d, rd64(&sh.mem, off));
+            set_m(ctx, base, next)
         }
-        Inst::Ldst64Pace { d, s, pl, ps } => {
-            let (al, as_) = (mr(ctx, pl), mr(ctx, ps));
-            let ol = ea8(env, al)?;
-            let os = ea8(env, as_)?;
-            let (el, es) = (env.layout.element(al), env.layout.element(as_));
-            if el == es {
-                return Err(conflict(&[al, as_], el));
-            }
-            let (nl, ns) = (step8(al)?, step8(as_)?);
-            let sv = ar2(ctx, s);
-            let lv = rd64(&sh.mem, ol);
-            sh.wr(env, as_, os, &sv.to_le_bytes());
-            set_a2(ctx, d, lv);
-            set_m(ctx, pl, nl);
-            set_m(ctx, ps, ns);
+        Inst::Ld2x64Pace { d0, d1, p0, p1 } => ld2x64(sh, ctx, env, [d0, d1], [p0, p1], 8)?,
+        Inst::Ld2x64PaceStride {
+            d0,
+            d1,
+            p0,
+            p1,
+            stride,
+        } => {
+            let inc = stride_bytes(ctx, stride);
+            ld2x64(sh, ctx, env, [d0, d1], [p0, p1], inc)?
+        }
+        Inst::Ldst64Pace { d, s, pl, ps } => ldst64(sh, ctx, env, d, s, [pl, ps], 8)?,
+        Inst::Ldst64PaceStride {
+            d,
+            s,
+            pl,
+            ps,
+            stride,
+        } => {
+            let inc = stride_bytes(ctx, stride);
+            ldst64(sh, ctx, env, d, s, [pl, ps], inc)?
         }
         Inst::Ld2xSt64Pace {
             d0,
@@ -706,29 +708,18 @@ fn exec_main<const SUP: bool>(
             p0,
             p1,
             ps,
+        } => ld2xst64(sh, ctx, env, [d0, d1], s, [p0, p1, ps], 8)?,
+        Inst::Ld2xSt64PaceStride {
+            d0,
+            d1,
+            s,
+            p0,
+            p1,
+            ps,
+            stride,
         } => {
-            let (a0, a1, as_) = (mr(ctx, p0), mr(ctx, p1), mr(ctx, ps));
-            let o0 = ea8(env, a0)?;
-            let o1 = ea8(env, a1)?;
-            let os = ea8(env, as_)?;
-            let (e0, e1, es) = (
-                env.layout.element(a0),
-                env.layout.element(a1),
-                env.layout.element(as_),
-            );
-            if e0 == e1 || e0 == es || e1 == es {
-                let e = if e0 == e1 || e0 == es { e0 } else { e1 };
-                return Err(conflict(&[a0, a1, as_], e));
-            }
-            let (n0, n1, ns) = (step8(a0)?, step8(a1)?, step8(as_)?);
-            let sv = ar2(ctx, s);
-            let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
-            sh.wr(env, as_, os, &sv.to_le_bytes());
-            set_a2(ctx, d0, v0);
-            set_a2(ctx, d1, v1);
-            set_m(ctx, p0, n0);
-            set_m(ctx, p1, n1);
-            set_m(ctx, ps, ns);
+            let inc = stride_bytes(ctx, stride);
+            ld2xst64(sh, ctx, env, [d0, d1], s, [p0, p1, ps], inc)?
         }
         Inst::AmpLoadW { base, quad } => {
             let p = mr(ctx, base);
@@ -936,6 +927,99 @@ fn amp_step(amp: &mut Amp, weights: &[[f32; 16]; 16], inp: u64, pin: u64, phase:
     result
 }
 
+/// The byte increment a strided access takes from `$mStride`: a signed count of
+/// 8-byte atoms.
+#[inline(always)]
+fn stride_bytes(ctx: &Ctx, stride: MReg) -> i64 {
+    i64::from(mr(ctx, stride) as i32) * 8
+}
+
+/// `ld2x64pace`: two loads in different elements; the first pointer advances by
+/// `inc0` bytes (8, or a stride), the second by 8.
+#[inline(always)]
+fn ld2x64(sh: &Shared, ctx: &mut Ctx, env: &Env, d: [AReg; 2], p: [MReg; 2], inc0: i64) -> Res<()> {
+    let (a0, a1) = (mr(ctx, p[0]), mr(ctx, p[1]));
+    let o0 = ea8(env, a0)?;
+    let o1 = ea8(env, a1)?;
+    let (e0, e1) = (env.layout.element(a0), env.layout.element(a1));
+    if e0 == e1 {
+        return Err(conflict(&[a0, a1], e0));
+    }
+    let (n0, n1) = (bump(a0, inc0)?, step8(a1)?);
+    let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
+    set_a2(ctx, d[0], v0);
+    set_a2(ctx, d[1], v1);
+    set_m(ctx, p[0], n0);
+    set_m(ctx, p[1], n1);
+    Ok(())
+}
+
+/// `ldst64pace`: a load and a store in different elements; the load pointer
+/// advances by `inc_l` bytes, the store pointer by 8.
+#[inline(always)]
+fn ldst64(
+    sh: &mut Shared,
+    ctx: &mut Ctx,
+    env: &Env,
+    d: AReg,
+    s: AReg,
+    p: [MReg; 2],
+    inc_l: i64,
+) -> Res<()> {
+    let (al, as_) = (mr(ctx, p[0]), mr(ctx, p[1]));
+    let ol = ea8(env, al)?;
+    let os = ea8(env, as_)?;
+    let (el, es) = (env.layout.element(al), env.layout.element(as_));
+    if el == es {
+        return Err(conflict(&[al, as_], el));
+    }
+    let (nl, ns) = (bump(al, inc_l)?, step8(as_)?);
+    let sv = ar2(ctx, s);
+    let lv = rd64(&sh.mem, ol);
+    sh.wr(env, as_, os, &sv.to_le_bytes());
+    set_a2(ctx, d, lv);
+    set_m(ctx, p[0], nl);
+    set_m(ctx, p[1], ns);
+    Ok(())
+}
+
+/// `ld2xst64pace`: two loads and a store, all in different elements; the first
+/// load pointer advances by `inc0` bytes, the others by 8.
+#[inline(always)]
+fn ld2xst64(
+    sh: &mut Shared,
+    ctx: &mut Ctx,
+    env: &Env,
+    d: [AReg; 2],
+    s: AReg,
+    p: [MReg; 3],
+    inc0: i64,
+) -> Res<()> {
+    let (a0, a1, as_) = (mr(ctx, p[0]), mr(ctx, p[1]), mr(ctx, p[2]));
+    let o0 = ea8(env, a0)?;
+    let o1 = ea8(env, a1)?;
+    let os = ea8(env, as_)?;
+    let (e0, e1, es) = (
+        env.layout.element(a0),
+        env.layout.element(a1),
+        env.layout.element(as_),
+    );
+    if e0 == e1 || e0 == es || e1 == es {
+        let e = if e0 == e1 || e0 == es { e0 } else { e1 };
+        return Err(conflict(&[a0, a1, as_], e));
+    }
+    let (n0, n1, ns) = (bump(a0, inc0)?, step8(a1)?, step8(as_)?);
+    let sv = ar2(ctx, s);
+    let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
+    sh.wr(env, as_, os, &sv.to_le_bytes());
+    set_a2(ctx, d[0], v0);
+    set_a2(ctx, d[1], v1);
+    set_m(ctx, p[0], n0);
+    set_m(ctx, p[1], n1);
+    set_m(ctx, p[2], ns);
+    Ok(())
+}
+
 /// The AMP feeder bundle `{ ld2xst64pace ; amp }`, which dominates matrix
 /// products, when all three accesses are valid and conflict-free. Returns false,
 /// having changed nothing, otherwise: the general path then executes the bundle
@@ -950,24 +1034,34 @@ fn feeder_bundle(
     main: &Inst,
     aux: &Inst,
 ) -> bool {
-    let (
-        &Inst::Ld2xSt64Pace {
+    let &Inst::Amp {
+        out,
+        inp,
+        pin,
+        phase,
+    } = aux
+    else {
+        return false;
+    };
+    let (d0, d1, s, p0, p1, ps, inc0) = match *main {
+        Inst::Ld2xSt64Pace {
             d0,
             d1,
             s,
             p0,
             p1,
             ps,
-        },
-        &Inst::Amp {
-            out,
-            inp,
-            pin,
-            phase,
-        },
-    ) = (main, aux)
-    else {
-        return false;
+        } => (d0, d1, s, p0, p1, ps, 8),
+        Inst::Ld2xSt64PaceStride {
+            d0,
+            d1,
+            s,
+            p0,
+            p1,
+            ps,
+            stride,
+        } => (d0, d1, s, p0, p1, ps, stride_bytes(ctx, stride)),
+        _ => return false,
     };
     let (a0, a1, a2) = (mr(ctx, p0), mr(ctx, p1), mr(ctx, ps));
     let l = &env.layout;
@@ -976,6 +1070,10 @@ fn feeder_bundle(
     if (a0 | a1 | a2) & 7 != 0 || !inside(a0) || !inside(a1) || !inside(a2) {
         return false;
     }
+    // The strided pointer's next value must not overflow (the general path faults).
+    let Ok(n0) = u32::try_from(i64::from(a0) + inc0) else {
+        return false;
+    };
     let (e0, e1, e2) = (l.element(a0), l.element(a1), l.element(a2));
     if e0 == e1 || e0 == e2 || e1 == e2 {
         return false;
@@ -989,7 +1087,7 @@ fn feeder_bundle(
     set_a2(ctx, d0, v0);
     set_a2(ctx, d1, v1);
     // Below `end - 8`, so no overflow.
-    set_m(ctx, p0, a0 + 8);
+    set_m(ctx, p0, n0);
     set_m(ctx, p1, a1 + 8);
     set_m(ctx, ps, a2 + 8);
     set_a2(ctx, out, result);

@@ -984,6 +984,86 @@ fn element_conflicts_in_both_regions() {
     assert_eq!(r.fault().0, FaultKind::MemoryConflict);
 }
 
+/// The strided forms advance their first pointer by `8 * m[stride]` (signed) and
+/// the others by 8, after the same element checks as the plain forms.
+#[test]
+fn strided_pace_loads() {
+    // ld2xst64pace with a stride of 5 atoms: loads at p0 and p1, the store at ps.
+    let w = s(Inst::Ld2xSt64PaceStride {
+        d0: AReg(0),
+        d1: AReg(2),
+        s: AReg(4),
+        p0: MReg(1),
+        p1: MReg(2),
+        ps: MReg(3),
+        stride: MReg(9),
+    });
+    let r = exec_with::<false>(&[w], |c, sh, l| {
+        c.m[1] = R1;
+        c.m[2] = R1 + 0x8000;
+        c.m[3] = R0;
+        c.m[9] = 5;
+        c.a[4] = 0x1111_2222;
+        c.a[5] = 0x3333_4444;
+        poke(sh, l, R1, &0x0102_0304_0506_0708u64.to_le_bytes());
+        poke(sh, l, R1 + 0x8000, &0x1112_1314_1516_1718u64.to_le_bytes());
+    });
+    r.ok();
+    assert_eq!(r.m(1), R1 + 40);
+    assert_eq!(r.m(2), R1 + 0x8008);
+    assert_eq!(r.m(3), R0 + 8);
+    assert_eq!((r.a(0), r.a(1)), (0x0506_0708, 0x0102_0304));
+    assert_eq!((r.a(2), r.a(3)), (0x1516_1718, 0x1112_1314));
+    assert_eq!(r.mem(R0, 8), &0x3333_4444_1111_2222u64.to_le_bytes());
+
+    // A negative stride walks back; one past the address space faults.
+    let back = s(Inst::Ld64Stride {
+        d: AReg(0),
+        base: MReg(1),
+        stride: MReg(9),
+    });
+    let r = exec_with::<false>(&[back], |c, _, _| {
+        c.m[1] = R1 + 64;
+        c.m[9] = (-3i32) as u32;
+    });
+    r.ok();
+    assert_eq!(r.m(1), R1 + 40);
+    let r = exec_with::<false>(&[back], |c, _, _| {
+        c.m[1] = R0;
+        c.m[9] = (-(R0 as i32 / 8) - 1) as u32;
+    });
+    assert_eq!(r.fault().0, FaultKind::InvalidMemoryAddress);
+
+    // The strided forms check elements like the plain ones.
+    let two = s(Inst::Ld2x64PaceStride {
+        d0: AReg(0),
+        d1: AReg(2),
+        p0: MReg(1),
+        p1: MReg(2),
+        stride: MReg(9),
+    });
+    let r = exec_with::<false>(&[two], |c, _, _| {
+        c.m[1] = R1;
+        c.m[2] = R1 + 16;
+        c.m[9] = 4;
+    });
+    assert_eq!(r.fault().0, FaultKind::MemoryConflict);
+    let ldst = s(Inst::Ldst64PaceStride {
+        d: AReg(0),
+        s: AReg(2),
+        pl: MReg(1),
+        ps: MReg(2),
+        stride: MReg(9),
+    });
+    let r = exec_with::<false>(&[ldst], |c, _, _| {
+        c.m[1] = R1;
+        c.m[2] = R1 + 8;
+        c.m[9] = 4;
+    });
+    r.ok();
+    assert_eq!((r.m(1), r.m(2)), (R1 + 32, R1 + 16));
+}
+
 #[test]
 fn context_rules() {
     // A worker may not run supervisor instructions.

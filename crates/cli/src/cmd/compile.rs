@@ -229,6 +229,7 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
     opts.place.check_capacity(&p.machine)?;
     if a.weaken_rearrange_contract {
         opts.lower.rearrange_declared_align = Some(2);
+        opts.lower.rearrange_inputs = true;
         opts.exploit_declared_alignment = true;
     }
     opts.lower.row_attention = a.row_attention;

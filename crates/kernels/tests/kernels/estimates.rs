@@ -61,6 +61,7 @@ fn estimates_track_simulation() {
         (804, 1, 2),
     ] {
         check_exact(&AmpMatmul::new(r, kc, nb));
+        check_exact(&AmpMatmul::new(r, kc, nb).row_major());
     }
     for (r, k) in [
         (4, 16),

@@ -21,11 +21,13 @@ fn case(k: &AmpMatmul, seed: u64) -> Case {
 }
 
 fn inputs(k: &AmpMatmul, c: &Case) -> Vec<(&'static str, Vec<u8>)> {
+    let a = if k.a_row_major {
+        c.x.clone()
+    } else {
+        pack_chunk_major(k.rows as usize, k.kc as usize, &c.x)
+    };
     vec![
-        (
-            "a",
-            f16_bytes(&pack_chunk_major(k.rows as usize, k.kc as usize, &c.x)),
-        ),
+        ("a", f16_bytes(&a)),
         (
             "w",
             f16_bytes(&pack_weights(k.kc as usize, k.nb as usize, &c.w)),
@@ -80,13 +82,40 @@ fn matmul_matches_reference() {
         (804, 1, 1),
     ];
     for (seed, &(rows, kc, nb)) in shapes.iter().enumerate() {
-        let k = AmpMatmul::new(rows, kc, nb);
-        let c = case(&k, seed as u64 + 10);
-        let out = run(&k, &layout(&k), &inputs(&k, &c));
-        out.assert_ok();
-        assert!(out.violations.is_empty(), "{:?}", out.violations);
-        check(&k, &c, &out);
+        let plain = AmpMatmul::new(rows, kc, nb);
+        let c = case(&plain, seed as u64 + 10);
+        // The same product reading A row-major: the same bits, since only the
+        // addresses of the loads differ.
+        let mut first = None;
+        for k in [plain.clone(), plain.clone().row_major()] {
+            let out = run(&k, &layout(&k), &inputs(&k, &c));
+            out.assert_ok();
+            assert!(out.violations.is_empty(), "{:?}", out.violations);
+            check(&k, &c, &out);
+            let got = out.read_f16("out", (rows * nb * 16) as usize);
+            match &first {
+                None => first = Some(got),
+                Some(f) => assert_eq!(f, &got, "{k:?}: row-major A changed the result"),
+            }
+        }
     }
+}
+
+/// A row-major A wider than the chunks the kernel reads is not what it is told:
+/// with the stride of `kc` chunks the rows come out shifted. The stride is what
+/// makes row-major work, so breaking it must show (here by lying about `kc`:
+/// a row-major `[rows][16*kc]` read as chunk-major gives a wrong product).
+#[test]
+fn row_major_input_read_as_chunk_major_is_wrong() {
+    let rm = AmpMatmul::new(24, 3, 1).row_major();
+    let c = case(&rm, 5);
+    let cm = AmpMatmul::new(24, 3, 1);
+    let out = run(&cm, &layout(&cm), &inputs(&rm, &c));
+    out.assert_ok();
+    let got = out.read_f16("out", 24 * 16);
+    let good = run(&rm, &layout(&rm), &inputs(&rm, &c));
+    good.assert_ok();
+    assert_ne!(got, good.read_f16("out", 24 * 16));
 }
 
 /// Two operands the kernel streams in one issue share an element: the contract's

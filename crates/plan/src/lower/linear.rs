@@ -221,7 +221,10 @@ fn one_pass(
     // Rows of row group `i` in the whole tensor.
     let span = |i: usize| (base + g.rows[i].0, g.rows[i].1);
 
-    // Input buffers and where `x` lands in them.
+    // Input buffers and where `x` lands in them. A row-major input is read so by
+    // the AMP (`a_rm`), or, with `rearrange_inputs`, rearranged into a chunk-major
+    // copy first (`a_cm`).
+    let rearrange = !direct && lw.opts.rearrange_inputs;
     let mut a_rm = BTreeMap::new();
     let mut a_cm = BTreeMap::new();
     let mut in_parts = Vec::new();
@@ -230,13 +233,15 @@ fn one_pass(
         let (r0, rows) = span(i);
         let (c0, kc) = g.chunks[j];
         let bytes = rows * kc * AMP_WIDTH * 2;
-        let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
-        a_cm.insert((i, j, l), cm);
-        if direct {
-            for c in 0..kc {
-                in_parts.push(block_part(cm, c * rows * AMP_WIDTH * 2, (r0, rows), c0 + c));
+        if direct || rearrange {
+            let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
+            a_cm.insert((i, j, l), cm);
+            if direct {
+                for c in 0..kc {
+                    in_parts.push(block_part(cm, c * rows * AMP_WIDTH * 2, (r0, rows), c0 + c));
+                }
+                continue;
             }
-            continue;
         }
         let rm = lw.buffer(tile, format!("{name}.in"), bytes, Category::Activation);
         a_rm.insert((i, j, l), rm);
@@ -332,7 +337,13 @@ fn one_pass(
                 b
             }
         };
-        let cm = a_cm[&(i, j, l)];
+        // The buffer the AMP reads.
+        let a_buf = a_cm.get(&(i, j, l)).or(a_rm.get(&(i, j, l))).copied();
+        let Some(a_buf) = a_buf else {
+            return Err(PlanError::Unsupported(format!(
+                "{name}: no input buffer on tile {tile}"
+            )));
+        };
         if let Some(&rm) = a_rm.get(&(i, j, l)) {
             let valid = ((c0 + kc) * AMP_WIDTH).min(k) - c0 * AMP_WIDTH;
             if valid < kc * AMP_WIDTH {
@@ -349,19 +360,27 @@ fn one_pass(
                     )],
                 );
             }
-            let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
-            if let Some(al) = lw.opts.rearrange_declared_align {
-                re.declared_align = al;
+            if rearrange {
+                let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
+                if let Some(al) = lw.opts.rearrange_declared_align {
+                    re.declared_align = al;
+                }
+                lw.call(
+                    tile,
+                    step,
+                    re,
+                    &[
+                        ("in", Loc { buf: rm, offset: 0 }),
+                        (
+                            "out",
+                            Loc {
+                                buf: a_buf,
+                                offset: 0,
+                            },
+                        ),
+                    ],
+                );
             }
-            lw.call(
-                tile,
-                step,
-                re,
-                &[
-                    ("in", Loc { buf: rm, offset: 0 }),
-                    ("out", Loc { buf: cm, offset: 0 }),
-                ],
-            );
         }
         let slab_bytes = slab * rows * AMP_WIDTH * 2;
         // Reducing tiles also receive a slab from every other inner group.
@@ -376,9 +395,18 @@ fn one_pass(
             slab_bytes * slots,
             Category::Partial,
         );
-        let mm = AmpMatmul::new(rows, kc, nb_pad);
+        let mut mm = AmpMatmul::new(rows, kc, nb_pad);
+        if !direct && !rearrange {
+            mm = mm.row_major();
+        }
         let mut ops = vec![
-            ("a", Loc { buf: cm, offset: 0 }),
+            (
+                "a",
+                Loc {
+                    buf: a_buf,
+                    offset: 0,
+                },
+            ),
             (
                 "w",
                 Loc {

@@ -55,6 +55,10 @@ pub struct LowerOptions {
     /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
     /// keeps the kernel's true contract.
     pub rearrange_declared_align: Option<u32>,
+    /// Rearrange a linear's row-major input to the AMP's chunk-major layout on the
+    /// tile (the seed's way) instead of letting the AMP read it row-major. The
+    /// seed-bug reproduction needs the rearrangement's kernel; nothing else does.
+    pub rearrange_inputs: bool,
     /// Lower every multi-query attention with scores `Q K^T` and the row softmax
     /// (for tests of that path), not only where the transposed one does not apply.
     pub row_attention: bool,
@@ -73,6 +77,7 @@ impl Default for LowerOptions {
             transient_bytes: 160 * 1024,
             slab_bias_bytes: 16 * 1024,
             rearrange_declared_align: None,
+            rearrange_inputs: false,
             row_attention: false,
             unabsorbed: false,
             choices: BTreeMap::new(),
@@ -575,6 +580,7 @@ impl<'g> Walker<'g> {
             k: kp,
             n,
             a_blocked: linear::takes_blocks(x),
+            rearrange: lw.opts.rearrange_inputs,
         };
         let wbytes = u64::from(kp) * u64::from(n) * 2;
         let share = weight_floor(lw.machine, wbytes)
