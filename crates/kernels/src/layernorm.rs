@@ -2,7 +2,7 @@
 //! `width` f16, statistics in f32.
 //!
 //! Workers own contiguous row ranges. Per row, three passes over the row:
-//! 1. sum: `fsum` of four f16 lanes into f32, accumulated in f32;
+//! 1. sum: `f16v4acc` into the worker's four f32 lane accumulators, then added;
 //! 2. sum of squared deviations from the mean, in f32 (two-pass: no cancellation
 //!    when the mean is large relative to the spread);
 //! 3. normalise in f32, round to f16, then `beta + y * gamma` with one f16 `fmac`
@@ -162,20 +162,28 @@ impl LayerNorm {
         s.i(to_f16(1, 4));
     }
 
-    /// Pass 1 over `$m7` groups at `$m4`: the f32 sum into `$a6`.
+    /// Pass 1 over `$m7` groups at `$m4`: the f32 sum into `$a6`. Each group is
+    /// one `{ ld64 ; f16v4acc }` issue into the worker's accumulators (lane sums in
+    /// f32, one per lane), loads leading by one issue; then the four lane sums
+    /// are taken out and added. The accumulators are left zero.
     fn sum_pass(s: &mut Asm) {
         use FBinOp::*;
-        s.i(zero_a(6));
-        s.i(zero_a(14));
-        s.rpt(m(7), |b| {
-            b.b(ld64s(0, 4), fbin(Add, FVec::F32, 6, 6, 14));
-            b.i(Inst::FSum {
-                vec: FVec::F16V4,
-                d: a(14),
-                a: a(0),
-            });
+        let acc = Inst::F16Acc {
+            a: a(0),
+            quad: false,
+        };
+        s.single_or_bundle(ld64s(0, 4));
+        s.i(inti(IntOp::Sub, m(10), m(7), 1));
+        s.rpt(m(10), |b| b.b(ld64s(0, 4), acc));
+        s.i(acc);
+        s.i(Inst::F32v2Gina { d: a(6) });
+        s.i(Inst::F32v2Gina { d: a(2) });
+        s.i(fbin(Add, FVec::F32V2, 6, 6, 2));
+        s.i(Inst::FSum {
+            vec: FVec::F32V2,
+            d: a(6),
+            a: a(6),
         });
-        s.i(fbin(Add, FVec::F32, 6, 6, 14));
     }
 
     /// Pass 2 over `$m7` groups at `$m4`, mean pair in `$a12:13`: the f32 sum of
@@ -364,7 +372,7 @@ impl LayerNorm {
         let g = u64::from(self.groups());
         match u64::from(r) {
             0 => 5,
-            r => crate::issue_slots(t, 7 + r * (17 * g + 36), r),
+            r => crate::issue_slots(t, 7 + r * (16 * g + 38), r),
         }
     }
 
@@ -381,7 +389,7 @@ impl LayerNorm {
     fn split_issues(&self, t: &Timing, launch: usize, g: u32) -> u64 {
         let (r, g) = (u64::from(self.rows), u64::from(g));
         match launch {
-            0 => 11 + r * (2 * g + 12),
+            0 => 11 + r * (g + 16),
             1 => 11 + r * (6 * g + 32),
             _ => crate::issue_slots(t, 12 + r * (9 * g + 44), r),
         }

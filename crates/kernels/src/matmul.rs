@@ -174,6 +174,56 @@ impl AmpMatmul {
         self.a_row_major.then(|| 4 * self.kc - 3)
     }
 
+    /// Whether the calls' headers are precomputed in the state, in call order (a
+    /// table the supervisor walks), rather than stored by the supervisor before
+    /// every call: with an even row split, where every worker reads one header.
+    /// The workers then all exit together and the supervisor's stores would fall
+    /// in the gap between calls; with uneven rows the short workers' early exits
+    /// hide them, and the records per worker keep the single header.
+    fn table(&self) -> bool {
+        matches!(self.layout(), Rows::Even { .. })
+    }
+
+    fn state_bytes(&self) -> u32 {
+        if self.table() {
+            HEADER * self.kc * self.nb
+        } else {
+            STATE_BYTES
+        }
+    }
+
+    /// Every call's header (A chunk, partial-in, output) in call order: blocks,
+    /// then chunks. Chunk c < kc-1 writes `p0` or `p1` (alternating from `p0`), the
+    /// last chunk the block's output; chunk c > 0 reads what chunk c-1 wrote, chunk
+    /// 0 nothing (0: it starts at the zero-partial entry).
+    fn headers(&self, addrs: &OperandAddrs) -> Result<Vec<(u32, u32, u32)>, KernelError> {
+        let name = self.symbol();
+        let addr = |n: &str| operand(addrs, &name, n);
+        let (a0, out) = (addr("a")?, addr("out")?);
+        let p = [
+            if self.partials() >= 1 { addr("p0")? } else { 0 },
+            if self.partials() >= 2 { addr("p1")? } else { 0 },
+        ];
+        let step = if self.a_row_major {
+            32
+        } else {
+            self.block_bytes()
+        };
+        let mut v = Vec::with_capacity((self.kc * self.nb) as usize);
+        for b in 0..self.nb {
+            for c in 0..self.kc {
+                let pin = if c == 0 { 0 } else { p[((c - 1) % 2) as usize] };
+                let o = if c + 1 == self.kc {
+                    out + b * self.block_bytes()
+                } else {
+                    p[(c % 2) as usize]
+                };
+                v.push((a0 + c * step, pin, o));
+            }
+        }
+        Ok(v)
+    }
+
     /// Issues of one worker run with `r` rows, as emitted: setup, then four per row
     /// plus pipeline fill and drain (see [`rows_loop`]).
     fn worker_issues(&self, r: u32, partials: bool) -> u64 {
@@ -246,7 +296,9 @@ impl AmpMatmul {
             a_row_major: self.a_row_major,
         };
         let mut s = Asm::new(code_base);
-        if self.kc == 1 {
+        if self.table() {
+            self.table_loop(&mut s, &sup);
+        } else if self.kc == 1 {
             self.single_chunk_loop(&mut s, &sup);
         } else {
             self.chunk_loop(&mut s, &sup);
@@ -256,6 +308,67 @@ impl AmpMatmul {
 
     fn zero_entry_offset(&self) -> u32 {
         self.worker_code(&mut Asm::new(0))
+    }
+
+    /// The header table's walk: per block, chunk 0 at the zero-partial entry, then
+    /// chunks 1..kc-1 at the partials entry, two calls a loop pass (an odd one
+    /// first) so that the loop's branch and its pipeline refill come once in two
+    /// gaps. Every instruction between a `runall` and the next `sync local` waits
+    /// for the workers to exit; counters are decremented after a `sync local`, far
+    /// ahead of the branch that reads them.
+    fn table_loop(&self, s: &mut Asm, c: &Sup) {
+        let blocks = self.nb > 1;
+        let rest = self.kc - 1;
+        let pairs = rest / 2;
+        s.i(setzi(m(1), c.state));
+        s.i(setzi(m(2), c.w)); // advanced 16 bytes by every weight load
+        s.i(setzi(m(0), c.zero_entry));
+        if rest > 0 {
+            s.i(setzi(m(3), c.entry));
+        }
+        if blocks {
+            s.i(setzi(m(4), self.nb));
+        }
+        let call = |s: &mut Asm, entry: MReg, before: &[Inst]| {
+            s.i(Inst::SyncLocal);
+            for &i in before {
+                s.i(i);
+            }
+            load_weights(s);
+            s.i(Inst::RunAll {
+                entry,
+                state: m(1),
+                stride: 0,
+            });
+            s.i(inti(IntOp::Add, m(1), m(1), HEADER as u16));
+        };
+        let block = s.label();
+        s.bind(block);
+        let mut first = Vec::new();
+        if blocks {
+            first.push(inti(IntOp::Sub, m(4), m(4), 1));
+        }
+        if pairs > 1 {
+            first.push(setzi(m(6), pairs));
+        }
+        call(s, m(0), &first);
+        if rest % 2 == 1 {
+            call(s, m(3), &[]);
+        }
+        if pairs == 1 {
+            call(s, m(3), &[]);
+            call(s, m(3), &[]);
+        } else if pairs > 1 {
+            let pair = s.label();
+            s.bind(pair);
+            call(s, m(3), &[inti(IntOp::Sub, m(6), m(6), 1)]);
+            call(s, m(3), &[]);
+            s.brnz(m(6), pair);
+        }
+        if blocks {
+            s.brnz(m(4), block);
+        }
+        s.i(Inst::SyncLocal);
     }
 
     /// `kc == 1`: every call takes the zero-partial path on the same A, so only the
@@ -730,7 +843,7 @@ impl Kernel for AmpMatmul {
             }
         }
         separate_all(&mut ops, &streamed);
-        ops.push(Operand::new("state", Role::State, STATE_BYTES, 8));
+        ops.push(Operand::new("state", Role::State, self.state_bytes(), 8));
         let supervisor_bytes = self
             .supervisor_words(
                 &Call {
@@ -763,8 +876,13 @@ impl Kernel for AmpMatmul {
         self.validate()?;
         // The header is rewritten by the supervisor before every run; only the row
         // split is built here. Operand addresses go into the supervisor snippet.
-        let _ = addrs;
         let mut buf = StateBuf::default();
+        if self.table() {
+            for (a, pin, out) in self.headers(addrs)? {
+                buf.u32(a).u32(pin).u32(out);
+            }
+            return Ok(buf.finish(self.stride()));
+        }
         buf.pad_to(HEADER as usize);
         let layout = self.layout();
         for (r0, r) in split(self.rows) {
@@ -778,7 +896,7 @@ impl Kernel for AmpMatmul {
                 }
             }
         }
-        buf.pad_to(STATE_BYTES as usize);
+        buf.pad_to(self.state_bytes() as usize);
         Ok(buf.finish(self.stride()))
     }
 
@@ -796,6 +914,18 @@ impl Kernel for AmpMatmul {
         // thousands of estimates.
         let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb, self.a_row_major);
         let per_chunk = |nb: u32| -> u64 {
+            if self.table() {
+                // Chunks after the first run in pairs from five on (an odd one
+                // peeled), so each two more chunks add one loop pass.
+                return match self.kc {
+                    0..=8 => walk(self.kc.max(1), nb),
+                    kc => {
+                        let base = 8 - (kc % 2);
+                        let (x, y) = (walk(base, nb), walk(base + 2, nb));
+                        x + u64::from((kc - base) / 2) * y.saturating_sub(x)
+                    }
+                };
+            }
             match self.kc {
                 0..=3 => walk(self.kc.max(1), nb),
                 // Two chunks run straight through; from three on the chunk loop

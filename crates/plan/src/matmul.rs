@@ -11,7 +11,7 @@
 
 use crate::PlanError;
 use serde::Serialize;
-use tessera_kernels::{Add, AmpMatmul, Kernel, Rearrange, ReduceAdd};
+use tessera_kernels::{Add, AmpMatmul, Kernel, Rearrange, ReduceAdd, WORKERS};
 use tessera_machine::Machine;
 
 /// AMP chunk width: 16 inputs by 16 outputs per weight load.
@@ -112,7 +112,15 @@ impl MatmulMapping {
     }
 
     fn evaluate(machine: &Machine, shape: MatmulShape, pr: u32, pk: u32, pn: u32) -> Self {
-        let rows_t = shape.rows.div_ceil(pr);
+        // Row groups of a multiple of the worker count where the rows allow: the
+        // busiest worker's rows stay the same (ceil(rows / 6) either way), and the
+        // AMP's workers then share one header with no per-worker records, three
+        // issues a call fewer. The last group takes what is left.
+        let rows_t = shape
+            .rows
+            .div_ceil(pr)
+            .next_multiple_of(WORKERS)
+            .min(shape.rows);
         let kc_t = shape.k_chunks().div_ceil(pk);
         let real_nb = shape.n_blocks().div_ceil(pn);
         // The grid the lowering builds (`Grid`): groups of these sizes, so a
@@ -431,9 +439,31 @@ mod tests {
         let real = MatmulMapping::evaluate(&m, s, 8, 4, 45);
         assert_eq!((nominal.pr, nominal.pk, nominal.pn), (8, 4, 45));
         assert_eq!(nominal, real);
-        let a_bytes = 183 * 18 * 32;
+        // 1458 rows in 8 groups: 183 a group, rounded to 186 (whole rows a worker).
+        assert_eq!(nominal.rows_per_tile, 186);
+        let a_bytes = 186 * 18 * 32;
         assert_eq!(nominal.cost.exchange_in, 100 + a_bytes / 4);
         assert_eq!(MatmulMapping::evaluate(&m, s, 8, 4, 46).tiles(), 8 * 4 * 45);
+    }
+
+    /// Row groups are rounded up to whole rows a worker where the rows allow (the
+    /// busiest worker keeps its rows), and the last group takes what is left.
+    #[test]
+    fn row_groups_are_whole_rows_a_worker() {
+        let m = Machine::c600();
+        let s = MatmulShape::new(1458, 1152, 4304);
+        for pr in [5, 8, 9, 13] {
+            let map = MatmulMapping::evaluate(&m, s, pr, 4, 34);
+            assert_eq!(map.rows_per_tile % 6, 0, "{map:?}");
+            assert_eq!(
+                map.rows_per_tile.div_ceil(6),
+                s.rows.div_ceil(pr).div_ceil(6),
+                "{map:?}"
+            );
+            assert!(map.pr * map.rows_per_tile >= s.rows);
+        }
+        let few = MatmulMapping::evaluate(&m, MatmulShape::new(7, 32, 32), 1, 1, 1);
+        assert_eq!(few.rows_per_tile, 7);
     }
 
     #[test]

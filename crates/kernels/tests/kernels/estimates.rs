@@ -48,6 +48,14 @@ fn estimates_track_simulation() {
         (50, 4, 2),
         (30, 5, 4),
         (81, 10, 24),
+        // Even splits walk a header table, chunks in pairs: odd and even chunk
+        // counts on either side of the walked ones (the layer's fc2 and fc1).
+        (162, 30, 4),
+        (294, 18, 4),
+        (36, 9, 2),
+        (12, 11, 3),
+        (24, 6, 1),
+        (6, 7, 2),
         (162, 12, 10),
         (243, 8, 9),
         (32, 5, 46),
