@@ -24,7 +24,9 @@ use rayon::prelude::*;
 use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
-use tessera_plan::{Candidate, OpCandidates, lower_exact, lower_fitted};
+use tessera_plan::{
+    Candidate, LowerOptions, OpCandidates, lower_exact, lower_fitted, placement_retry_budget,
+};
 
 use crate::{CompileError, CompileOptions, Compiled, compile_lowered};
 
@@ -211,7 +213,10 @@ fn combinations(ops: &[OpCandidates], members: &[usize]) -> Vec<Vec<usize>> {
 }
 
 /// Builds `k` finalists and selects the feasible one with the fewest estimated
-/// cycles. `progress` is called after each build with (built, total).
+/// cycles. `progress` is called after each build with (built, total). When no
+/// finalist places (the fit loop's live-byte bound let through plans whose
+/// streamed operands find no separate memory elements), the search runs again
+/// with the next smaller weight budget.
 pub fn select(
     machine: &Machine,
     graph: &Graph,
@@ -221,9 +226,46 @@ pub fn select(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Selection, CompileError> {
     let start = Instant::now();
+    let mut lower = opts.lower.clone();
+    let mut retries = 0;
+    loop {
+        let (result, fitted) = select_once(machine, graph, weights, opts, &lower, k, progress)?;
+        match result {
+            Err(CompileError::DoesNotFit(f)) => match placement_retry_budget(&fitted) {
+                Some(smaller) => {
+                    lower = smaller;
+                    retries += 1;
+                }
+                None => return Err(CompileError::DoesNotFit(f)),
+            },
+            Err(e) => return Err(e),
+            Ok(mut sel) => {
+                sel.selection_ms = start.elapsed().as_secs_f64() * 1e3;
+                for c in sel.built.iter_mut().flatten() {
+                    c.report.weight_budget = Some(fitted.weight_bytes);
+                    c.report.placement_retries = retries;
+                }
+                return Ok(sel);
+            }
+        }
+    }
+}
+
+/// One finalist search under `lower`'s budgets, with the options its fit loop
+/// settled on.
+fn select_once(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &CompileOptions,
+    lower: &LowerOptions,
+    k: usize,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(Result<Selection, CompileError>, LowerOptions), CompileError> {
+    let start = Instant::now();
     // The defaults, lowered with the fit loop; every finalist keeps the budgets it
     // settled on, so that the recorded strategies are the ones a choice picks.
-    let (base, fitted) = lower_fitted(machine, graph, weights, &opts.lower)?;
+    let (base, fitted) = lower_fitted(machine, graph, weights, lower)?;
     let assignments = beam(&base.candidates, k, machine.timing.exchange_bytes_per_cycle);
     let total = assignments.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
@@ -272,7 +314,7 @@ pub fn select(
         built,
         selection_ms: start.elapsed().as_secs_f64() * 1e3,
     };
-    match sel.feasible_by_estimate().first() {
+    let result = match sel.feasible_by_estimate().first() {
         Some(&i) => {
             sel.selected = i;
             Ok(sel)
@@ -281,7 +323,8 @@ pub fn select(
         None => {
             Err(first_err.unwrap_or_else(|| CompileError::Host("no finalist was built".into())))
         }
-    }
+    };
+    Ok((result, fitted))
 }
 
 fn report(

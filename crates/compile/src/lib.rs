@@ -21,7 +21,7 @@ use tessera_host::HostPlan;
 use tessera_machine::Machine;
 use tessera_package::Package;
 use tessera_place::{Diagnosis, Options as PlaceOptions};
-use tessera_plan::{LowerOptions, PlanError, PlanOp, TilePlan, lower};
+use tessera_plan::{LowerOptions, PlanError, PlanOp, TilePlan, placement_retry_budget};
 
 pub use requests::tile_problems;
 
@@ -185,6 +185,12 @@ pub struct CompileReport {
     pub selected: Option<usize>,
     /// The whole search: the default lowering, the beam, every finalist's build.
     pub selection_ms: Option<f64>,
+    /// Weight bytes per tile the lowering settled on (its fit loop, then any
+    /// placement retries), when this compile lowered the model itself.
+    pub weight_budget: Option<u64>,
+    /// Lowerings placement refused before this one (each retried with an eighth
+    /// less weight budget).
+    pub placement_retries: u32,
 }
 
 /// Wall time of each compile stage, in milliseconds.
@@ -283,12 +289,33 @@ pub fn compile_model(
     opts: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
-    let plan = lower(machine, graph, weights, &opts.lower)?;
-    let lower_ms = start.elapsed().as_secs_f64() * 1e3;
-    let mut compiled = compile_lowered(machine, &plan, opts)?;
-    compiled.report.stage_ms.lower = lower_ms;
-    compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok(compiled)
+    let mut lower_opts = opts.lower.clone();
+    let mut retries = 0;
+    loop {
+        let t = Instant::now();
+        let (plan, fitted) = tessera_plan::lower_fitted(machine, graph, weights, &lower_opts)?;
+        let lower_ms = t.elapsed().as_secs_f64() * 1e3;
+        match compile_lowered(machine, &plan, opts) {
+            Ok(mut compiled) => {
+                compiled.report.weight_budget = Some(fitted.weight_bytes);
+                compiled.report.placement_retries = retries;
+                compiled.report.stage_ms.lower = lower_ms;
+                compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
+                return Ok(compiled);
+            }
+            // The fit loop bounds live bytes; placement also knows the memory
+            // elements that streamed operands must keep apart. A plan it refuses
+            // is lowered again with fewer weight replicas.
+            Err(CompileError::DoesNotFit(f)) => match placement_retry_budget(&fitted) {
+                Some(smaller) => {
+                    lower_opts = smaller;
+                    retries += 1;
+                }
+                None => return Err(CompileError::DoesNotFit(f)),
+            },
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Compiles a plan already lowered (the finalist search lowers its own), with
@@ -478,6 +505,8 @@ fn compile_plan_with(
         finalists: Vec::new(),
         selected: None,
         selection_ms: None,
+        weight_budget: None,
+        placement_retries: 0,
     };
     Ok(Compiled {
         package,

@@ -174,9 +174,11 @@ impl AmpMatmul {
         self.a_row_major.then(|| 4 * self.kc - 3)
     }
 
-    /// Whether the calls' headers are precomputed in the state, in call order (a
-    /// table the supervisor walks), rather than stored by the supervisor before
-    /// every call: with an even row split, where every worker reads one header.
+    /// Whether the calls' headers are precomputed in the state (a table of one
+    /// block's calls, in chunk order, which the supervisor walks once a block and
+    /// whose last output it rewrites for each block), rather than stored by the
+    /// supervisor before every call: with an even row split, where every worker
+    /// reads one header.
     /// The workers then all exit together and the supervisor's stores would fall
     /// in the gap between calls; with uneven rows the short workers' early exits
     /// hide them, and the records per worker keep the single header.
@@ -186,16 +188,17 @@ impl AmpMatmul {
 
     fn state_bytes(&self) -> u32 {
         if self.table() {
-            HEADER * self.kc * self.nb
+            HEADER * self.kc
         } else {
             STATE_BYTES
         }
     }
 
-    /// Every call's header (A chunk, partial-in, output) in call order: blocks,
-    /// then chunks. Chunk c < kc-1 writes `p0` or `p1` (alternating from `p0`), the
-    /// last chunk the block's output; chunk c > 0 reads what chunk c-1 wrote, chunk
-    /// 0 nothing (0: it starts at the zero-partial entry).
+    /// The first block's call headers (A chunk, partial-in, output) in chunk
+    /// order. Chunk c < kc-1 writes `p0` or `p1` (alternating from `p0`), the last
+    /// chunk the block's output; chunk c > 0 reads what chunk c-1 wrote, chunk 0
+    /// nothing (0: it starts at the zero-partial entry). Every block's headers are
+    /// the same but for the last output.
     fn headers(&self, addrs: &OperandAddrs) -> Result<Vec<(u32, u32, u32)>, KernelError> {
         let name = self.symbol();
         let addr = |n: &str| operand(addrs, &name, n);
@@ -209,19 +212,17 @@ impl AmpMatmul {
         } else {
             self.block_bytes()
         };
-        let mut v = Vec::with_capacity((self.kc * self.nb) as usize);
-        for b in 0..self.nb {
-            for c in 0..self.kc {
+        Ok((0..self.kc)
+            .map(|c| {
                 let pin = if c == 0 { 0 } else { p[((c - 1) % 2) as usize] };
                 let o = if c + 1 == self.kc {
-                    out + b * self.block_bytes()
+                    out
                 } else {
                     p[(c % 2) as usize]
                 };
-                v.push((a0 + c * step, pin, o));
-            }
-        }
-        Ok(v)
+                (a0 + c * step, pin, o)
+            })
+            .collect())
     }
 
     /// Issues of one worker run with `r` rows, as emitted: setup, then four per row
@@ -315,7 +316,9 @@ impl AmpMatmul {
     /// first) so that the loop's branch and its pipeline refill come once in two
     /// gaps. Every instruction between a `runall` and the next `sync local` waits
     /// for the workers to exit; counters are decremented after a `sync local`, far
-    /// ahead of the branch that reads them.
+    /// ahead of the branch that reads them. With several blocks, each block's first
+    /// gap rewinds the table and stores the block's output into its last header
+    /// (whose call is the block's last, long after).
     fn table_loop(&self, s: &mut Asm, c: &Sup) {
         let blocks = self.nb > 1;
         let rest = self.kc - 1;
@@ -328,6 +331,10 @@ impl AmpMatmul {
         }
         if blocks {
             s.i(setzi(m(4), self.nb));
+            s.i(setzi(m(5), c.out)); // this block's output
+            s.i(setzi(m(9), c.rb));
+            // The last header's output word.
+            s.i(setzi(m(8), c.state + HEADER * (self.kc - 1) + 8));
         }
         let call = |s: &mut Asm, entry: MReg, before: &[Inst]| {
             s.i(Inst::SyncLocal);
@@ -347,6 +354,9 @@ impl AmpMatmul {
         let mut first = Vec::new();
         if blocks {
             first.push(inti(IntOp::Sub, m(4), m(4), 1));
+            first.push(setzi(m(1), c.state));
+            first.push(st32m(m(5), m(8), 0));
+            first.push(int(IntOp::Add, m(5), m(5), m(9)));
         }
         if pairs > 1 {
             first.push(setzi(m(6), pairs));

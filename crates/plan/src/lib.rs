@@ -17,6 +17,7 @@ pub use estimate::{PlanEstimate, estimate};
 pub use ir::*;
 pub use lower::{
     FIT_SHARE, LowerOptions, busiest, lower, lower_exact, lower_fitted, max_live_bytes,
+    placement_retry_budget,
 };
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};
 pub use verify::{Site, VerifyError, verify};

@@ -30,6 +30,10 @@ pub struct MatmulShape {
     /// seed's way, kept for its weakened-contract reproduction) instead of being
     /// read row-major by the AMP's strided loads.
     pub rearrange: bool,
+    /// Also cost each row split with its groups rounded up to whole rows a worker
+    /// (see `MatmulMapping::row_options`); the fit loop turns it off before it
+    /// gives up weight replicas, since the rounded groups hold a few rows more.
+    pub even_rows: bool,
 }
 
 impl MatmulShape {
@@ -41,6 +45,7 @@ impl MatmulShape {
             n,
             a_blocked: false,
             rearrange: false,
+            even_rows: true,
         }
     }
 
@@ -111,16 +116,32 @@ impl MatmulMapping {
             / (self.cost.total() as f64 * machine.peak_f16_flop_per_cycle() as f64)
     }
 
+    /// The mapping of `pr` row groups as they fall (tests name splits this way).
+    #[cfg(test)]
     fn evaluate(machine: &Machine, shape: MatmulShape, pr: u32, pk: u32, pn: u32) -> Self {
-        // Row groups of a multiple of the worker count where the rows allow: the
-        // busiest worker's rows stay the same (ceil(rows / 6) either way), and the
-        // AMP's workers then share one header with no per-worker records, three
-        // issues a call fewer. The last group takes what is left.
-        let rows_t = shape
-            .rows
-            .div_ceil(pr)
-            .next_multiple_of(WORKERS)
-            .min(shape.rows);
+        Self::evaluate_rows(machine, shape, shape.rows.div_ceil(pr), pk, pn)
+    }
+
+    /// The row groups `rows.div_ceil(pr)` and, where different, the same rounded up
+    /// to whole rows a worker: the busiest worker's rows stay the same, and the
+    /// AMP's workers then share one header walked from a table, with no records,
+    /// several issues a call fewer; but the busiest tile holds a few rows more,
+    /// which may cost a row pass where the budget is tight, so both are costed.
+    fn row_options(
+        machine: &Machine,
+        shape: MatmulShape,
+        pr: u32,
+        pk: u32,
+        pn: u32,
+    ) -> impl Iterator<Item = Self> {
+        let rows_t = shape.rows.div_ceil(pr);
+        let even = rows_t.next_multiple_of(WORKERS).min(shape.rows);
+        let round = (shape.even_rows && even != rows_t)
+            .then(|| Self::evaluate_rows(machine, shape, even, pk, pn));
+        std::iter::once(Self::evaluate_rows(machine, shape, rows_t, pk, pn)).chain(round)
+    }
+
+    fn evaluate_rows(machine: &Machine, shape: MatmulShape, rows_t: u32, pk: u32, pn: u32) -> Self {
         let kc_t = shape.k_chunks().div_ceil(pk);
         let real_nb = shape.n_blocks().div_ceil(pn);
         // The grid the lowering builds (`Grid`): groups of these sizes, so a
@@ -256,22 +277,23 @@ pub fn map_matmul_capped(
             let mut pr = 1;
             while pr <= pr_max {
                 let rows_t = shape.rows.div_ceil(pr);
-                let m = MatmulMapping::evaluate(machine, shape, pr, pk, pn);
-                smallest_need = smallest_need.min(m.bytes_per_tile);
-                if m.bytes_per_tile <= budget
-                    && lightest.as_ref().is_none_or(|l| {
-                        (m.weight_bytes, m.cost.total()) < (l.weight_bytes, l.cost.total())
-                    })
-                {
-                    lightest = Some(m.clone());
-                }
-                if m.bytes_per_tile <= budget && m.weight_bytes <= weight_cap {
-                    let better = match &best {
-                        None => true,
-                        Some(b) => (m.cost.total(), m.tiles()) < (b.cost.total(), b.tiles()),
-                    };
-                    if better {
-                        best = Some(m);
+                for m in MatmulMapping::row_options(machine, shape, pr, pk, pn) {
+                    smallest_need = smallest_need.min(m.bytes_per_tile);
+                    if m.bytes_per_tile <= budget
+                        && lightest.as_ref().is_none_or(|l| {
+                            (m.weight_bytes, m.cost.total()) < (l.weight_bytes, l.cost.total())
+                        })
+                    {
+                        lightest = Some(m.clone());
+                    }
+                    if m.bytes_per_tile <= budget && m.weight_bytes <= weight_cap {
+                        let better = match &best {
+                            None => true,
+                            Some(b) => (m.cost.total(), m.tiles()) < (b.cost.total(), b.tiles()),
+                        };
+                        if better {
+                            best = Some(m);
+                        }
                     }
                 }
                 // Next pr that lowers rows per tile.
@@ -313,9 +335,10 @@ pub fn matmul_front(
             let mut pr = 1;
             while pr <= pr_max {
                 let rows_t = shape.rows.div_ceil(pr);
-                let m = MatmulMapping::evaluate(machine, shape, pr, pk, pn);
-                if m.bytes_per_tile <= budget && m.weight_bytes <= weight_cap {
-                    all.push(m);
+                for m in MatmulMapping::row_options(machine, shape, pr, pk, pn) {
+                    if m.bytes_per_tile <= budget && m.weight_bytes <= weight_cap {
+                        all.push(m);
+                    }
                 }
                 let next_rows = rows_t - 1;
                 if next_rows == 0 {
@@ -439,31 +462,38 @@ mod tests {
         let real = MatmulMapping::evaluate(&m, s, 8, 4, 45);
         assert_eq!((nominal.pr, nominal.pk, nominal.pn), (8, 4, 45));
         assert_eq!(nominal, real);
-        // 1458 rows in 8 groups: 183 a group, rounded to 186 (whole rows a worker).
-        assert_eq!(nominal.rows_per_tile, 186);
-        let a_bytes = 186 * 18 * 32;
+        assert_eq!(nominal.rows_per_tile, 183);
+        let a_bytes = 183 * 18 * 32;
         assert_eq!(nominal.cost.exchange_in, 100 + a_bytes / 4);
         assert_eq!(MatmulMapping::evaluate(&m, s, 8, 4, 46).tiles(), 8 * 4 * 45);
     }
 
-    /// Row groups are rounded up to whole rows a worker where the rows allow (the
-    /// busiest worker keeps its rows), and the last group takes what is left.
+    /// Each row split is also costed with its groups rounded up to whole rows a
+    /// worker (the busiest worker keeps its rows, the last group takes what is
+    /// left), which the even AMP layout makes cheaper a call.
     #[test]
-    fn row_groups_are_whole_rows_a_worker() {
+    fn row_groups_are_also_costed_whole_rows_a_worker() {
         let m = Machine::c600();
         let s = MatmulShape::new(1458, 1152, 4304);
-        for pr in [5, 8, 9, 13] {
-            let map = MatmulMapping::evaluate(&m, s, pr, 4, 34);
-            assert_eq!(map.rows_per_tile % 6, 0, "{map:?}");
+        for pr in [5, 8, 13] {
+            let opts: Vec<_> = MatmulMapping::row_options(&m, s, pr, 4, 34).collect();
+            assert_eq!(opts.len(), 2, "{opts:?}");
+            let (plain, even) = (&opts[0], &opts[1]);
+            assert_eq!(plain.rows_per_tile, s.rows.div_ceil(pr));
+            assert_eq!(even.rows_per_tile % 6, 0, "{even:?}");
             assert_eq!(
-                map.rows_per_tile.div_ceil(6),
-                s.rows.div_ceil(pr).div_ceil(6),
-                "{map:?}"
+                even.rows_per_tile.div_ceil(6),
+                plain.rows_per_tile.div_ceil(6)
             );
-            assert!(map.pr * map.rows_per_tile >= s.rows);
+            assert!(even.pr * even.rows_per_tile >= s.rows);
+            assert!(even.cost.amp < plain.cost.amp, "{plain:?} {even:?}");
         }
-        let few = MatmulMapping::evaluate(&m, MatmulShape::new(7, 32, 32), 1, 1, 1);
-        assert_eq!(few.rows_per_tile, 7);
+        // 162 rows a group are already whole rows a worker: one option.
+        assert_eq!(MatmulMapping::row_options(&m, s, 9, 4, 34).count(), 1);
+        let few: Vec<_> =
+            MatmulMapping::row_options(&m, MatmulShape::new(7, 32, 32), 1, 1, 1).collect();
+        assert_eq!(few.len(), 1);
+        assert_eq!(few[0].rows_per_tile, 7);
     }
 
     #[test]

@@ -457,6 +457,11 @@ struct RunJson<'a> {
     finalists: &'a [tessera_compile::finalists::FinalistReport],
     selected: Option<usize>,
     selection_ms: Option<f64>,
+    /// Weight bytes per tile the lowering settled on.
+    weight_budget: Option<u64>,
+    /// Lowerings placement refused before the one built (each retried with an
+    /// eighth less weight budget).
+    placement_retries: u32,
     compile_ms: f64,
     /// Final tensor placement of every tile.
     placement_ms: f64,
@@ -1217,6 +1222,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             finalists: &c.report.finalists,
             selected: c.report.selected,
             selection_ms: c.report.selection_ms,
+            weight_budget: c.report.weight_budget,
+            placement_retries: c.report.placement_retries,
             compile_ms: c.report.compile_ms,
             placement_ms: c.report.placement.place_ms,
             simulate_ms,

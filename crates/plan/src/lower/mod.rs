@@ -59,6 +59,10 @@ pub struct LowerOptions {
     /// tile (the seed's way) instead of letting the AMP read it row-major. The
     /// seed-bug reproduction needs the rearrangement's kernel; nothing else does.
     pub rearrange_inputs: bool,
+    /// Let linears' row groups round up to whole rows a worker where that is
+    /// cheaper (`MatmulShape::even_rows`). The fit loop turns it off at a budget
+    /// before it shrinks the weight budget.
+    pub even_rows: bool,
     /// Lower every multi-query attention with scores `Q K^T` and the row softmax
     /// (for tests of that path), not only where the transposed one does not apply.
     pub row_attention: bool,
@@ -78,6 +82,7 @@ impl Default for LowerOptions {
             slab_bias_bytes: 16 * 1024,
             rearrange_declared_align: None,
             rearrange_inputs: false,
+            even_rows: true,
             row_attention: false,
             unabsorbed: false,
             choices: BTreeMap::new(),
@@ -581,6 +586,7 @@ impl<'g> Walker<'g> {
             n,
             a_blocked: linear::takes_blocks(x),
             rearrange: lw.opts.rearrange_inputs,
+            even_rows: lw.opts.even_rows,
         };
         let wbytes = u64::from(kp) * u64::from(n) * 2;
         let share = weight_floor(lw.machine, wbytes)
@@ -1051,11 +1057,21 @@ pub fn lower_fitted(
         if live <= limit {
             return Ok((plan, o));
         }
-        // First give up weight replicas, then the fast whole-slab biases (the
-        // So400m layer at batch 4 is faster with both at a budget of 180 KiB than
-        // with replicas and no slabs).
+        // First the rounded row groups (a few rows more on the busiest tile: the
+        // So400m layer at batch 4 keeps 384 KiB of weights without them and falls
+        // to 288 KiB with them), then weight replicas, then the fast whole-slab
+        // biases (the So400m layer at batch 4 is faster with both at a budget of
+        // 180 KiB than with replicas and no slabs). Each smaller weight budget is
+        // tried with rounded row groups again.
+        if o.even_rows {
+            o.even_rows = false;
+            continue;
+        }
         match smaller_weight_budget(&o) {
-            Some(smaller) => o = smaller,
+            Some(smaller) => {
+                o = smaller;
+                o.even_rows = opts.even_rows;
+            }
             None if o.slab_bias_bytes > 0 => o.slab_bias_bytes = 0,
             None => return Ok((plan, o)),
         }
@@ -1067,6 +1083,17 @@ pub fn lower_fitted(
 fn smaller_weight_budget(o: &LowerOptions) -> Option<LowerOptions> {
     (o.weight_bytes > MIN_WEIGHT_BYTES).then(|| LowerOptions {
         weight_bytes: (o.weight_bytes * 3 / 4).max(MIN_WEIGHT_BYTES),
+        ..o.clone()
+    })
+}
+
+/// `o` with a slightly smaller weight budget (an eighth less), `None` at the
+/// floor: what a caller tries when placement refuses a plan that the fit loop's
+/// live-byte bound let through (the bound knows nothing of the memory elements
+/// that streamed operands must keep apart, so such a plan is a near miss).
+pub fn placement_retry_budget(o: &LowerOptions) -> Option<LowerOptions> {
+    (o.weight_bytes > MIN_WEIGHT_BYTES).then(|| LowerOptions {
+        weight_bytes: (o.weight_bytes * 7 / 8).max(MIN_WEIGHT_BYTES),
         ..o.clone()
     })
 }
@@ -1233,4 +1260,41 @@ fn lower_with(
         );
     }
     Ok(plan)
+}
+
+#[cfg(test)]
+mod fit_tests {
+    use super::*;
+
+    /// A placement retry takes an eighth off the weight budget and keeps every
+    /// other option; at the floor there is nothing left to take.
+    #[test]
+    fn placement_retry_takes_an_eighth() {
+        let o = LowerOptions {
+            even_rows: false,
+            ..LowerOptions::default()
+        };
+        let r = placement_retry_budget(&o).unwrap();
+        assert_eq!(r.weight_bytes, o.weight_bytes * 7 / 8);
+        assert_eq!(
+            LowerOptions {
+                weight_bytes: o.weight_bytes,
+                ..r.clone()
+            },
+            o
+        );
+        let floor = LowerOptions {
+            weight_bytes: MIN_WEIGHT_BYTES,
+            ..o.clone()
+        };
+        assert!(placement_retry_budget(&floor).is_none());
+        let near = LowerOptions {
+            weight_bytes: MIN_WEIGHT_BYTES + 8,
+            ..o
+        };
+        assert_eq!(
+            placement_retry_budget(&near).unwrap().weight_bytes,
+            MIN_WEIGHT_BYTES
+        );
+    }
 }
