@@ -852,7 +852,20 @@ impl Kernel for AmpMatmul {
                 streamed.push(name);
             }
         }
-        separate_all(&mut ops, &streamed);
+        // Only what one issue streams together must be apart: A with each of the
+        // others; the two partial buffers (chunk c reads one and writes the
+        // other); and the output with the partial-in of the last chunk (chunk
+        // kc-1 reads what chunk kc-2 wrote), not with the other partial buffer.
+        for &other in &streamed[1..] {
+            separate_all(&mut ops, &["a", other]);
+        }
+        if self.kc >= 3 {
+            separate_all(&mut ops, &["p0", "p1"]);
+        }
+        if self.kc >= 2 {
+            let last_in = ["p0", "p1"][((self.kc - 2) % 2) as usize];
+            separate_all(&mut ops, &["out", last_in]);
+        }
         ops.push(Operand::new("state", Role::State, self.state_bytes(), 8));
         let supervisor_bytes = self
             .supervisor_words(

@@ -153,6 +153,51 @@ fn streamed_operands_in_one_element_conflict() {
     check(&k, &c, &out);
 }
 
+/// The output may share an element with the partial buffer the last chunk does
+/// not read: the contract no longer separates them, and the simulator, which
+/// faults on any two accesses of one issue in one element, runs the product
+/// correctly. With the other buffer (the one the last chunk reads) it faults.
+#[test]
+fn output_shares_an_element_with_the_idle_partial_buffer() {
+    let k = AmpMatmul::new(24, 5, 2);
+    let c = case(&k, 31);
+    let rb = 24 * 32;
+    let base = OperandAddrs::new()
+        .with("a", R1)
+        .with("w", R1 + 0x8000)
+        .with("state", STATE_ADDR);
+    // Chunk 4 reads `p1`: `p0` and `out` in one 32 KiB pair.
+    let shared = base
+        .clone()
+        .with("p0", R1 + 0x1_8000)
+        .with("out", R1 + 0x1_8000 + rb)
+        .with("p1", R1 + 0x2_0000);
+    let out = run(&k, &shared, &inputs(&k, &c));
+    out.assert_ok();
+    assert!(out.violations.is_empty(), "{:?}", out.violations);
+    check(&k, &c, &out);
+    // `p1` and `out` in one pair: the contract says so and the simulator faults.
+    let clash = base
+        .with("p1", R1 + 0x1_8000)
+        .with("out", R1 + 0x1_8000 + rb)
+        .with("p0", R1 + 0x2_0000);
+    let out = run(&k, &clash, &inputs(&k, &c));
+    assert!(
+        out.violations
+            .iter()
+            .any(|v| matches!(v, Violation::SharedElement { .. })),
+        "{:?}",
+        out.violations
+    );
+    assert_eq!(out.report.status, Status::Fault);
+    assert!(
+        out.report
+            .faults
+            .iter()
+            .all(|f| f.kind == FaultKind::MemoryConflict)
+    );
+}
+
 /// One [N,16]x[16,16] product per tile, against the public microbenchmark's
 /// ~340 + 4N cycles and the kernel's own estimate.
 #[test]
