@@ -215,8 +215,9 @@ fn combinations(ops: &[OpCandidates], members: &[usize]) -> Vec<Vec<usize>> {
 /// Builds `k` finalists and selects the feasible one with the fewest estimated
 /// cycles. `progress` is called after each build with (built, total). When no
 /// finalist places (the fit loop's live-byte bound let through plans whose
-/// streamed operands find no separate memory elements), the search runs again
-/// with the next smaller weight budget.
+/// streamed operands find no separate memory elements), smaller weight budgets
+/// (an eighth less each, at most `MAX_PLACEMENT_RETRIES`) are probed with the
+/// defaults alone, and the search runs again at the first that places.
 pub fn select(
     machine: &Machine,
     graph: &Graph,
@@ -231,13 +232,32 @@ pub fn select(
     loop {
         let (result, fitted) = select_once(machine, graph, weights, opts, &lower, k, progress)?;
         match result {
-            Err(CompileError::DoesNotFit(f)) => match placement_retry_budget(&fitted) {
-                Some(smaller) => {
-                    lower = smaller;
+            Err(CompileError::DoesNotFit(f)) => {
+                // Smaller budgets are probed with the defaults alone (one build
+                // each, not `k`); the search runs again at the first that places.
+                let mut next = fitted;
+                let mut placed = false;
+                while retries < crate::MAX_PLACEMENT_RETRIES {
+                    let Some(smaller) = placement_retry_budget(&next) else {
+                        break;
+                    };
                     retries += 1;
+                    let (plan, fitted) = lower_fitted(machine, graph, weights, &smaller)?;
+                    next = fitted;
+                    match compile_lowered(machine, &plan, opts) {
+                        Ok(_) => {
+                            placed = true;
+                            break;
+                        }
+                        Err(CompileError::DoesNotFit(_)) => {}
+                        Err(e) => return Err(e),
+                    }
                 }
-                None => return Err(CompileError::DoesNotFit(f)),
-            },
+                if !placed {
+                    return Err(CompileError::DoesNotFit(f));
+                }
+                lower = next;
+            }
             Err(e) => return Err(e),
             Ok(mut sel) => {
                 sel.selection_ms = start.elapsed().as_secs_f64() * 1e3;

@@ -122,6 +122,12 @@ impl Default for CompileOptions {
     }
 }
 
+/// Lowerings a compile retries after placement refuses one, each with an eighth
+/// less weight budget: a plan the fit loop let through misses by a few elements,
+/// not by a third of the tile (the So400m layer at batch 2 needs three), and a
+/// model that cannot fit is refused in a few rounds rather than a dozen.
+pub const MAX_PLACEMENT_RETRIES: u32 = 4;
+
 /// Placement figures over all tiles.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PlacementSummary {
@@ -307,11 +313,11 @@ pub fn compile_model(
             // elements that streamed operands must keep apart. A plan it refuses
             // is lowered again with fewer weight replicas.
             Err(CompileError::DoesNotFit(f)) => match placement_retry_budget(&fitted) {
-                Some(smaller) => {
+                Some(smaller) if retries < MAX_PLACEMENT_RETRIES => {
                     lower_opts = smaller;
                     retries += 1;
                 }
-                None => return Err(CompileError::DoesNotFit(f)),
+                _ => return Err(CompileError::DoesNotFit(f)),
             },
             Err(e) => return Err(e),
         }

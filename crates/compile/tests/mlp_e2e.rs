@@ -262,3 +262,32 @@ fn out_of_memory_counts_the_host_reservation() {
     assert!(text.contains("host descriptors (reserved) 12000"), "{text}");
     eprintln!("{text}");
 }
+
+/// A plan that places reports no retries and the weight budget it was lowered
+/// with; one that cannot place at any budget (a squeezed capacity) is refused
+/// after at most `MAX_PLACEMENT_RETRIES` smaller budgets, each of which the
+/// compile tried.
+#[test]
+fn placement_retries_are_bounded() {
+    use tessera_compile::{CompileError, MAX_PLACEMENT_RETRIES};
+    let machine = Machine::small().with_tiles(16);
+    let graph = mlp(&MlpConfig::tiny(2)).unwrap();
+    let weights = init_weights(&graph, 1);
+    let ok = compile_model(&machine, &graph, &weights, &CompileOptions::default()).unwrap();
+    assert_eq!(ok.report.placement_retries, 0);
+    assert_eq!(
+        ok.report.weight_budget,
+        Some(CompileOptions::default().lower.weight_bytes)
+    );
+    let mut squeezed = CompileOptions::default();
+    squeezed.place.capacity = Some(2048);
+    let t = std::time::Instant::now();
+    match compile_model(&machine, &graph, &weights, &squeezed) {
+        Err(CompileError::DoesNotFit(tiles)) => assert!(!tiles.is_empty()),
+        other => panic!("expected DoesNotFit, got {:?}", other.map(|c| c.report)),
+    }
+    eprintln!(
+        "refused after at most {MAX_PLACEMENT_RETRIES} retries in {:?}",
+        t.elapsed()
+    );
+}
