@@ -18,6 +18,9 @@
 //! partial-in buffer: its workers start at a second entry point, the zero-partial
 //! path, which feeds a zeroed register pair to the AMP instead of a third stream. The
 //! last chunk of a block, which writes the output, is the chunk loop peeled once.
+//! With an even row split every worker exits at once, so nothing the supervisor
+//! does between runs is hidden: there the headers of a block's calls are
+//! precomputed in the state and the supervisor only walks them (`table_loop`).
 //!
 //! Each worker streams its rows through the engine, four `amp` issues per row,
 //! software-pipelined by one row (the engine hands out the previous row's results)

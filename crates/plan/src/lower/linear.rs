@@ -5,10 +5,12 @@
 //! Data path (each phase its own step):
 //! - exchange: `x` (any layout) to each tile's row group and inner chunks. When
 //!   `x` arrives as 16-column blocks it lands in the AMP's chunk-major layout
-//!   directly; otherwise it lands row-major and is rearranged on the tile. The
-//!   residual's blocks ride in the same exchange;
-//! - compute: zero padding columns, rearrange, AMP matmul writing `pk` slabs of
-//!   output blocks;
+//!   directly; otherwise it lands row-major, and the AMP reads it so with its
+//!   strided loads (`AmpMatmul::row_major`; with `rearrange_inputs`, the seed's
+//!   way, it is rearranged into a chunk-major copy first). The residual's blocks
+//!   ride in the same exchange;
+//! - compute: zero padding columns, (the rearrangement,) AMP matmul writing `pk`
+//!   slabs of output blocks;
 //! - exchange (when the inner dimension is split): reduce-scatter; slab `j'` of
 //!   every tile goes to inner group `j'`, landing in the slot the sender just
 //!   emptied (the exchange reads before it writes);
@@ -319,7 +321,7 @@ fn one_pass(
     }
     lw.exchange(&format!("{name}.inputs"), copies);
 
-    // Weights, zero padding, rearrangement and the AMP.
+    // Weights, zero padding, the rearrangement where asked for, and the AMP.
     let step = lw.compute_step();
     let mut p_bufs = BTreeMap::new();
     for (i, j, l) in g.cells() {
