@@ -235,28 +235,20 @@ pub fn select(
             Err(CompileError::DoesNotFit(f)) => {
                 // Smaller budgets are probed with the defaults alone (one build
                 // each, not `k`); the search runs again at the first that places.
-                let mut next = fitted;
-                let mut placed = false;
-                while retries < crate::MAX_PLACEMENT_RETRIES {
-                    let Some(smaller) = placement_retry_budget(&next) else {
-                        break;
-                    };
-                    retries += 1;
-                    let (plan, fitted) = lower_fitted(machine, graph, weights, &smaller)?;
-                    next = fitted;
-                    match compile_lowered(machine, &plan, opts) {
-                        Ok(_) => {
-                            placed = true;
-                            break;
-                        }
-                        Err(CompileError::DoesNotFit(_)) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                if !placed {
+                let smaller = placement_retry_budget(&fitted)
+                    .filter(|_| retries < crate::MAX_PLACEMENT_RETRIES);
+                let Some(smaller) = smaller else {
                     return Err(CompileError::DoesNotFit(f));
+                };
+                match crate::compile_fitting(machine, graph, weights, opts, smaller, retries + 1) {
+                    Ok((_, placed, spent, _)) => {
+                        lower = placed;
+                        retries = spent;
+                    }
+                    // The first search's best-ranked failure is the report.
+                    Err(CompileError::DoesNotFit(_)) => return Err(CompileError::DoesNotFit(f)),
+                    Err(e) => return Err(e),
                 }
-                lower = next;
             }
             Err(e) => return Err(e),
             Ok(mut sel) => {

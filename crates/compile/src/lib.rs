@@ -295,26 +295,38 @@ pub fn compile_model(
     opts: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
-    let mut lower_opts = opts.lower.clone();
-    let mut retries = 0;
+    let (mut compiled, fitted, retries, lower_ms) =
+        compile_fitting(machine, graph, weights, opts, opts.lower.clone(), 0)?;
+    compiled.report.weight_budget = Some(fitted.weight_bytes);
+    compiled.report.placement_retries = retries;
+    compiled.report.stage_ms.lower = lower_ms;
+    compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(compiled)
+}
+
+/// Lowers from `lower` with the fit loop and compiles; while placement refuses the
+/// plan, lowers again with an eighth less weight budget, until `retries` (those
+/// already spent) reaches [`MAX_PLACEMENT_RETRIES`]. The fit loop bounds live
+/// bytes; placement also knows the memory elements that streamed operands must
+/// keep apart. Returns the package, the options it was lowered with, the retries
+/// spent, and the last lowering's milliseconds.
+pub(crate) fn compile_fitting(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &CompileOptions,
+    mut lower: LowerOptions,
+    mut retries: u32,
+) -> Result<(Compiled, LowerOptions, u32, f64), CompileError> {
     loop {
         let t = Instant::now();
-        let (plan, fitted) = tessera_plan::lower_fitted(machine, graph, weights, &lower_opts)?;
+        let (plan, fitted) = tessera_plan::lower_fitted(machine, graph, weights, &lower)?;
         let lower_ms = t.elapsed().as_secs_f64() * 1e3;
         match compile_lowered(machine, &plan, opts) {
-            Ok(mut compiled) => {
-                compiled.report.weight_budget = Some(fitted.weight_bytes);
-                compiled.report.placement_retries = retries;
-                compiled.report.stage_ms.lower = lower_ms;
-                compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
-                return Ok(compiled);
-            }
-            // The fit loop bounds live bytes; placement also knows the memory
-            // elements that streamed operands must keep apart. A plan it refuses
-            // is lowered again with fewer weight replicas.
+            Ok(compiled) => return Ok((compiled, fitted, retries, lower_ms)),
             Err(CompileError::DoesNotFit(f)) => match placement_retry_budget(&fitted) {
                 Some(smaller) if retries < MAX_PLACEMENT_RETRIES => {
-                    lower_opts = smaller;
+                    lower = smaller;
                     retries += 1;
                 }
                 _ => return Err(CompileError::DoesNotFit(f)),

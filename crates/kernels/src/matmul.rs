@@ -127,7 +127,7 @@ impl AmpMatmul {
         let start = s.at();
         match self.layout() {
             Rows::Few => {
-                few_rows(s, self.stride_atoms());
+                few_rows(s, self.row_major_kc());
                 0
             }
             Rows::Even { q } => {
@@ -144,8 +144,8 @@ impl AmpMatmul {
                     }
                     s.i(ld32m(m(5), m(0), 2));
                     s.i(inti(IntOp::Mul, m(6), m(1), (32 * q) as u16)); // row offset
-                    offset_pointers(s, f, count, self.stride_atoms());
-                    rows_loop(s, f, count, self.stride_atoms().is_some());
+                    offset_pointers(s, f, count, self.row_major_kc());
+                    rows_loop(s, f, count, self.a_row_major);
                 }
                 zero_entry
             }
@@ -163,26 +163,34 @@ impl AmpMatmul {
                     }
                     s.i(ld32m(m(5), m(2), 2));
                     s.i(ld32m(m(6), m(0), RECORD));
-                    offset_pointers(s, f, Count::Record, self.stride_atoms());
-                    rows_loop(s, f, Count::Record, self.stride_atoms().is_some());
+                    offset_pointers(s, f, Count::Record, self.row_major_kc());
+                    rows_loop(s, f, Count::Record, self.a_row_major);
                 }
                 zero_entry
             }
         }
     }
 
-    /// With a row-major A, the stride (in 8-byte atoms) from a row's last quarter
-    /// to the next row's first.
-    fn stride_atoms(&self) -> Option<u32> {
-        self.a_row_major.then(|| 4 * self.kc - 3)
+    /// With a row-major A, its chunks a row: what the workers offset A's rows by
+    /// and derive the stride from (see [`offset_a`]).
+    fn row_major_kc(&self) -> Option<u32> {
+        self.a_row_major.then_some(self.kc)
+    }
+
+    /// Bytes from one chunk of A to the next: a block chunk-major, 32 row-major.
+    fn chunk_step(&self) -> u32 {
+        if self.a_row_major {
+            32
+        } else {
+            self.block_bytes()
+        }
     }
 
     /// Whether the calls' headers are precomputed in the state (a table of one
     /// block's calls, in chunk order, which the supervisor walks once a block and
     /// whose last output it rewrites for each block), rather than stored by the
     /// supervisor before every call: with an even row split, where every worker
-    /// reads one header.
-    /// The workers then all exit together and the supervisor's stores would fall
+    /// reads one header. The workers then all exit together and the supervisor's stores would fall
     /// in the gap between calls; with uneven rows the short workers' early exits
     /// hide them, and the records per worker keep the single header.
     fn table(&self) -> bool {
@@ -210,11 +218,7 @@ impl AmpMatmul {
             if self.partials() >= 1 { addr("p0")? } else { 0 },
             if self.partials() >= 2 { addr("p1")? } else { 0 },
         ];
-        let step = if self.a_row_major {
-            32
-        } else {
-            self.block_bytes()
-        };
+        let step = self.chunk_step();
         Ok((0..self.kc)
             .map(|c| {
                 let pin = if c == 0 { 0 } else { p[((c - 1) % 2) as usize] };
@@ -546,11 +550,9 @@ fn load_weights(s: &mut Asm) {
 }
 
 /// Adds the row offset (`$m6`) to the stream pointers; the output's only when
-/// [`rows_loop`] does not (`Count::Imm`). A row-major A (`stride` atoms between a
-/// row's last quarter and the next row) is offset `kc` times as far, and the
-/// stride goes into `$m9`.
-fn offset_pointers(s: &mut Asm, f: Feed, count: Count, stride: Option<u32>) {
-    offset_a(s, stride);
+/// [`rows_loop`] does not (`Count::Imm`); A's as [`offset_a`] says.
+fn offset_pointers(s: &mut Asm, f: Feed, count: Count, row_major_kc: Option<u32>) {
+    offset_a(s, row_major_kc);
     if f == Feed::Partials {
         s.i(int(IntOp::Add, m(4), m(4), m(6)));
     }
@@ -560,15 +562,15 @@ fn offset_pointers(s: &mut Asm, f: Feed, count: Count, stride: Option<u32>) {
 }
 
 /// Adds A's row offset to its pointer `$m3`: the row offset `$m6` itself for a
-/// chunk-major A; for a row-major one (`stride` atoms between a row's last quarter
-/// and the next row's first, so `kc = (stride + 3) / 4` chunks a row) `kc` times
-/// it, and the stride goes into `$m9`.
-fn offset_a(s: &mut Asm, stride: Option<u32>) {
-    match stride {
-        Some(st) => {
-            s.i(inti(IntOp::Mul, m(10), m(6), st.div_ceil(4) as u16));
+/// chunk-major A; for a row-major one of `kc` chunks a row, `kc` times it, and
+/// the stride from a row's last quarter to the next row's first (`4*kc - 3`
+/// atoms) goes into `$m9`.
+fn offset_a(s: &mut Asm, row_major_kc: Option<u32>) {
+    match row_major_kc {
+        Some(kc) => {
+            s.i(inti(IntOp::Mul, m(10), m(6), kc as u16));
             s.i(int(IntOp::Add, m(3), m(3), m(10)));
-            s.i(setzi(m(9), st));
+            s.i(setzi(m(9), 4 * kc - 3));
         }
         None => s.i(int(IntOp::Add, m(3), m(3), m(6))),
     }
@@ -576,7 +578,7 @@ fn offset_a(s: &mut Asm, stride: Option<u32>) {
 
 /// The legacy worker for splits with fewer than two rows per worker: one entry,
 /// branching on the row count (`$m7`) and on a zero partial-in.
-fn few_rows(s: &mut Asm, stride: Option<u32>) {
+fn few_rows(s: &mut Asm, row_major_kc: Option<u32>) {
     let done = s.label();
     let zero = s.label();
     let one_pin = s.label();
@@ -590,18 +592,18 @@ fn few_rows(s: &mut Asm, stride: Option<u32>) {
     s.i(ld32m(m(7), m(0), RECORD + 1)); // rows
     // Workers without rows exit here, after reading the header like the others.
     s.brz(m(7), done);
-    offset_a(s, stride);
+    offset_a(s, row_major_kc);
     s.i(int(IntOp::Add, m(5), m(5), m(6)));
     s.i(inti(IntOp::Sub, m(8), m(7), 1));
     s.brz(m(4), zero);
     s.i(int(IntOp::Add, m(4), m(4), m(6)));
     s.brz(m(8), one_pin);
-    rows_loop(s, Feed::Partials, Count::Rows, stride.is_some());
+    rows_loop(s, Feed::Partials, Count::Rows, row_major_kc.is_some());
     s.bind(one_pin);
     one_row(s, Feed::Partials);
     s.bind(zero);
     s.brz(m(8), one_zero);
-    rows_loop(s, Feed::Zeros, Count::Rows, stride.is_some());
+    rows_loop(s, Feed::Zeros, Count::Rows, row_major_kc.is_some());
     s.bind(one_zero);
     one_row(s, Feed::Zeros);
     s.bind(done);

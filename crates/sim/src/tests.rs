@@ -1017,21 +1017,23 @@ fn strided_pace_loads() {
     assert_eq!(r.mem(R0, 8), &0x3333_4444_1111_2222u64.to_le_bytes());
 
     // A negative stride walks back; one past the address space faults.
+    let with_m = |w: Word, regs: &[(usize, u32)]| {
+        let regs = regs.to_vec();
+        exec_with::<false>(&[w], move |c, _, _| {
+            for (r, v) in regs {
+                c.m[r] = v;
+            }
+        })
+    };
     let back = s(Inst::Ld64Stride {
         d: AReg(0),
         base: MReg(1),
         stride: MReg(9),
     });
-    let r = exec_with::<false>(&[back], |c, _, _| {
-        c.m[1] = R1 + 64;
-        c.m[9] = (-3i32) as u32;
-    });
+    let r = with_m(back, &[(1, R1 + 64), (9, (-3i32) as u32)]);
     r.ok();
     assert_eq!(r.m(1), R1 + 40);
-    let r = exec_with::<false>(&[back], |c, _, _| {
-        c.m[1] = R0;
-        c.m[9] = (-(R0 as i32 / 8) - 1) as u32;
-    });
+    let r = with_m(back, &[(1, R0), (9, (-(R0 as i32 / 8) - 1) as u32)]);
     assert_eq!(r.fault().0, FaultKind::InvalidMemoryAddress);
 
     // The strided forms check elements like the plain ones.
@@ -1042,11 +1044,7 @@ fn strided_pace_loads() {
         p1: MReg(2),
         stride: MReg(9),
     });
-    let r = exec_with::<false>(&[two], |c, _, _| {
-        c.m[1] = R1;
-        c.m[2] = R1 + 16;
-        c.m[9] = 4;
-    });
+    let r = with_m(two, &[(1, R1), (2, R1 + 16), (9, 4)]);
     assert_eq!(r.fault().0, FaultKind::MemoryConflict);
     let ldst = s(Inst::Ldst64PaceStride {
         d: AReg(0),
@@ -1055,11 +1053,7 @@ fn strided_pace_loads() {
         ps: MReg(2),
         stride: MReg(9),
     });
-    let r = exec_with::<false>(&[ldst], |c, _, _| {
-        c.m[1] = R1;
-        c.m[2] = R1 + 8;
-        c.m[9] = 4;
-    });
+    let r = with_m(ldst, &[(1, R1), (2, R1 + 8), (9, 4)]);
     r.ok();
     assert_eq!((r.m(1), r.m(2)), (R1 + 32, R1 + 16));
 }

@@ -101,10 +101,9 @@ fn matmul_matches_reference() {
     }
 }
 
-/// A row-major A wider than the chunks the kernel reads is not what it is told:
-/// with the stride of `kc` chunks the rows come out shifted. The stride is what
-/// makes row-major work, so breaking it must show (here by lying about `kc`:
-/// a row-major `[rows][16*kc]` read as chunk-major gives a wrong product).
+/// The two layouts really differ: a row-major A given to the chunk-major kernel
+/// gives another product, so the reference test's agreement of both layouts (and
+/// the stride that makes row-major work) is not vacuous.
 #[test]
 fn row_major_input_read_as_chunk_major_is_wrong() {
     let rm = AmpMatmul::new(24, 3, 1).row_major();

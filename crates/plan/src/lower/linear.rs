@@ -223,12 +223,12 @@ fn one_pass(
     // Rows of row group `i` in the whole tensor.
     let span = |i: usize| (base + g.rows[i].0, g.rows[i].1);
 
-    // Input buffers and where `x` lands in them. A row-major input is read so by
-    // the AMP (`a_rm`), or, with `rearrange_inputs`, rearranged into a chunk-major
-    // copy first (`a_cm`).
+    // Input buffers and where `x` lands in them: `a_rm` where it lands row-major,
+    // `a_amp` what the AMP reads (the chunk-major buffer it lands in directly or
+    // is rearranged into with `rearrange_inputs`, else `a_rm` itself).
     let rearrange = !direct && lw.opts.rearrange_inputs;
     let mut a_rm = BTreeMap::new();
-    let mut a_cm = BTreeMap::new();
+    let mut a_amp = BTreeMap::new();
     let mut in_parts = Vec::new();
     for (i, j, l) in g.cells() {
         let tile = g.tile(i, j, l);
@@ -237,7 +237,7 @@ fn one_pass(
         let bytes = rows * kc * AMP_WIDTH * 2;
         if direct || rearrange {
             let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
-            a_cm.insert((i, j, l), cm);
+            a_amp.insert((i, j, l), cm);
             if direct {
                 for c in 0..kc {
                     in_parts.push(block_part(cm, c * rows * AMP_WIDTH * 2, (r0, rows), c0 + c));
@@ -247,6 +247,7 @@ fn one_pass(
         }
         let rm = lw.buffer(tile, format!("{name}.in"), bytes, Category::Activation);
         a_rm.insert((i, j, l), rm);
+        a_amp.entry((i, j, l)).or_insert(rm);
         let col0 = c0 * AMP_WIDTH;
         let col1 = ((c0 + kc) * AMP_WIDTH).min(k);
         if col1 - col0 == kc * AMP_WIDTH {
@@ -339,13 +340,7 @@ fn one_pass(
                 b
             }
         };
-        // The buffer the AMP reads.
-        let a_buf = a_cm.get(&(i, j, l)).or(a_rm.get(&(i, j, l))).copied();
-        let Some(a_buf) = a_buf else {
-            return Err(PlanError::Unsupported(format!(
-                "{name}: no input buffer on tile {tile}"
-            )));
-        };
+        let a_buf = a_amp[&(i, j, l)];
         if let Some(&rm) = a_rm.get(&(i, j, l)) {
             let valid = ((c0 + kc) * AMP_WIDTH).min(k) - c0 * AMP_WIDTH;
             if valid < kc * AMP_WIDTH {
