@@ -494,12 +494,17 @@ fn small_layer_decisions(name: &str, image_size: u32, batch: &str, extra: &[&str
 /// pads them to 48 (three query blocks, the last zeroed in part); with the row
 /// path forced, 41 rows are more than the softmax on the AMP's block layout takes
 /// (32), so the attention converts the scores to row-major and back around a
-/// row-major softmax. Both validate.
+/// row-major softmax. Both validate, with the softmax scale folded into the
+/// query projection.
 #[test]
 fn attention_with_41_query_rows_a_tile_validates_on_both_paths() {
     for (hook, transposed) in [(&[][..], true), (&["--row-attention"][..], false)] {
         let decisions = small_layer_decisions("rows41", 126, "1", hook);
         assert!(decisions.contains("with 41 query rows"), "{decisions}");
+        assert!(
+            decisions.contains("folded into the query projection"),
+            "{decisions}"
+        );
         assert_eq!(
             decisions.contains("scores transposed"),
             transposed,

@@ -12,8 +12,9 @@
 //! 1. each worker's maximum of every 4-column group over its rows (f16 lanes; max
 //!    is exact), into the state;
 //! 2. each worker takes the six maxima `M` of a group, then for each of its rows
-//!    five issues: `f16v4sub` (`x - M`), `f16v4mul` (by `scale` rounded to f16),
-//!    two `f16v2exp`, and `f16v4acc`, which adds the four `e` to f32 lane sums in
+//!    five issues: `f16v4sub` (`x - M`), `f16v4mul` (by `scale` rounded to f16;
+//!    left out, for four issues, when that is one: the attention folds its scale
+//!    into the query projection), two `f16v2exp`, and `f16v4acc`, which adds the four `e` to f32 lane sums in
 //!    the worker's accumulators (the load of the next row and the store of `e`
 //!    ride in two of them); the sums go to the state by `f32v2gina`. The
 //!    argument is an f16, so `e` is within `2^-11 + 1.25 * 2^-10 |a|` (relative)
@@ -258,43 +259,61 @@ impl SoftmaxCols {
             a: a(E),
             quad: false,
         };
-        let row = [
-            sub,
-            bi(step_ld(X), mul),
-            ai(exp16(E, ARG)),
-            ai(exp16(E + 1, ARG + 1)),
-            bi(step_st(E), acc),
-        ];
+        // Unscaled (the scale folded into the queries upstream), the first
+        // exponential reads `x - M` directly and takes the multiply's slot.
+        let unscaled = self.unscaled();
+        let row: Vec<Issue> = if unscaled {
+            vec![
+                sub,
+                bi(step_ld(X), exp16(E, ARG)),
+                ai(exp16(E + 1, ARG + 1)),
+                bi(step_st(E), acc),
+            ]
+        } else {
+            vec![
+                sub,
+                bi(step_ld(X), mul),
+                ai(exp16(E, ARG)),
+                ai(exp16(E + 1, ARG + 1)),
+                bi(step_st(E), acc),
+            ]
+        };
         t.exp_row = row.len() as u64;
         repeat(&mut s, CNT, &row);
         // The last row without a load; the sums out of the accumulators (which
         // leaves them zero for the next group); the padding rows zeroed (a repeat
         // of none on all but the last worker).
+        let mut last = vec![sub];
+        if !unscaled {
+            last.push(ai(mul));
+        }
         block(
             &mut s,
             &[
-                sub,
-                ai(mul),
-                ai(exp16(E, ARG)),
-                bi(inti(IntOp::Sub, GI, GI, 1), exp16(E + 1, ARG + 1)),
-                bi(step_st(E), acc),
-                ai(Inst::F32v2Gina { d: a(S1) }),
-                ai(Inst::F32v2Gina { d: a(S2) }),
-                bi(
-                    Inst::St64 {
-                        s: a(S1),
+                &last[..],
+                &[
+                    ai(exp16(E, ARG)),
+                    bi(inti(IntOp::Sub, GI, GI, 1), exp16(E + 1, ARG + 1)),
+                    bi(step_st(E), acc),
+                    ai(Inst::F32v2Gina { d: a(S1) }),
+                    ai(Inst::F32v2Gina { d: a(S2) }),
+                    bi(
+                        Inst::St64 {
+                            s: a(S1),
+                            base: SW,
+                            imm: 0,
+                        },
+                        bcast2(X, AZ),
+                    ),
+                    mi(Inst::St64 {
+                        s: a(S2),
                         base: SW,
-                        imm: 0,
-                    },
-                    bcast2(X, AZ),
-                ),
-                mi(Inst::St64 {
-                    s: a(S2),
-                    base: SW,
-                    imm: 1,
-                }),
-                mi(inti(IntOp::Add, SW, SW, 16)),
-            ],
+                        imm: 1,
+                    }),
+                    mi(inti(IntOp::Add, SW, SW, 16)),
+                ],
+            ]
+            .concat(),
             End::BeforeRpt,
         );
         repeat(&mut s, PADN, &[mi(step_st(X))]);
@@ -396,7 +415,14 @@ impl SoftmaxCols {
 
 impl Kernel for SoftmaxCols {
     fn symbol(&self) -> String {
-        format!("{}_b{}_r{}_n{}", Self::NAME, self.blocks, self.rows, self.n)
+        let unscaled = if self.unscaled() { "_u" } else { "" };
+        format!(
+            "{}_b{}_r{}_n{}{unscaled}",
+            Self::NAME,
+            self.blocks,
+            self.rows,
+            self.n
+        )
     }
 
     fn validate(&self) -> Result<(), KernelError> {
@@ -513,6 +539,12 @@ impl SoftmaxCols {
     /// own f16 rounding).
     fn scale16(&self) -> half::f16 {
         half::f16::from_f32(self.scale * crate::mutation::factor("softmax"))
+    }
+
+    /// Whether the multiply by `scale` is left out: only where it would multiply
+    /// by exactly one.
+    fn unscaled(&self) -> bool {
+        self.scale16() == half::f16::ONE
     }
 
     fn state_bytes(&self) -> u32 {

@@ -10,6 +10,7 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(Rearrange::new(13, 48)),
         Box::new(SoftmaxCols::new(1, 736, 729, 0.125)),
         Box::new(SoftmaxCols::new(2, 40, 13, 0.5)),
+        Box::new(SoftmaxCols::new(2, 40, 13, 1.0)),
         Box::new(AmpMatmul::new(1, 1, 1)),
         Box::new(AmpMatmul::new(29, 1, 3)),
         Box::new(AmpMatmul::new(29, 4, 2)),

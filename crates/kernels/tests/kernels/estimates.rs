@@ -171,6 +171,7 @@ fn estimates_track_simulation() {
     }
     for (blocks, rows, n) in [(1, 736, 729), (2, 736, 729), (1, 12, 12), (3, 40, 13)] {
         check_exact(&SoftmaxCols::new(blocks, rows, n, 0.125));
+        check_exact(&SoftmaxCols::new(blocks, rows, n, 1.0));
     }
     for (kc, tb) in [(1, 1), (1, 7), (2, 3), (3, 13), (5, 46)] {
         check_exact(&TransposeBlocks::new(kc, tb));

@@ -61,6 +61,8 @@ fn softmax_cols_matches_reference() {
         (1, 12, 12, 1.0),
         (3, 40, 13, 0.5),
         (1, 64, 50, 4.0),
+        // Unscaled: the multiply is left out.
+        (2, 736, 729, 1.0),
     ]
     .iter()
     .enumerate()

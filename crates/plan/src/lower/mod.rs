@@ -198,6 +198,12 @@ struct Walker<'g> {
     absorbed: Vec<pooling::Absorbed<'g>>,
     /// FLOP of the current rule's products, when they are not the graph's.
     flop: Option<u64>,
+    /// Query projections (the tensor their head split reads) whose attention
+    /// scales the scores by this factor: the projection multiplies its weights
+    /// and bias by it instead, and the softmax skips its multiply.
+    query_scales: HashMap<TensorId, f32>,
+    /// The query projections that did fold their attention's scale.
+    folded_scales: HashMap<TensorId, f32>,
 }
 
 impl<'g> Walker<'g> {
@@ -485,6 +491,18 @@ impl<'g> Walker<'g> {
                 members.push((sib, sw, sbd));
             }
         }
+        // Each member's output as its head split reads it, and the attention
+        // scale it carries (1 if none; never through GELU or a residual).
+        let member_out: Vec<TensorId> = (members.iter().enumerate())
+            .map(|(m, (sib, _, _))| if m == 0 { end } else { sib.output })
+            .collect();
+        let scales: Vec<f32> = member_out
+            .iter()
+            .map(|t| match self.query_scales.get(t) {
+                Some(&f) if !gelu && residual.is_none() => f,
+                _ => 1.0,
+            })
+            .collect();
         let per = heads.width(n_log);
         let n = per * members.len() as u32;
         let k = xv.t.cols;
@@ -504,7 +522,8 @@ impl<'g> Walker<'g> {
             for r in 0..k_log {
                 let pr = xv.cols.physical(r);
                 for c in 0..n_log {
-                    wp[(pr * n + base + heads.physical(c)) as usize] = wd[(r * n_log + c) as usize];
+                    wp[(pr * n + base + heads.physical(c)) as usize] =
+                        wd[(r * n_log + c) as usize] * scales[m];
                 }
             }
             for c in 0..n_log {
@@ -520,7 +539,7 @@ impl<'g> Walker<'g> {
             if let Some((data, prow)) = row_const {
                 v += data[((row % prow) * n_log + c) as usize];
             }
-            v
+            v * scales[m]
         };
 
         let input_from = self.made_by.get(&a).cloned();
@@ -545,6 +564,11 @@ impl<'g> Walker<'g> {
             cols: heads,
             offset: 0,
         };
+        for (t, &f) in member_out.iter().zip(&scales) {
+            if f != 1.0 {
+                self.folded_scales.insert(*t, f);
+            }
+        }
         for (m, (sib, _, _)) in members.iter().enumerate().skip(1) {
             self.mark(sib);
             let sv = Val {
@@ -654,6 +678,37 @@ impl<'g> Walker<'g> {
         Ok((scale, chain, v))
     }
 
+    /// For an attention's scores product whose softmax scales the scores (not
+    /// 1), the tensor its queries are split from and the scale, when that tensor
+    /// has no other reader: its projection can carry the scale
+    /// (`softmax((s q) k^T)` is the same function).
+    fn query_scale(&self, scores: &'g Op) -> Option<(TensorId, f32)> {
+        let OpKind::MatMul {
+            a: q,
+            b: k,
+            transpose_b: true,
+            bias: None,
+        } = scores.kind
+        else {
+            return None;
+        };
+        if q == k
+            || self
+                .absorbed
+                .iter()
+                .any(|ab| std::ptr::eq(ab.scores_op, scores))
+        {
+            return None;
+        }
+        let (scale, _, _) = self.softmax_chain(scores).ok()?;
+        let split = self.sole(q)?;
+        let OpKind::SplitHeads { x, .. } = self.graph.producer(q).kind else {
+            return None;
+        };
+        (scale != 1.0 && std::ptr::eq(split, scores) && self.sole(x).is_some())
+            .then_some((x, scale))
+    }
+
     /// `softmax(q @ k^T * scale) @ v` per image and head, from the scores product.
     fn attention(
         &mut self,
@@ -662,8 +717,17 @@ impl<'g> Walker<'g> {
         (q, k): (TensorId, TensorId),
     ) -> Result<(), PlanError> {
         let fail = |what: &str| unsupported(format!("{}: {what}", op.name));
-        let (scale, chain, v) = self.softmax_chain(op).map_err(fail)?;
+        let (mut scale, chain, v) = self.softmax_chain(op).map_err(fail)?;
         let pv = *chain.last().expect("the chain ends at p V");
+        if let OpKind::SplitHeads { x, .. } = self.graph.producer(q).kind
+            && self.folded_scales.get(&x) == Some(&scale)
+        {
+            lw.plan.decisions.push(format!(
+                "{}: softmax scale {scale} folded into the query projection",
+                op.name
+            ));
+            scale = 1.0;
+        }
         if !(scale > 0.0 && scale <= tessera_kernels::Softmax::SCALE_MAX) {
             return Err(fail("the softmax scale must be in (0, 16]"));
         }
@@ -1159,6 +1223,8 @@ fn lower_with(
         made_by: HashMap::new(),
         absorbed: Vec::new(),
         flop: None,
+        query_scales: HashMap::new(),
+        folded_scales: HashMap::new(),
     };
     // Attentions with a constant query: their projections and splits are lowered
     // with the scores product.
@@ -1175,6 +1241,11 @@ fn lower_with(
                 }
                 w.absorbed.push(ab);
             }
+        }
+    }
+    for op in graph.ops() {
+        if let Some((x, scale)) = w.query_scale(op) {
+            w.query_scales.insert(x, scale);
         }
     }
     // Every matmul by a parameter keeps its weights resident, except absorbed
