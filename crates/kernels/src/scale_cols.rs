@@ -27,8 +27,8 @@ use crate::{
 };
 
 /// A worker record: its first row of `in`, of `out`, its rows, blocks, bytes between
-/// blocks, the factors.
-const STRIDE: u16 = 24;
+/// blocks of `in`, the factors, bytes between blocks of `out`.
+const STRIDE: u16 = 32;
 
 /// Factor pairs of the four column groups, `$a6:7` .. `$a12:13`.
 const F: [u8; 4] = [6, 8, 10, 12];
@@ -42,19 +42,32 @@ pub struct ScaleCols {
     pub rows: u32,
     /// 16-wide column blocks.
     pub nb: u32,
+    /// Stored rows of an `out` block (`>= rows`): rows `rows..out_rows` are left
+    /// as they are (the attention's context keeps its padding dimensions there).
+    pub out_rows: u32,
 }
 
 /// Issues of a worker's code outside its blocks (record loads, the count, `exit`)
 /// and of one block besides its rows (the factors, cursors, pipeline fill and
 /// drain, `rpt`, the block loop).
-const SETUP_ISSUES: u64 = 9;
+const SETUP_ISSUES: u64 = 10;
 const BLOCK_ISSUES: u64 = 22;
 
 impl ScaleCols {
     pub const NAME: &'static str = "scale_cols_f16";
 
     pub fn new(rows: u32, nb: u32) -> ScaleCols {
-        ScaleCols { rows, nb }
+        ScaleCols {
+            rows,
+            nb,
+            out_rows: rows,
+        }
+    }
+
+    /// The same with `out` blocks of `out_rows` stored rows.
+    pub fn with_out_rows(mut self, out_rows: u32) -> ScaleCols {
+        self.out_rows = out_rows;
+        self
     }
 
     /// Issues of a worker with `r` rows (load the count, branch, exit without).
@@ -75,11 +88,12 @@ impl ScaleCols {
         block(
             &mut s,
             &[
-                mi(ld32m(m(2), m(0), 0)), // in at the worker's first row
-                mi(ld32m(m(3), m(0), 1)), // out at the worker's first row
-                mi(ld32m(m(5), m(0), 3)), // blocks
-                mi(ld32m(m(6), m(0), 4)), // bytes between blocks
-                mi(ld32m(fp, m(0), 5)),   // factors
+                mi(ld32m(m(2), m(0), 0)),  // in at the worker's first row
+                mi(ld32m(m(3), m(0), 1)),  // out at the worker's first row
+                mi(ld32m(m(5), m(0), 3)),  // blocks
+                mi(ld32m(m(6), m(0), 4)),  // bytes between blocks of in
+                mi(ld32m(fp, m(0), 5)),    // factors
+                mi(ld32m(m(10), m(0), 6)), // bytes between blocks of out
                 mi(inti(IntOp::Sub, m(4), m(4), 1)),
             ],
             End::Any,
@@ -137,7 +151,7 @@ impl ScaleCols {
                 bi(step_st(R[0]), mul(R[1], 3)),
                 mi(step_st(R[1])),
                 mi(int(IntOp::Add, m(2), m(2), m(6))),
-                mi(int(IntOp::Add, m(3), m(3), m(6))),
+                mi(int(IntOp::Add, m(3), m(3), m(10))),
                 mi(inti(IntOp::Sub, m(5), m(5), 1)),
             ],
             End::Any,
@@ -151,7 +165,12 @@ impl ScaleCols {
 
 impl Kernel for ScaleCols {
     fn symbol(&self) -> String {
-        format!("{}_r{}_nb{}", Self::NAME, self.rows, self.nb)
+        let out = if self.out_rows != self.rows {
+            format!("_o{}", self.out_rows)
+        } else {
+            String::new()
+        };
+        format!("{}_r{}_nb{}{out}", Self::NAME, self.rows, self.nb)
     }
 
     fn validate(&self) -> Result<(), KernelError> {
@@ -159,6 +178,10 @@ impl Kernel for ScaleCols {
         if self.rows > RPT_MAX {
             return Err(invalid(&name, "more than 4095 rows"));
         }
+        if self.out_rows < self.rows {
+            return Err(invalid(&name, "out blocks must hold every row"));
+        }
+        crate::scale_rows::check_blocks(&name, self.out_rows, self.nb)?;
         crate::scale_rows::check_blocks(&name, self.rows, self.nb)
     }
 
@@ -170,7 +193,17 @@ impl Kernel for ScaleCols {
         let bytes = self.rows * self.nb * 32;
         let mut ops = vec![
             Operand::new("in", Role::Input, bytes, 8),
-            Operand::new("out", Role::Output, bytes, 8),
+            // Rows past `rows` keep what they hold.
+            Operand::new(
+                "out",
+                if self.out_rows > self.rows {
+                    Role::InOut
+                } else {
+                    Role::Output
+                },
+                self.out_rows * self.nb * 32,
+                8,
+            ),
             Operand::new("f", Role::Input, self.nb * 64, 8),
         ];
         separate_all(&mut ops, &["in", "out"]);
@@ -191,6 +224,7 @@ impl Kernel for ScaleCols {
                 .u32(self.nb)
                 .u32(self.rows * 32)
                 .u32(f)
+                .u32(self.out_rows * 32)
                 .pad_to((i + 1) * usize::from(STRIDE));
         }
         Ok(buf.finish(STRIDE))
@@ -216,6 +250,8 @@ mod tests {
         assert!(ScaleCols::new(0, 1).validate().is_err());
         assert!(ScaleCols::new(5, 0).validate().is_err());
         assert!(ScaleCols::new(4096, 1).validate().is_err());
+        assert!(ScaleCols::new(72, 1).with_out_rows(80).validate().is_ok());
+        assert!(ScaleCols::new(72, 1).with_out_rows(71).validate().is_err());
     }
 
     #[test]
@@ -224,6 +260,7 @@ mod tests {
             ScaleCols::new(80, 1),
             ScaleCols::new(80, 2),
             ScaleCols::new(7, 3),
+            ScaleCols::new(72, 2).with_out_rows(80),
         ] {
             crate::tests::assert_no_padding_nop(&k);
         }

@@ -169,6 +169,7 @@ fn estimates_track_simulation() {
     for (r, nb) in [(1, 1), (5, 2), (13, 3), (80, 1), (80, 2)] {
         check_exact(&ScaleCols::new(r, nb));
     }
+    check_exact(&ScaleCols::new(72, 2).with_out_rows(80));
     for (blocks, rows, n) in [(1, 736, 729), (2, 736, 729), (1, 12, 12), (3, 40, 13)] {
         check_exact(&SoftmaxCols::new(blocks, rows, n, 0.125));
         check_exact(&SoftmaxCols::new(blocks, rows, n, 1.0));

@@ -61,6 +61,8 @@ pub(crate) struct Attention<'a> {
     pub tq: u32,
     pub t: u32,
     pub heads: u32,
+    /// A head's dimensions, and as stored (`d` up to a multiple of 16).
+    pub d: u32,
     pub dp: u32,
     pub scale: f32,
 }
@@ -549,12 +551,14 @@ struct ColWork {
     st: BufId,
     /// Each query's `1/sum`, f32.
     recip: BufId,
-    /// `V^T`, `[tb][kc 16][16]`, filled by the transposers.
+    /// `V^T`'s rows of the `d` real dimensions, `[tb][d][16]`, filled by the
+    /// transposers.
     vt: BufId,
-    /// `(e V)^T = V^T e^T`, `[nbq][kc 16][16]`.
+    /// `(e V)^T = V^T e^T`, `[nbq][d][16]`.
     ctxt: BufId,
     /// `ctxt` with each query's column scaled by its `1/sum` (`scale_cols` reads
-    /// and writes different memory elements).
+    /// and writes different memory elements), `[nbq][kc 16][16]`: the padding
+    /// dimensions' rows zeroed.
     ctxs: BufId,
     /// The context, `[kc][16 nbq][16]`.
     ctx: BufId,
@@ -602,8 +606,8 @@ fn transposed(
                 k: blk("k", tp * op.dp * 2),
                 st: blk("scores.t", nbq * tp * 32),
                 recip: blk("recip", nbq * 64),
-                vt: blk("vt", tp * op.dp * 2),
-                ctxt: blk("ctx.t", nbq * op.dp * 32),
+                vt: blk("vt", tb * op.d * 32),
+                ctxt: blk("ctx.t", nbq * op.d * 32),
                 ctxs: blk("ctx.ts", nbq * op.dp * 32),
                 ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
             });
@@ -690,23 +694,37 @@ fn transposed(
         );
     }
 
-    // `V^T` to every row tile of the pair (a transposer's own row tile included).
+    // `V^T` to every row tile of the pair (a transposer's own row tile included):
+    // of each block, the rows of the head's `d` real dimensions (the padding
+    // dimensions are zeros, and `V^T e^T` leaves them out).
     let mut copies = Vec::new();
+    let vt_block = op.d * 32;
     for t in &trans {
-        let dsts: Vec<Loc> = work
-            .iter()
-            .filter(|w| w.s.pair == t.run.pair)
-            .map(|w| Loc {
-                buf: w.vt,
-                offset: t.run.blk0 * kc * 512,
-            })
-            .collect();
-        if !dsts.is_empty() {
-            copies.push(Copy {
-                src: at(t.out),
-                bytes: t.run.nbk * kc * 512,
-                dsts,
-            });
+        let blocks = if op.d == op.dp {
+            // Whole blocks are contiguous: one copy.
+            vec![(0, t.run.nbk * kc * 512)]
+        } else {
+            (0..t.run.nbk).map(|j| (j, vt_block)).collect()
+        };
+        for (j, bytes) in blocks {
+            let dsts: Vec<Loc> = work
+                .iter()
+                .filter(|w| w.s.pair == t.run.pair)
+                .map(|w| Loc {
+                    buf: w.vt,
+                    offset: (t.run.blk0 + j) * vt_block,
+                })
+                .collect();
+            if !dsts.is_empty() {
+                copies.push(Copy {
+                    src: Loc {
+                        buf: t.out,
+                        offset: j * kc * 512,
+                    },
+                    bytes,
+                    dsts,
+                });
+            }
         }
     }
     lw.exchange(&format!("{name}.vt"), copies);
@@ -721,15 +739,16 @@ fn transposed(
             w.s.tile,
             step,
             name,
-            (kc * AMP_WIDTH, tb, w.nbq),
+            (op.d, tb, w.nbq),
             at(w.vt),
             at(w.st),
             at(w.ctxt),
         );
+        zero_rows(lw, (w.s.tile, step), w.nbq, w.ctxs, (op.d, op.dp));
         lw.call(
             w.s.tile,
             step,
-            ScaleCols::new(kc * AMP_WIDTH, w.nbq),
+            ScaleCols::new(op.d, w.nbq).with_out_rows(op.dp),
             &[("in", at(w.ctxt)), ("out", at(w.ctxs)), ("f", at(w.recip))],
         );
         lw.call(

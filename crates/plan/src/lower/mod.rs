@@ -753,7 +753,7 @@ impl<'g> Walker<'g> {
             }
         };
         let (qv, kv, vv) = (head_val(self, q)?, head_val(self, k)?, head_val(self, v)?);
-        let Cols::Heads { dp, .. } = qv.cols else {
+        let Cols::Heads { d: dh, dp, .. } = qv.cols else {
             unreachable!()
         };
         if kv.cols != qv.cols || vv.cols != qv.cols {
@@ -771,6 +771,7 @@ impl<'g> Walker<'g> {
                 tq: to_u32(tq, "tokens")?,
                 t: to_u32(tk, "tokens")?,
                 heads: to_u32(h, "heads")?,
+                d: dh,
                 dp,
                 scale,
             },
