@@ -14,9 +14,10 @@
 //! 2. each worker takes the six maxima `M` of a group, then for each of its rows
 //!    five issues: `f16v4sub` (`x - M`), `f16v4mul` (by `scale` rounded to f16;
 //!    left out, for four issues, when that is one: the attention folds its scale
-//!    into the query projection), two `f16v2exp`, and `f16v4acc`, which adds the four `e` to f32 lane sums in
-//!    the worker's accumulators (the load of the next row and the store of `e`
-//!    ride in two of them); the sums go to the state by `f32v2gina`. The
+//!    into the query projection), two `f16v2exp`, and `f16v4acc`, which adds the
+//!    four `e` to f32 lane sums in the worker's accumulators (the load of the
+//!    next row and the store of `e` ride in two of them); the sums go to the state
+//!    by `f32v2gina`. The
 //!    argument is an f16, so `e` is within `2^-11 + 1.25 * 2^-10 |a|` (relative)
 //!    of `exp(a)`: the f32 argument and `f32exp` of the row softmax cost 16 issue
 //!    slots a row instead of 5. The worker with the last rows zeroes the padding
@@ -262,22 +263,13 @@ impl SoftmaxCols {
         // Unscaled (the scale folded into the queries upstream), the first
         // exponential reads `x - M` directly and takes the multiply's slot.
         let unscaled = self.unscaled();
-        let row: Vec<Issue> = if unscaled {
-            vec![
-                sub,
-                bi(step_ld(X), exp16(E, ARG)),
-                ai(exp16(E + 1, ARG + 1)),
-                bi(step_st(E), acc),
-            ]
+        let mut row = vec![sub];
+        if unscaled {
+            row.push(bi(step_ld(X), exp16(E, ARG)));
         } else {
-            vec![
-                sub,
-                bi(step_ld(X), mul),
-                ai(exp16(E, ARG)),
-                ai(exp16(E + 1, ARG + 1)),
-                bi(step_st(E), acc),
-            ]
-        };
+            row.extend([bi(step_ld(X), mul), ai(exp16(E, ARG))]);
+        }
+        row.extend([ai(exp16(E + 1, ARG + 1)), bi(step_st(E), acc)]);
         t.exp_row = row.len() as u64;
         repeat(&mut s, CNT, &row);
         // The last row without a load; the sums out of the accumulators (which

@@ -678,10 +678,11 @@ impl<'g> Walker<'g> {
         Ok((scale, chain, v))
     }
 
-    /// For an attention's scores product whose softmax scales the scores (not
-    /// 1), the tensor its queries are split from and the scale, when that tensor
-    /// has no other reader: its projection can carry the scale
-    /// (`softmax((s q) k^T)` is the same function).
+    /// For an attention's scores product whose softmax scales the scores down
+    /// (`0 < scale < 1`: the weights times it cannot overflow f16), the tensor its
+    /// queries are split from and the scale, when that tensor has no other
+    /// reader: its projection can carry the scale (`softmax((s q) k^T)` is the
+    /// same function).
     fn query_scale(&self, scores: &'g Op) -> Option<(TensorId, f32)> {
         let OpKind::MatMul {
             a: q,
@@ -705,7 +706,7 @@ impl<'g> Walker<'g> {
         let OpKind::SplitHeads { x, .. } = self.graph.producer(q).kind else {
             return None;
         };
-        (scale != 1.0 && std::ptr::eq(split, scores) && self.sole(x).is_some())
+        (scale > 0.0 && scale < 1.0 && std::ptr::eq(split, scores) && self.sole(x).is_some())
             .then_some((x, scale))
     }
 
