@@ -163,10 +163,28 @@ impl MatmulMapping {
         let chunk_bytes = u64::from(AMP_WIDTH) * 2;
         let a_bytes = rows * kc * chunk_bytes;
         let weight_bytes = nb * kc * chunk_bytes * u64::from(AMP_WIDTH);
-        // The partials buffer holds the AMP's output and, on a reducing tile, one
-        // slab from every inner group.
-        let out_bytes = rows * u64::from(pk * slab) * chunk_bytes;
-        let slab_bytes = rows * u64::from(slab) * chunk_bytes;
+        // With fewer blocks than inner groups, whole-block slabs would leave
+        // inner groups without one: the output is cut into pieces of rows (all
+        // blocks) instead, one per inner group, received into a buffer of their
+        // own (see the lowering's `row_pieces`).
+        let piece_rows = row_piece_rows(rows_t, pk, real_nb);
+        let (out_bytes, slab_bytes, sent_bytes) = match piece_rows {
+            Some(pr) => {
+                let piece = u64::from(pr) * nb * chunk_bytes;
+                // The AMP's output, and one piece from every inner group.
+                (
+                    rows * nb * chunk_bytes + u64::from(pk) * piece,
+                    piece,
+                    rows * nb * chunk_bytes,
+                )
+            }
+            None => {
+                let slab_bytes = rows * u64::from(slab) * chunk_bytes;
+                // The partials buffer holds the AMP's output and, on a reducing
+                // tile, one slab from every inner group.
+                (rows * u64::from(pk * slab) * chunk_bytes, slab_bytes, 0)
+            }
+        };
         let partial_bytes = 2 * rows * chunk_bytes;
         // Weights and the broadcast bias slab stay for the whole program; of the
         // rest, the rearrangement holds both copies of A, the matmul one copy of A,
@@ -207,9 +225,16 @@ impl MatmulMapping {
         let slab_elems = u32::try_from(slab_bytes / 2).unwrap_or(u32::MAX);
         // The bias slab is added inside the reduction when there is one (the
         // lowering's whole-slab case), otherwise by its own `add`.
+        // Slabs: a reducing tile receives `pk - 1` of them. Row pieces: every tile
+        // sends its whole output (its own piece to itself) and receives `pk`
+        // pieces.
+        let moved = match piece_rows {
+            Some(_) => sent_bytes.max(slab_bytes * u64::from(pk)),
+            None => slab_bytes * u64::from(pk - 1),
+        };
         let reduce = if pk > 1 {
             u64::from(t.exchange_overhead_cycles)
-                + slab_bytes * u64::from(pk - 1) / xbw
+                + moved / xbw
                 + ReduceAdd::new(pk, slab_elems)
                     .with_addend()
                     .estimate_cycles_with(t)
@@ -235,6 +260,13 @@ impl MatmulMapping {
             },
         }
     }
+}
+
+/// Rows a reduce piece holds when a matmul's output is reduced in pieces of rows
+/// (every block of the column group) rather than slabs of whole blocks: where the
+/// inner dimension is split over more groups than the column group has blocks.
+pub(crate) fn row_piece_rows(rows: u32, pk: u32, blocks: u32) -> Option<u32> {
+    (pk > 1 && blocks < pk && rows > 0).then(|| rows.div_ceil(pk))
 }
 
 /// The cheapest mapping of `shape` onto at most `machine.tiles` tiles whose busiest

@@ -13,7 +13,11 @@
 //!   slabs of output blocks;
 //! - exchange (when the inner dimension is split): reduce-scatter; slab `j'` of
 //!   every tile goes to inner group `j'`, landing in the slot the sender just
-//!   emptied (the exchange reads before it writes);
+//!   emptied (the exchange reads before it writes). With fewer blocks in a column
+//!   group than inner groups, whole-block slabs would leave inner groups idle and
+//!   the rest receiving `pk - 1` slabs each: the output is cut into pieces of
+//!   rows (of every block) instead, piece `j'` of every tile, its own included,
+//!   landing in slot `j` of inner group `j'`'s piece buffer;
 //! - compute: sum of the partial slabs, bias, GELU, residual, in place in slab 0.
 //!
 //! The result is left in block layout: each finished block a `[rows, 16]` part.
@@ -70,9 +74,56 @@ impl Grid {
     fn reducers(&self, l: usize) -> u32 {
         self.blocks[l].1.div_ceil(self.slab_blocks(l))
     }
+    /// Where column group `l` has fewer blocks than there are inner groups, its
+    /// output is reduced in pieces of rows instead of slabs of blocks: the rows
+    /// (from the row group's first, `rows` of them) of each piece, one per
+    /// inner group while they last.
+    fn row_pieces(&self, l: usize, rows: u32) -> Option<Vec<(u32, u32)>> {
+        crate::matmul::row_piece_rows(rows, self.pk(), self.blocks[l].1)
+            .map(|per| groups(rows, per))
+    }
+    /// What cell `(i, j, l)` reduces, if anything.
+    fn piece(&self, (j, l): (usize, usize), rows: u32) -> Option<Piece> {
+        let (_, nb) = self.blocks[l];
+        match self.row_pieces(l, rows) {
+            Some(pieces) => pieces.get(j).map(|&(r, n)| Piece {
+                rows: (r, n),
+                first: 0,
+                blocks: nb,
+                real: nb,
+            }),
+            None => {
+                let slab = self.slab_blocks(l);
+                ((j as u32) < self.reducers(l)).then(|| Piece {
+                    rows: (0, rows),
+                    first: j as u32 * slab,
+                    blocks: slab,
+                    real: (0..slab).filter(|q| j as u32 * slab + q < nb).count() as u32,
+                })
+            }
+        }
+    }
     fn cells(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
         let (r, c, b) = (self.rows.len(), self.chunks.len(), self.blocks.len());
         (0..r).flat_map(move |i| (0..c).flat_map(move |j| (0..b).map(move |l| (i, j, l))))
+    }
+}
+
+/// The part of a column group's output one inner group reduces: rows
+/// `rows.0..rows.0 + rows.1` of the row group (all of them for a slab) of local
+/// blocks `first..first + blocks`, of which the first `real` are not padding.
+/// Stored `[blocks][rows.1][16]`.
+#[derive(Clone, Copy)]
+struct Piece {
+    rows: (u32, u32),
+    first: u32,
+    blocks: u32,
+    real: u32,
+}
+
+impl Piece {
+    fn elems(&self) -> u32 {
+        self.blocks * self.rows.1 * AMP_WIDTH
     }
 }
 
@@ -286,25 +337,24 @@ fn one_pass(
         let mut parts = Vec::new();
         for (i, j, l) in g.cells() {
             let (r0, rows) = span(i);
-            let slab = g.slab_blocks(l);
-            let (b0, nb) = g.blocks[l];
-            if j as u32 * slab >= nb {
-                // A slab of padding only: nothing to add.
+            let (b0, _) = g.blocks[l];
+            let Some(pc) = g.piece((j, l), rows).filter(|pc| pc.real > 0) else {
+                // Nothing reduced here, or a slab of padding only: nothing to add.
                 continue;
-            }
+            };
             let buf = lw.buffer(
                 g.tile(i, j, l),
                 format!("{name}.residual"),
-                slab * rows * AMP_WIDTH * 2,
+                pc.elems() * 2,
                 Category::Activation,
             );
             residual_bufs.insert((i, j, l), buf);
-            for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
+            for q in 0..pc.real {
                 parts.push(block_part(
                     buf,
-                    q * rows * AMP_WIDTH * 2,
-                    (r0, rows),
-                    b0 + j as u32 * slab + q,
+                    q * pc.rows.1 * AMP_WIDTH * 2,
+                    (r0 + pc.rows.0, pc.rows.1),
+                    b0 + pc.first + q,
                 ));
             }
         }
@@ -325,6 +375,7 @@ fn one_pass(
     // Weights, zero padding, the rearrangement where asked for, and the AMP.
     let step = lw.compute_step();
     let mut p_bufs = BTreeMap::new();
+    let mut recv_bufs = BTreeMap::new();
     for (i, j, l) in g.cells() {
         let tile = g.tile(i, j, l);
         let rows = g.rows[i].1;
@@ -380,8 +431,11 @@ fn one_pass(
             }
         }
         let slab_bytes = slab * rows * AMP_WIDTH * 2;
-        // Reducing tiles also receive a slab from every other inner group.
-        let slots = if (j as u32) < g.reducers(l) {
+        // Reducing tiles also receive a slab from every other inner group, in
+        // place; reducers of row pieces receive a piece from every inner group
+        // (their own included) into a buffer of their own.
+        let pieces = g.row_pieces(l, rows).is_some();
+        let slots = if (j as u32) < g.reducers(l) && !pieces {
             pk
         } else {
             g.reducers(l)
@@ -392,6 +446,15 @@ fn one_pass(
             slab_bytes * slots,
             Category::Partial,
         );
+        if let Some(pc) = g.piece((j, l), rows).filter(|_| pieces) {
+            let r = lw.buffer(
+                tile,
+                format!("{name}.pieces"),
+                pk * pc.elems() * 2,
+                Category::Partial,
+            );
+            recv_bufs.insert((i, j, l), r);
+        }
         let mut mm = AmpMatmul::new(rows, kc, nb_pad);
         if !direct && !rearrange {
             mm = mm.row_major();
@@ -432,7 +495,30 @@ fn one_pass(
     if pk > 1 {
         let mut copies = Vec::new();
         for (i, j, l) in g.cells() {
-            let slab_bytes = g.slab_blocks(l) * g.rows[i].1 * AMP_WIDTH * 2;
+            let rows = g.rows[i].1;
+            if let Some(pieces) = g.row_pieces(l, rows) {
+                // Piece `jj` (its rows of every block) to inner group `jj`, into
+                // slot `j` of its piece buffer.
+                let nb = g.blocks[l].1;
+                for (jj, &(s0, sr)) in pieces.iter().enumerate() {
+                    let piece_bytes = nb * sr * AMP_WIDTH * 2;
+                    for q in 0..nb {
+                        copies.push(Copy {
+                            src: Loc {
+                                buf: p_bufs[&(i, j, l)],
+                                offset: (q * rows + s0) * AMP_WIDTH * 2,
+                            },
+                            bytes: sr * AMP_WIDTH * 2,
+                            dsts: vec![Loc {
+                                buf: recv_bufs[&(i, jj, l)],
+                                offset: j as u32 * piece_bytes + q * sr * AMP_WIDTH * 2,
+                            }],
+                        });
+                    }
+                }
+                continue;
+            }
+            let slab_bytes = g.slab_blocks(l) * rows * AMP_WIDTH * 2;
             for jj in 0..g.reducers(l) as usize {
                 if jj == j {
                     continue;
@@ -456,18 +542,22 @@ fn one_pass(
     // Partials summed into a compact output (the slots die here), then bias and
     // epilogues in place.
     let step = lw.compute_step();
-    for (i, j, l) in g.cells().filter(|&(_, j, l)| (j as u32) < g.reducers(l)) {
+    for (i, j, l) in g.cells() {
+        let (r0, all_rows) = span(i);
+        let Some(pc) = g.piece((j, l), all_rows) else {
+            continue;
+        };
         let tile = g.tile(i, j, l);
-        let (r0, rows) = span(i);
-        let slab = g.slab_blocks(l);
-        let elems = slab * rows * AMP_WIDTH;
+        // This piece's first row in the tensor, its rows and its blocks.
+        let (r0, rows, slab) = (r0 + pc.rows.0, pc.rows.1, pc.blocks);
+        let elems = pc.elems();
         let p = Loc {
-            buf: p_bufs[&(i, j, l)],
+            buf: *recv_bufs.get(&(i, j, l)).unwrap_or(&p_bufs[&(i, j, l)]),
             offset: 0,
         };
         let (b0, nb) = g.blocks[l];
         let value = |r: u32, q: u32, c: u32| {
-            let local = j as u32 * slab + q;
+            let local = pc.first + q;
             if local < nb {
                 (op.bias)(r, (b0 + local) * AMP_WIDTH + c)
             } else {
@@ -481,7 +571,7 @@ fn one_pass(
         let slab_bias = op.per_row || elems * 2 <= lw.opts.slab_bias_bytes;
         // Only the slab's real blocks (a prefix) have residual bytes; padding
         // blocks are never read downstream.
-        let real = (0..slab).filter(|q| j as u32 * slab + q < nb).count() as u32;
+        let real = pc.real;
         let residual = residual_bufs.get(&(i, j, l)).copied().filter(|_| real > 0);
         // The residual joins the reduction too when it covers the whole slab and no
         // GELU comes between.
@@ -603,12 +693,12 @@ fn one_pass(
                 ],
             );
         }
-        for q in (0..slab).filter(|q| j as u32 * slab + q < nb) {
+        for q in 0..real {
             out_parts.push(block_part(
                 y.buf,
                 q * rows * AMP_WIDTH * 2,
                 (r0, rows),
-                b0 + j as u32 * slab + q,
+                b0 + pc.first + q,
             ));
         }
     }
