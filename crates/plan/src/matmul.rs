@@ -506,6 +506,39 @@ mod tests {
         assert_eq!(nominal.tiles(), 8 * 4 * 45);
     }
 
+    /// With fewer blocks a column group than inner groups the reduction works in
+    /// pieces of rows: `mlp.fc2` at batch 2 as 12 x 10 x 12 (6 blocks a column
+    /// group) had 6 reducers each receiving 9 whole-block slabs (36 KB); in pieces
+    /// of 13 rows every tile sends its 24 KB output and receives 10 pieces of 13 x
+    /// 6 blocks, and the buffer for them is counted.
+    #[test]
+    fn few_blocks_reduce_in_row_pieces() {
+        let m = Machine::c600();
+        let s = MatmulShape {
+            a_blocked: true,
+            ..MatmulShape::new(1458, 4304, 1152)
+        };
+        let map = MatmulMapping::evaluate(&m, s, 12, 10, 12);
+        assert_eq!((map.rows_per_tile, map.blocks_per_tile), (122, 6));
+        assert_eq!(row_piece_rows(122, 10, 6), Some(13));
+        let piece = 13 * 6 * 32;
+        let moved = (122 * 6 * 32u64).max(10 * piece);
+        let pk_elems = u32::try_from(piece / 2).unwrap();
+        assert_eq!(
+            map.cost.reduce,
+            100 + moved / 4
+                + ReduceAdd::new(10, pk_elems)
+                    .with_addend()
+                    .estimate_cycles_with(&m.timing)
+        );
+        // The slabs' reducer received 9 slabs of one block: 9 x 122 x 32 bytes.
+        assert!(moved < 9 * 122 * 32);
+        assert_eq!(map.persistent_bytes, map.weight_bytes + piece);
+        // As many blocks as inner groups: slabs, as before.
+        assert_eq!(row_piece_rows(122, 6, 6), None);
+        assert_eq!(row_piece_rows(122, 1, 0), None);
+    }
+
     /// Each row split is also costed with its groups rounded up to whole rows a
     /// worker (the busiest worker keeps its rows, the last group takes what is
     /// left), which the even AMP layout makes cheaper a call.
