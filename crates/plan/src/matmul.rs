@@ -263,10 +263,22 @@ impl MatmulMapping {
 }
 
 /// Rows a reduce piece holds when a matmul's output is reduced in pieces of rows
-/// (every block of the column group) rather than slabs of whole blocks: where the
-/// inner dimension is split over more groups than the column group has blocks.
+/// (every block of the column group) rather than slabs of whole blocks: where
+/// that moves no more bytes through the busiest tile (their reduction is
+/// smaller: a piece, not a slab, a tile). Slabs of `ceil(blocks / pk)`
+/// blocks cost a reducer `pk - 1` of them; pieces cost every tile its whole
+/// output sent and `pk` pieces received. With fewer blocks than inner groups
+/// slabs leave inner groups idle; with a count of blocks that `pk` does not
+/// divide, the last reducer's slab is short while the others receive full ones.
 pub(crate) fn row_piece_rows(rows: u32, pk: u32, blocks: u32) -> Option<u32> {
-    (pk > 1 && blocks < pk && rows > 0).then(|| rows.div_ceil(pk))
+    if pk < 2 || rows == 0 || blocks == 0 {
+        return None;
+    }
+    let per = rows.div_ceil(pk);
+    let (rows, pk, blocks) = (u64::from(rows), u64::from(pk), u64::from(blocks));
+    let slabs = (pk - 1) * blocks.div_ceil(pk) * rows;
+    let pieces = (blocks * rows).max(pk * u64::from(per) * blocks);
+    (pieces <= slabs).then_some(per)
 }
 
 /// The cheapest mapping of `shape` onto at most `machine.tiles` tiles whose busiest
@@ -506,8 +518,9 @@ mod tests {
         assert_eq!(nominal.tiles(), 8 * 4 * 45);
     }
 
-    /// With fewer blocks a column group than inner groups the reduction works in
-    /// pieces of rows: `mlp.fc2` at batch 2 as 12 x 10 x 12 (6 blocks a column
+    /// Where whole-block slabs would move more bytes (fewer blocks a column group
+    /// than inner groups, or a count the inner groups do not divide) the
+    /// reduction works in pieces of rows: `mlp.fc2` at batch 2 as 12 x 10 x 12 (6 blocks a column
     /// group) had 6 reducers each receiving 9 whole-block slabs (36 KB); in pieces
     /// of 13 rows every tile sends its 24 KB output and receives 10 pieces of 13 x
     /// 6 blocks, and the buffer for them is counted.
@@ -537,6 +550,11 @@ mod tests {
         // As many blocks as inner groups: slabs, as before.
         assert_eq!(row_piece_rows(122, 6, 6), None);
         assert_eq!(row_piece_rows(122, 1, 0), None);
+        // 8 blocks over 6 inner groups: slabs of 2 leave 4 reducers receiving 5
+        // slabs each (2,100 block-rows); pieces of 35 rows move 1,680. Over 4
+        // inner groups the slabs are even (3 x 2 x 150 = 900 against 1,216).
+        assert_eq!(row_piece_rows(210, 6, 8), Some(35));
+        assert_eq!(row_piece_rows(150, 4, 8), None);
     }
 
     /// Each row split is also costed with its groups rounded up to whole rows a

@@ -13,11 +13,12 @@
 //!   slabs of output blocks;
 //! - exchange (when the inner dimension is split): reduce-scatter; slab `j'` of
 //!   every tile goes to inner group `j'`, landing in the slot the sender just
-//!   emptied (the exchange reads before it writes). With fewer blocks in a column
-//!   group than inner groups, whole-block slabs would leave inner groups idle and
-//!   the rest receiving `pk - 1` slabs each: the output is cut into pieces of
-//!   rows (of every block) instead, piece `j'` of every tile, its own included,
-//!   landing in slot `j` of inner group `j'`'s piece buffer;
+//!   emptied (the exchange reads before it writes). Where that would move more
+//!   bytes (fewer blocks in a column group than inner groups leave inner groups
+//!   idle and the rest receiving `pk - 1` slabs each; a block count the inner
+//!   groups do not divide leaves the last slab short), the output is cut into
+//!   pieces of rows (of every block) instead, piece `j'` of every tile, its own
+//!   included, landing in slot `j` of inner group `j'`'s piece buffer;
 //! - compute: sum of the partial slabs, bias, GELU, residual, in place in slab 0.
 //!
 //! The result is left in block layout: each finished block a `[rows, 16]` part.
@@ -74,8 +75,8 @@ impl Grid {
     fn reducers(&self, l: usize) -> u32 {
         self.blocks[l].1.div_ceil(self.slab_blocks(l))
     }
-    /// Where column group `l` has fewer blocks than there are inner groups, its
-    /// output is reduced in pieces of rows instead of slabs of blocks: the rows
+    /// Where whole-block slabs would move more bytes (`row_piece_rows`), column
+    /// group `l`'s output is reduced in pieces of rows instead: the rows
     /// (from the row group's first, `rows` of them) of each piece, one per
     /// inner group while they last.
     fn row_pieces(&self, l: usize, rows: u32) -> Option<Vec<(u32, u32)>> {
