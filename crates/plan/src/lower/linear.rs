@@ -83,7 +83,8 @@ impl Grid {
         crate::matmul::row_piece_rows(rows, self.pk(), self.blocks[l].1)
             .map(|per| groups(rows, per))
     }
-    /// What cell `(i, j, l)` reduces, if anything.
+    /// What inner group `j` of column group `l` reduces in a row group of `rows`
+    /// rows, if anything.
     fn piece(&self, (j, l): (usize, usize), rows: u32) -> Option<Piece> {
         let (_, nb) = self.blocks[l];
         match self.row_pieces(l, rows) {
