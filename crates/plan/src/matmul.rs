@@ -163,26 +163,32 @@ impl MatmulMapping {
         let chunk_bytes = u64::from(AMP_WIDTH) * 2;
         let a_bytes = rows * kc * chunk_bytes;
         let weight_bytes = nb * kc * chunk_bytes * u64::from(AMP_WIDTH);
-        // With fewer blocks than inner groups, whole-block slabs would leave
-        // inner groups without one: the output is cut into pieces of rows (all
-        // blocks) instead, one per inner group, received into a buffer of their
-        // own (see the lowering's `row_pieces`).
-        let piece_rows = row_piece_rows(rows_t, pk, real_nb);
-        let (out_bytes, slab_bytes, sent_bytes) = match piece_rows {
+        // Where whole-block slabs would move more bytes (`row_piece_rows`), the
+        // output is cut into pieces of rows (all blocks) instead, one per inner
+        // group, received into a buffer of their own (the lowering's
+        // `row_pieces`). `slab_bytes` is what one inner group reduces; `moved`
+        // what the busiest tile's reduce-scatter sends or receives.
+        let (out_bytes, slab_bytes, moved) = match row_piece_rows(rows_t, pk, real_nb) {
             Some(pr) => {
                 let piece = u64::from(pr) * nb * chunk_bytes;
-                // The AMP's output, and one piece from every inner group.
+                let output = rows * nb * chunk_bytes;
+                // Every tile sends its whole output (its own piece to itself)
+                // and holds it beside one piece from every inner group.
                 (
-                    rows * nb * chunk_bytes + u64::from(pk) * piece,
+                    output + u64::from(pk) * piece,
                     piece,
-                    rows * nb * chunk_bytes,
+                    output.max(u64::from(pk) * piece),
                 )
             }
             None => {
                 let slab_bytes = rows * u64::from(slab) * chunk_bytes;
                 // The partials buffer holds the AMP's output and, on a reducing
-                // tile, one slab from every inner group.
-                (rows * u64::from(pk * slab) * chunk_bytes, slab_bytes, 0)
+                // tile, one slab from every other inner group, which it receives.
+                (
+                    rows * u64::from(pk * slab) * chunk_bytes,
+                    slab_bytes,
+                    slab_bytes * u64::from(pk.saturating_sub(1)),
+                )
             }
         };
         let partial_bytes = 2 * rows * chunk_bytes;
@@ -225,13 +231,6 @@ impl MatmulMapping {
         let slab_elems = u32::try_from(slab_bytes / 2).unwrap_or(u32::MAX);
         // The bias slab is added inside the reduction when there is one (the
         // lowering's whole-slab case), otherwise by its own `add`.
-        // Slabs: a reducing tile receives `pk - 1` of them. Row pieces: every tile
-        // sends its whole output (its own piece to itself) and receives `pk`
-        // pieces.
-        let moved = match piece_rows {
-            Some(_) => sent_bytes.max(slab_bytes * u64::from(pk)),
-            None => slab_bytes * u64::from(pk - 1),
-        };
         let reduce = if pk > 1 {
             u64::from(t.exchange_overhead_cycles)
                 + moved / xbw
@@ -534,19 +533,19 @@ mod tests {
         let map = MatmulMapping::evaluate(&m, s, 12, 10, 12);
         assert_eq!((map.rows_per_tile, map.blocks_per_tile), (122, 6));
         assert_eq!(row_piece_rows(122, 10, 6), Some(13));
-        let piece = 13 * 6 * 32;
-        let moved = (122 * 6 * 32u64).max(10 * piece);
-        let pk_elems = u32::try_from(piece / 2).unwrap();
-        assert_eq!(
-            map.cost.reduce,
-            100 + moved / 4
-                + ReduceAdd::new(10, pk_elems)
-                    .with_addend()
-                    .estimate_cycles_with(&m.timing)
-        );
-        // The slabs' reducer received 9 slabs of one block: 9 x 122 x 32 bytes.
-        assert!(moved < 9 * 122 * 32);
-        assert_eq!(map.persistent_bytes, map.weight_bytes + piece);
+        // Every tile sends its 23,424-byte output and receives 10 pieces of 13
+        // rows x 6 blocks (24,960 bytes); its reduction sums 10 pieces.
+        let reduce_of = |elems: u32| {
+            ReduceAdd::new(10, elems)
+                .with_addend()
+                .estimate_cycles_with(&m.timing)
+        };
+        assert_eq!(map.cost.reduce, 100 + 24_960 / 4 + reduce_of(13 * 6 * 16));
+        // Slabs had a reducer receive 9 slabs of one block (9 x 122 x 32 bytes)
+        // and sum 10 of them.
+        let slabs = 100 + 9 * 122 * 32 / 4 + reduce_of(122 * 16);
+        assert!(map.cost.reduce < slabs, "{} >= {slabs}", map.cost.reduce);
+        assert_eq!(map.persistent_bytes, map.weight_bytes + 13 * 6 * 32);
         // As many blocks as inner groups: slabs, as before.
         assert_eq!(row_piece_rows(122, 6, 6), None);
         assert_eq!(row_piece_rows(122, 1, 0), None);

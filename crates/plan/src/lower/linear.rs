@@ -574,7 +574,8 @@ fn one_pass(
         // Only the slab's real blocks (a prefix) have residual bytes; padding
         // blocks are never read downstream.
         let real = pc.real;
-        let residual = residual_bufs.get(&(i, j, l)).copied().filter(|_| real > 0);
+        // Only pieces with real blocks were given a residual buffer.
+        let residual = residual_bufs.get(&(i, j, l)).copied();
         // The residual joins the reduction too when it covers the whole slab and no
         // GELU comes between.
         let fused_residual = residual.filter(|_| pk > 1 && slab_bias && real == slab && !op.gelu);
