@@ -104,6 +104,7 @@ pub mod opcode {
     pub const F32V2_GINA: u8 = 0x4b;
     pub const SORT4X16: u8 = 0x4c;
     pub const F16V2_EXP: u8 = 0x4d;
+    pub const F16V2_GINA: u8 = 0x4e;
 }
 
 /// First aux-pipe opcode.
@@ -241,6 +242,7 @@ pub fn inst_name(inst: &Inst) -> &'static str {
         Inst::F16Acc { quad: false, .. } => "f16v4acc",
         Inst::F16Acc { quad: true, .. } => "f16v8acc",
         Inst::F32v2Gina { .. } => "f32v2gina",
+        Inst::F16v2Gina { .. } => "f16v2gina",
         Inst::FMov { .. } => "fmov",
         Inst::FBcast { .. } => "fbcast",
         Inst::Amp { .. } => "amp",
@@ -550,6 +552,7 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
             word(F16_ACC, r1(r) | u32::from(quad))
         }
         Inst::F32v2Gina { d } => word(F32V2_GINA, r0(c.pair("d", d)?)),
+        Inst::F16v2Gina { d } => word(F16V2_GINA, r0(c.a("d", d)?)),
         Inst::FSum { vec, d, a } => word(
             F_SUM,
             r0(c.a("d", d)?) | r1(c.a_vec("a", a, vec.is_pair())?) | vec.code(),
@@ -1005,6 +1008,7 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
             0x0f0001,
         ),
         F32V2_GINA => (Inst::F32v2Gina { d: AReg(f0) }, 0xf00000),
+        F16V2_GINA => (Inst::F16v2Gina { d: AReg(f0) }, 0xf00000),
         F_SUM => (
             Inst::FSum {
                 vec: FVec::ALL[field(w, 0, 2) as usize],
@@ -1321,6 +1325,11 @@ mod tests {
         ));
         assert!(matches!(
             decode_word(&(0x4d10_0001u32).to_le_bytes()),
+            Err(DecodeError::ReservedBits { .. })
+        ));
+        // f16v2gina with a source field.
+        assert!(matches!(
+            decode_word(&(0x4e31_0000u32).to_le_bytes()),
             Err(DecodeError::ReservedBits { .. })
         ));
     }

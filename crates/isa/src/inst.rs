@@ -408,6 +408,11 @@ pub enum Inst {
     F32v2Gina {
         d: AReg,
     },
+    /// `f16v2gina`: accumulators 0 and 1, each rounded to f16, into `$aD` (lane 0
+    /// from accumulator 0); the accumulators then move as for `f32v2gina`.
+    F16v2Gina {
+        d: AReg,
+    },
     /// Sum of the lanes, as f32 into a single register (F16V4 and F32V2 read pairs).
     FSum {
         vec: FVec,
@@ -471,6 +476,7 @@ impl Inst {
             | Inst::FSum { .. }
             | Inst::F16Acc { .. }
             | Inst::F32v2Gina { .. }
+            | Inst::F16v2Gina { .. }
             | Inst::FMov { .. }
             | Inst::FBcast { .. }
             | Inst::Amp { .. } => Pipe::Aux,

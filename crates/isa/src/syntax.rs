@@ -827,6 +827,7 @@ fn known_mnemonic(mn: &str) -> bool {
         || mn == "f16v4acc"
         || mn == "f16v8acc"
         || mn == "f32v2gina"
+        || mn == "f16v2gina"
         || INT_OPS.iter().any(|(n, _)| *n == mn)
     {
         return true;
@@ -1238,6 +1239,10 @@ pub(crate) fn lower_inst(
             o.count(1, "$aD:pair")?;
             one(Inst::F32v2Gina { d: o.pair(0)? })
         }
+        "f16v2gina" => {
+            o.count(1, "$aD")?;
+            one(Inst::F16v2Gina { d: o.a(0)? })
+        }
         "f16v2tof32" => {
             o.count(2, "$aD:pair, $aA")?;
             one(Inst::F16v2ToF32 {
@@ -1562,6 +1567,7 @@ impl fmt::Display for Inst {
             Inst::F16Acc { a, quad: false } => write!(f, "f16v4acc {}", P(a)),
             Inst::F16Acc { a, quad: true } => write!(f, "f16v8acc {}", Q(a)),
             Inst::F32v2Gina { d } => write!(f, "f32v2gina {}", P(d)),
+            Inst::F16v2Gina { d } => write!(f, "f16v2gina {}", A(d)),
             Inst::FSum { vec, d, a } => {
                 write!(f, "{}sum {}, {}", fvec_name(vec), A(d), V(a, vec.is_pair()))
             }

@@ -168,6 +168,7 @@ pub fn aux_inst() -> BoxedStrategy<Inst> {
         apair().prop_map(|a| Inst::F16Acc { a, quad: false }),
         aquad().prop_map(|a| Inst::F16Acc { a, quad: true }),
         apair().prop_map(|d| Inst::F32v2Gina { d }),
+        areg().prop_map(|d| Inst::F16v2Gina { d }),
         (areg(), apair()).prop_map(|(d, a)| Inst::F32v2ToF16 { d, a }),
         (any::<bool>(), areg(), areg(), areg()).prop_map(|(hi, d, a, b)| Inst::Sort4x16 {
             hi,

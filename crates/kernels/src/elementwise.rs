@@ -419,20 +419,23 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
     // An addend is read like one more partial.
     let per_input = if wide(n) { 2 } else { 3 };
     let pipelined = unrolled(k, n) && !norm;
+    // Unscaled, the drain reads the accumulators as f16 (`f16v2gina`): four
+    // conversions an octet fewer, two in the tail.
+    let converts = if norm { 4 } else { 0 };
     let per_octet = if pipelined {
         pipelined_octet_issues(k, addends)
     } else if unrolled(k, n) {
         // The partials one issue each, without the rolled loop's pointer copy,
         // pointer step and `rpt`.
-        k64 + 2 * b + 12
+        k64 + 2 * b + 8 + converts
     } else {
-        per_input * (k64 + b) + 14
+        per_input * (k64 + b) + 10 + converts
     };
     crate::single_shot_cycles(
         t,
         reduce_split(n).into_iter().map(|(_, o, tail)| {
             let tail = if tail {
-                2 * k64 + 9 + 2 * scaled + 3 * b
+                2 * k64 + 7 + converts / 2 + 2 * scaled + 3 * b
             } else {
                 1
             };
@@ -459,9 +462,8 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
 /// The octet loop of an unrolled `reduce_add` (no `norm`), software-pipelined:
 /// each input's `{ ld128 ; f16v8acc }` loads the next one beside the previous
 /// one's accumulation, the addends' addresses and the next octet's first load are
-/// formed during the drain (four `f32v2gina`, four `f32v2tof16`, two stores), so
-/// an octet costs `k + b + 9` issues (`b` addends) against `k + 2b + 12` rolled
-/// the plain way. The last octet is peeled: it loads nothing past its own.
+/// formed during the drain (four `f16v2gina`, two stores), so an octet costs
+/// `k + b + 5` issues (`b` addends) against `k + 2b + 8` rolled the plain way. The last octet is peeled: it loads nothing past its own.
 /// Expects `$m8` = octets (at least one), `$m4` at partial 0 of the first octet,
 /// `$m3` at the output; leaves both past the last octet, as the rolled loop does.
 fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
@@ -474,7 +476,7 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
         a: a(0),
         quad: true,
     };
-    let gina = |d| Inst::F32v2Gina { d: a(d) };
+    let gina16 = |d| Inst::F16v2Gina { d: a(d) };
     // An addend's address, then its octet, from its own register: `$m11`, `$m10`.
     let addr = [m(11), m(10)];
     let addr = &addr[..distances.len()];
@@ -505,14 +507,10 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
                 None => ai(aux),
             });
         };
-        with(gina(4), &mut v);
-        with(gina(6), &mut v);
-        with(to_f16(10, 4), &mut v);
-        v.push(ai(to_f16(11, 6)));
-        v.push(bi(st64s(10, 3), gina(4)));
-        v.push(ai(gina(6)));
-        v.push(ai(to_f16(12, 4)));
-        v.push(ai(to_f16(13, 6)));
+        with(gina16(10), &mut v);
+        with(gina16(11), &mut v);
+        v.push(bi(st64s(10, 3), gina16(12)));
+        with(gina16(13), &mut v);
         v.push(mi(st64s(12, 3)));
         v
     };
@@ -523,7 +521,7 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
 
 /// Issues of one octet of [`pipelined_octets`], in its repeat body and peeled alike.
 fn pipelined_octet_issues(k: u32, addends: u8) -> u64 {
-    u64::from(k) + u64::from(addends) + 9
+    u64::from(k) + u64::from(addends) + 5
 }
 
 /// `reduce_add` worker code. The accumulators (`f16v8acc`, `f32v2gina`) widen and
@@ -560,6 +558,7 @@ fn reduce_code(code_base: u32, norm: Option<u32>, (k, n): (u32, u32), addends: u
         quad: false,
     };
     let gina = |d| Inst::F32v2Gina { d: a(d) };
+    let gina16 = |d| Inst::F16v2Gina { d: a(d) };
     let ld = |d, imm| Inst::Ld64 {
         d: a(d),
         base: m(5),
@@ -691,16 +690,24 @@ fn reduce_code(code_base: u32, norm: Option<u32>, (k, n): (u32, u32), addends: u
             }
         }
         s.b(inti(IntOp::Add, m(4), m(4), 16), acc8);
-        s.b(inti(IntOp::Sub, m(8), m(8), 1), gina(4));
-        s.i(gina(6));
-        scale(&mut s);
-        s.i(to_f16(0, 4));
-        s.i(to_f16(1, 6));
-        s.b(st64s(0, 3), gina(4));
-        s.i(gina(6));
-        scale(&mut s);
-        s.i(to_f16(2, 4));
-        s.i(to_f16(3, 6));
+        if norm.is_some() {
+            s.b(inti(IntOp::Sub, m(8), m(8), 1), gina(4));
+            s.i(gina(6));
+            scale(&mut s);
+            s.i(to_f16(0, 4));
+            s.i(to_f16(1, 6));
+            s.b(st64s(0, 3), gina(4));
+            s.i(gina(6));
+            scale(&mut s);
+            s.i(to_f16(2, 4));
+            s.i(to_f16(3, 6));
+        } else {
+            // Unscaled, the accumulators come out already rounded to f16.
+            s.b(inti(IntOp::Sub, m(8), m(8), 1), gina16(0));
+            s.i(gina16(1));
+            s.b(st64s(0, 3), gina16(2));
+            s.i(gina16(3));
+        }
         s.i(st64s(2, 3));
         s.brnz(m(8), octet);
     }
@@ -723,11 +730,16 @@ fn reduce_code(code_base: u32, norm: Option<u32>, (k, n): (u32, u32), addends: u
         });
     }
     s.i(acc4);
-    s.i(gina(4));
-    s.i(gina(6));
-    scale(&mut s);
-    s.i(to_f16(0, 4));
-    s.i(to_f16(1, 6));
+    if norm.is_some() {
+        s.i(gina(4));
+        s.i(gina(6));
+        scale(&mut s);
+        s.i(to_f16(0, 4));
+        s.i(to_f16(1, 6));
+    } else {
+        s.i(gina16(0));
+        s.i(gina16(1));
+    }
     s.i(st64s(0, 3));
     s.bind(done);
     s.i(Inst::Exit);

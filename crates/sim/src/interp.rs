@@ -1158,6 +1158,13 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             amp.acc[14..].fill(0.0);
             two(d, u64::from(lo.to_bits()) | (u64::from(hi.to_bits()) << 32))
         }
+        Inst::F16v2Gina { d } => {
+            let (lo, hi) = (amp.acc[0], amp.acc[1]);
+            amp.acc.copy_within(2.., 0);
+            amp.acc[14..].fill(0.0);
+            let (lo, hi) = (fp::f32_to_f16(lo), fp::f32_to_f16(hi));
+            one(d, u32::from(lo) | (u32::from(hi) << 16))
+        }
         Inst::F16v2ToF32 { d, a } => {
             let x = ar(ctx, a);
             let lo = fp::h(x).to_bits();

@@ -1225,3 +1225,33 @@ fn accumulators_sum_f16_lanes_and_shift_out_in_pairs() {
     // One issue each, plus the exit.
     assert_eq!(r.ctx.clock, 54);
 }
+
+#[test]
+fn f16_gina_rounds_each_accumulator_to_f16_and_shifts_like_f32_gina() {
+    let acc = |a| {
+        s(Inst::F16Acc {
+            a: AReg(a),
+            quad: false,
+        })
+    };
+    let gina16 = |d| s(Inst::F16v2Gina { d: AReg(d) });
+    let gina32 = |d| s(Inst::F32v2Gina { d: AReg(d) });
+    // $a0:1 holds 1, 2^-11, 3, 65504: summed twice, accumulators 0..4 are 2, 2^-10,
+    // 6 and 131008 (above f16's largest). f16v2gina reads 0 and 1, f32v2gina then
+    // reads what moved down (2 and 3), and the next f16v2gina reads zeros.
+    let r = exec_with::<false>(
+        &[acc(0), acc(0), gina16(4), gina32(6), gina16(8)],
+        |c, _, _| {
+            c.a[0] = hbits(1.0) | (hbits(2f32.powi(-11)) << 16);
+            c.a[1] = hbits(3.0) | (hbits(65504.0) << 16);
+        },
+    );
+    r.ok();
+    assert_eq!(r.h(4, 0), 2.0);
+    assert_eq!(r.h(4, 1), 2f32.powi(-10));
+    assert_eq!(f32::from_bits(r.a(6)), 6.0);
+    assert_eq!(f32::from_bits(r.a(7)), 131008.0);
+    assert_eq!(r.a(8), 0);
+    // One issue each, plus the exit.
+    assert_eq!(r.ctx.clock, 36);
+}
