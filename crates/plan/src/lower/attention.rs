@@ -1,6 +1,13 @@
 //! The attention rule: per image and head, `softmax(Q K^T * scale) V`, where
-//! Q, K and V are columns of head-padded projections (each head's `d` columns
-//! stored in `dp`, a multiple of 16, the padding exact zeros).
+//! Q, K and V are columns of projections whose heads take `stride` columns each:
+//! head-padded (`stride` = `dp`, `d` up to a multiple of 16, the padding exact
+//! zeros), or packed (`stride` = `d`, no padding columns; the transposed path only,
+//! see [`packs_heads`]). Either way a head is read as `dp / 16` chunks of 16
+//! columns from the 16-column boundary at or before its first column, so that its
+//! chunks are whole blocks of the projection; a packed head's chunks then also hold
+//! `lead(h)` columns of the head before it and some of the head after, which meet
+//! zero rows of `Q^T` and so add nothing to the scores, and `V^T e^T` streams only
+//! the head's own rows of `V^T`.
 //!
 //! Every (image, head) pair gets a group of tiles; each tile of a group owns a run
 //! of query rows and holds all of that head's keys and values, so its scores are
@@ -61,10 +68,70 @@ pub(crate) struct Attention<'a> {
     pub tq: u32,
     pub t: u32,
     pub heads: u32,
-    /// A head's dimensions, and as stored (`d` up to a multiple of 16).
+    /// A head's dimensions, and as the attention's buffers and the context store
+    /// them (`d` up to a multiple of 16).
     pub d: u32,
     pub dp: u32,
+    /// Columns a head takes in the Q, K and V tensors: `dp`, or `d` when packed.
+    pub stride: u32,
     pub scale: f32,
+}
+
+/// Which of the attention's three ways an attention takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// One query: the keys cut over the group.
+    SingleQuery,
+    /// The keys on the AMP's rows and the column softmax.
+    Transposed,
+    /// `Q K^T` and the row softmax.
+    Rows,
+}
+
+/// The tiles of a pair's group, the query rows of a row tile, the key blocks of a
+/// transposer and how many transposers, and the way taken: what [`attention`]
+/// builds, from the shapes alone (the walker asks before it lowers the
+/// projections, to know whether they may store their heads packed).
+pub(crate) fn geometry(
+    tiles: u32,
+    row_attention: bool,
+    (batch, heads, tq, t): (u32, u32, u32, u32),
+    scale: f32,
+) -> (Path, u32, u32, u32, u32) {
+    let tp = t.next_multiple_of(AMP_WIDTH);
+    let tb = tp / AMP_WIDTH;
+    // Tiles per (image, head): as many as divide the chip. Up to `tq` of them own
+    // query rows; up to `tb` of them share the transposition of the keys (with a
+    // single query, the pooling head, most of a group only transposes).
+    let group = (tiles / (batch * heads).max(1)).clamp(1, tq.max(tb).max(1));
+    let rows_per = tq.div_ceil(group.min(tq).max(1));
+    let share = tb.div_ceil(group.min(tb).max(1));
+    let per_t = tb.div_ceil(share.max(1));
+    let path = if tq == 1 && per_t >= 2 {
+        Path::SingleQuery
+    } else if !row_attention
+        && SoftmaxCols::new(rows_per.div_ceil(AMP_WIDTH), tp, t, scale)
+            .validate()
+            .is_ok()
+    {
+        Path::Transposed
+    } else {
+        Path::Rows
+    };
+    (path, group, rows_per, share, per_t)
+}
+
+/// Whether `heads` heads of `d` dimensions can be read packed (`stride` = `d`):
+/// `d` not already a multiple of 16, every head's chunks from its 16-column
+/// boundary within `dp` columns and within the tensor (`heads d` a multiple of 16,
+/// as a projection's output must be).
+pub(crate) fn packs_heads(heads: u32, d: u32) -> bool {
+    let dp = d.next_multiple_of(AMP_WIDTH);
+    !d.is_multiple_of(AMP_WIDTH)
+        && (heads * d).is_multiple_of(AMP_WIDTH)
+        && (0..heads).all(|h| {
+            (h * d) % AMP_WIDTH + d <= dp && (h * d) / AMP_WIDTH * AMP_WIDTH + dp <= heads * d
+        })
 }
 
 impl Attention<'_> {
@@ -74,8 +141,32 @@ impl Attention<'_> {
         (self.dp / AMP_WIDTH, tp, tp / AMP_WIDTH)
     }
 
+    /// Columns of the head before head `h`'s first chunk that its chunks hold
+    /// (0 unless packed).
+    fn lead(&self, h: u32) -> u32 {
+        (h * self.stride) % AMP_WIDTH
+    }
+
+    /// Chunk `c` of head `h`'s rows `rows` in the context (head-padded), stored as
+    /// `[rows][16]` at `buf + offset`.
+    fn ctx_chunk(
+        &self,
+        buf: BufId,
+        offset: u32,
+        rows: std::ops::Range<u32>,
+        h: u32,
+        c: u32,
+    ) -> Part {
+        let c0 = h * self.dp + c * AMP_WIDTH;
+        Part {
+            at: Loc { buf, offset },
+            rows,
+            cols: c0..c0 + AMP_WIDTH,
+        }
+    }
+
     /// Chunk `c` of head `h`'s rows `rows`, stored as `[rows][16]` at `buf +
-    /// offset`, in a tensor whose head columns start at `first`.
+    /// offset`, in a Q, K or V tensor whose head columns start at `first`.
     fn chunk(
         &self,
         buf: BufId,
@@ -85,7 +176,7 @@ impl Attention<'_> {
         h: u32,
         c: u32,
     ) -> Part {
-        let c0 = first + h * self.dp + c * AMP_WIDTH;
+        let c0 = first + (h * self.stride - self.lead(h)) + c * AMP_WIDTH;
         Part {
             at: Loc { buf, offset },
             rows,
@@ -303,24 +394,33 @@ pub(crate) fn attention(
     let name = op.name;
     let tiles = lw.machine.tiles;
     let (kc, tp, tb) = op.padded();
-    let pairs = op.batch * op.heads;
-    // Tiles per (image, head): as many as divide the chip. Up to `tq` of them own
-    // query rows; up to `tb` of them share the transposition of the keys (with a
-    // single query, the pooling head, most of a group only transposes).
-    let group = (tiles / pairs).clamp(1, op.tq.max(tb));
-    let rows_per = op.tq.div_ceil(group.min(op.tq));
+    let (path, group, rows_per, share, per_t) = geometry(
+        tiles,
+        lw.opts.row_attention,
+        (op.batch, op.heads, op.tq, op.t),
+        op.scale,
+    );
     let per_rows = op.tq.div_ceil(rows_per);
-    let share = tb.div_ceil(group.min(tb));
-    let per_t = tb.div_ceil(share);
-    if op.tq == 1 && per_t >= 2 {
+    if op.stride != op.dp && (path != Path::Transposed || !packs_heads(op.heads, op.d)) {
+        return Err(PlanError::Unsupported(format!(
+            "{name}: heads of {} columns stored packed need the transposed attention",
+            op.d
+        )));
+    }
+    if path == Path::SingleQuery {
         lw.plan.decisions.push(format!(
             "{name}: {} images x {} heads, one query cut over {} tiles each of {} key blocks; keys {} padded to {}",
             op.batch, op.heads, per_t, share, op.t, tp
         ));
         return single_query(lw, op, group, share, per_t);
     }
-    let nbq = rows_per.div_ceil(AMP_WIDTH);
-    if !lw.opts.row_attention && SoftmaxCols::new(nbq, tp, op.t, op.scale).validate().is_ok() {
+    if path == Path::Transposed {
+        if op.stride != op.dp {
+            lw.plan.decisions.push(format!(
+                "{name}: heads of {} dimensions read packed from the projections ({} columns a head, none of padding); each head's {} chunks from its 16-column boundary, the neighbouring heads' rows of Q^T zeroed",
+                op.d, op.stride, kc
+            ));
+        }
         lw.plan.decisions.push(format!(
             "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} value blocks; keys {} padded to {}; scores transposed (K Q^T)",
             op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
@@ -529,7 +629,7 @@ pub(crate) fn attention(
         );
         let r = w.s.b * op.tq + w.s.r0;
         for c in 0..kc {
-            out.push(op.chunk(w.ctx, c * w.s.rows * 32, r..r + w.s.rows, 0, w.s.h, c));
+            out.push(op.ctx_chunk(w.ctx, c * w.s.rows * 32, r..r + w.s.rows, w.s.h, c));
         }
     }
     Ok(op.context(out))
@@ -676,6 +776,27 @@ fn transposed(
             TransposeBlocks::new(kc, w.nbq),
             &[("in", at(w.q_amp)), ("out", at(w.qt))],
         );
+        if op.stride != op.dp {
+            // A packed head's chunks hold its neighbours' columns: their rows of
+            // `Q^T` are zeroed, so they add nothing to `S^T`.
+            let lead = op.lead(w.s.h);
+            for (row0, rows) in [(0, lead), (lead + op.d, kc * AMP_WIDTH - lead - op.d)] {
+                if rows > 0 {
+                    lw.call(
+                        w.s.tile,
+                        step,
+                        ZeroFill::new(w.nbq, rows * 32, kc * 512),
+                        &[(
+                            "out",
+                            Loc {
+                                buf: w.qt,
+                                offset: row0 * 32,
+                            },
+                        )],
+                    );
+                }
+            }
+        }
         amp(
             lw,
             w.s.tile,
@@ -700,6 +821,7 @@ fn transposed(
     let mut copies = Vec::new();
     let vt_block = op.d * 32;
     for t in &trans {
+        let lead = op.lead(t.run.h);
         let blocks = if op.d == op.dp {
             // Whole blocks are contiguous: one copy.
             vec![(0, t.run.nbk * kc * 512)]
@@ -719,7 +841,7 @@ fn transposed(
                 copies.push(Copy {
                     src: Loc {
                         buf: t.out,
-                        offset: j * kc * 512,
+                        offset: j * kc * 512 + lead * 32,
                     },
                     bytes,
                     dsts,
@@ -759,7 +881,7 @@ fn transposed(
         );
         let r = w.s.b * op.tq + w.s.r0;
         for c in 0..kc {
-            out.push(op.chunk(w.ctx, c * w.nbq * 512, r..r + w.s.rows, 0, w.s.h, c));
+            out.push(op.ctx_chunk(w.ctx, c * w.nbq * 512, r..r + w.s.rows, w.s.h, c));
         }
     }
     Ok(op.context(out))
@@ -1019,7 +1141,7 @@ fn single_query(
         );
         let r = b * op.tq;
         for c in 0..kc {
-            out.push(op.chunk(ctx, c * 32, r..r + 1, 0, h, c));
+            out.push(op.ctx_chunk(ctx, c * 32, r..r + 1, h, c));
         }
     }
     Ok(op.context(out))
@@ -1051,4 +1173,42 @@ pub(super) fn amp(
         }
     }
     lw.call(tile, step, mm, &ops);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_pack_where_each_fits_its_padded_chunks() {
+        // So400m: 16 heads of 72, every other one 8 columns into a block.
+        assert!(packs_heads(16, 72));
+        // The tiny layer's 4 heads of 8, and heads of 20 whose last ends on the
+        // tensor's last column.
+        assert!(packs_heads(4, 8));
+        assert!(packs_heads(4, 20));
+        // Already whole blocks: nothing to gain.
+        assert!(!packs_heads(12, 64));
+        // Heads of 12: the second starts 12 columns into a block, and its 12
+        // columns do not fit the 16 its one chunk covers.
+        assert!(!packs_heads(4, 12));
+        // Three heads of 8 end mid-block: the projection's width must be whole
+        // blocks.
+        assert!(!packs_heads(3, 8));
+    }
+
+    #[test]
+    fn the_walker_and_the_rule_agree_on_the_path() {
+        // So400m at batch 2 on the C600: 46 tiles a pair, 16 query rows a tile.
+        let g = geometry(1472, false, (2, 16, 729, 729), 0.118);
+        assert_eq!(g, (Path::Transposed, 46, 16, 1, 46));
+        assert_eq!(geometry(1472, true, (2, 16, 729, 729), 0.118).0, Path::Rows);
+        // The pooling head's single query cuts the keys.
+        assert_eq!(
+            geometry(1472, false, (2, 16, 1, 729), 0.118).0,
+            Path::SingleQuery
+        );
+        // Under 12 keys the column softmax does not apply.
+        assert_eq!(geometry(16, false, (1, 2, 8, 8), 0.5).0, Path::Rows);
+    }
 }

@@ -25,7 +25,7 @@ mod ctx;
 mod linear;
 mod pooling;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use tessera_graph::{Graph, Op, OpKind, TensorId, TensorMap};
 use tessera_kernels::LayerNorm;
@@ -204,6 +204,10 @@ struct Walker<'g> {
     query_scales: HashMap<TensorId, f32>,
     /// The query projections that did fold their attention's scale.
     folded_scales: HashMap<TensorId, f32>,
+    /// Projections (the tensors their head splits read) that store their heads
+    /// packed, `d` columns a head without padding: each is read by one head split
+    /// into one attention that takes the transposed path.
+    packed: HashSet<TensorId>,
 }
 
 impl<'g> Walker<'g> {
@@ -434,12 +438,7 @@ impl<'g> Walker<'g> {
                 }) =>
             {
                 let heads = to_u32(*heads, "heads")?;
-                let d = n_log / heads;
-                Cols::Heads {
-                    heads,
-                    d,
-                    dp: d.next_multiple_of(AMP_WIDTH),
-                }
+                self.head_cols(end, heads, n_log / heads)
             }
             _ => Cols::Dense,
         };
@@ -474,7 +473,7 @@ impl<'g> Walker<'g> {
                 let splits_alike = !cons.is_empty()
                     && cons.iter().all(|c| {
                         matches!(&self.graph.op(*c).kind,
-                            OpKind::SplitHeads { heads: h, .. } if Cols::Heads { heads: *h as u32, d: n_log / (*h as u32).max(1), dp: (n_log / (*h as u32).max(1)).next_multiple_of(AMP_WIDTH) } == heads)
+                            OpKind::SplitHeads { heads: h, .. } if self.head_cols(sib.output, *h as u32, n_log / (*h as u32).max(1)) == heads)
                     });
                 if sa != a
                     || !self.is_param(sb)
@@ -639,6 +638,70 @@ impl<'g> Walker<'g> {
         lower(lw, map)
     }
 
+    /// How a projection split into `heads` heads of `d` columns stores them: packed
+    /// where the walker found its attention reads them so, padded otherwise.
+    fn head_cols(&self, t: TensorId, heads: u32, d: u32) -> Cols {
+        let dp = d.next_multiple_of(AMP_WIDTH);
+        Cols::Heads {
+            heads,
+            d,
+            dp: if self.packed.contains(&t) { d } else { dp },
+        }
+    }
+
+    /// For an attention's scores product that takes the transposed path, the
+    /// tensors its queries, keys and values are split from, when each is read by
+    /// its split alone and each split by this attention alone, and its heads can
+    /// be read packed ([`attention::packs_heads`]): their projections then store no
+    /// padding columns (a tenth of the So400m QKV projection's work).
+    fn packable(
+        &self,
+        machine: &Machine,
+        opts: &LowerOptions,
+        scores: &'g Op,
+    ) -> Option<[TensorId; 3]> {
+        let OpKind::MatMul {
+            a: q,
+            b: k,
+            transpose_b: true,
+            bias: None,
+        } = scores.kind
+        else {
+            return None;
+        };
+        if q == k
+            || self
+                .absorbed
+                .iter()
+                .any(|ab| std::ptr::eq(ab.scores_op, scores))
+        {
+            return None;
+        }
+        let (scale, chain, v) = self.softmax_chain(scores).ok()?;
+        let pv = *chain.last()?;
+        let split_of = |t: TensorId, reader: &Op| -> Option<TensorId> {
+            let OpKind::SplitHeads { x, .. } = self.graph.producer(t).kind else {
+                return None;
+            };
+            let only = std::ptr::eq(self.sole(t)?, reader) && self.sole(x).is_some();
+            only.then_some(x)
+        };
+        let xs = [split_of(q, scores)?, split_of(k, scores)?, split_of(v, pv)?];
+        let (qd, kd) = (self.graph.shape(q).dims(), self.graph.shape(k).dims());
+        let (&[_, heads, tq, d], &[b, _, t, _]) = (qd, kd) else {
+            return None;
+        };
+        let n = |x: usize| u32::try_from(x).ok();
+        let (heads, d) = (n(heads)?, n(d)?);
+        let (path, ..) = attention::geometry(
+            machine.tiles,
+            opts.row_attention,
+            (n(b)?, heads, n(tq)?, n(t)?),
+            scale,
+        );
+        (path == attention::Path::Transposed && attention::packs_heads(heads, d)).then_some(xs)
+    }
+
     /// What follows an attention's scores product: an optional scale, the softmax,
     /// and the probabilities (left) times the values. Returns the scale, those
     /// operations (the product last) and the values' tensor, or what is missing.
@@ -754,9 +817,14 @@ impl<'g> Walker<'g> {
             }
         };
         let (qv, kv, vv) = (head_val(self, q)?, head_val(self, k)?, head_val(self, v)?);
-        let Cols::Heads { d: dh, dp, .. } = qv.cols else {
+        let Cols::Heads {
+            d: dh, dp: stride, ..
+        } = qv.cols
+        else {
             unreachable!()
         };
+        // The attention's buffers and the context keep each head padded.
+        let dp = dh.next_multiple_of(AMP_WIDTH);
         if kv.cols != qv.cols || vv.cols != qv.cols {
             return Err(fail("queries, keys and values have different head layouts"));
         }
@@ -774,17 +842,21 @@ impl<'g> Walker<'g> {
                 heads: to_u32(h, "heads")?,
                 d: dh,
                 dp,
+                stride,
                 scale,
             },
         )?;
         for c in chain {
             self.mark(c);
         }
+        let Cols::Heads { heads, .. } = qv.cols else {
+            unreachable!()
+        };
         self.vals.insert(
             pv.output,
             Val {
                 t: out,
-                cols: qv.cols,
+                cols: Cols::Heads { heads, d: dh, dp },
                 offset: 0,
             },
         );
@@ -1227,6 +1299,7 @@ fn lower_with(
         flop: None,
         query_scales: HashMap::new(),
         folded_scales: HashMap::new(),
+        packed: HashSet::new(),
     };
     // Attentions with a constant query: their projections and splits are lowered
     // with the scores product.
@@ -1248,6 +1321,9 @@ fn lower_with(
     for op in graph.ops() {
         if let Some((x, scale)) = w.query_scale(op) {
             w.query_scales.insert(x, scale);
+        }
+        if let Some(xs) = w.packable(machine, opts, op) {
+            w.packed.extend(xs);
         }
     }
     // Every matmul by a parameter keeps its weights resident, except absorbed
