@@ -20,7 +20,9 @@
 //! last chunk of a block, which writes the output, is the chunk loop peeled once.
 //! With an even row split every worker exits at once, so nothing the supervisor
 //! does between runs is hidden: there the headers of a block's calls are
-//! precomputed in the state and the supervisor only walks them (`table_loop`).
+//! precomputed in the state, one per worker with its rows' offset already added,
+//! and the supervisor only walks them (`table_loop`); a worker then loads its
+//! three pointers and starts streaming.
 //!
 //! Each worker streams its rows through the engine, four `amp` issues per row,
 //! software-pipelined by one row (the engine hands out the previous row's results)
@@ -63,9 +65,9 @@ const STATE_BYTES: u32 = 64;
 /// How the worker code finds its rows, fixed by `split(rows)` at emit time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rows {
-    /// Every worker has the same `q >= 2` rows: all workers get the same `$m0` (stride
-    /// 0), find the header there, their row offset as `$m1 * 32q` and the repeat
-    /// count as an immediate. No records.
+    /// Every worker has the same `q >= 2` rows: each worker's `$m0` is its own
+    /// header of the call (stride 12), its row offset already in the pointers, and
+    /// the repeat count is an immediate. No records.
     Even { q: u32 },
     /// Every worker has at least two rows: records of (row offset, rows - 2).
     Records,
@@ -115,7 +117,7 @@ impl AmpMatmul {
 
     fn stride(&self) -> u16 {
         match self.layout() {
-            Rows::Even { .. } => 0,
+            Rows::Even { .. } => HEADER as u16,
             Rows::Records | Rows::Few => 8,
         }
     }
@@ -137,14 +139,15 @@ impl AmpMatmul {
                     if f == Feed::Zeros {
                         zero_entry = s.at() - start;
                     }
-                    // Every worker's `$m0` is the header.
+                    // Every worker's `$m0` is its own header; the output pointer
+                    // is loaded in `rows_loop`, just before its repeat.
                     s.i(ld32m(m(3), m(0), 0));
                     if f == Feed::Partials {
                         s.i(ld32m(m(4), m(0), 1));
                     }
-                    s.i(ld32m(m(5), m(0), 2));
-                    s.i(inti(IntOp::Mul, m(6), m(1), (32 * q) as u16)); // row offset
-                    offset_pointers(s, f, count, self.row_major_kc());
+                    if let Some(kc) = self.row_major_kc() {
+                        s.i(setzi(m(9), 4 * kc - 3));
+                    }
                     rows_loop(s, f, count, self.a_row_major);
                 }
                 zero_entry
@@ -197,9 +200,12 @@ impl AmpMatmul {
         matches!(self.layout(), Rows::Even { .. })
     }
 
+    /// Bytes of one call's headers in the table: one per worker.
+    const CALL_HEADERS: u32 = HEADER * WORKERS;
+
     fn state_bytes(&self) -> u32 {
         if self.table() {
-            HEADER * self.kc
+            Self::CALL_HEADERS * self.kc
         } else {
             STATE_BYTES
         }
@@ -236,11 +242,16 @@ impl AmpMatmul {
     /// plus pipeline fill and drain (see [`rows_loop`]).
     fn worker_issues(&self, r: u32, partials: bool) -> u64 {
         let (r, p) = (u64::from(r), u64::from(partials));
-        // A row-major A: its row offset and the stride register.
-        let rm = if self.a_row_major && r > 0 { 2 } else { 0 };
+        // A row-major A: its row offset and the stride register (only the stride
+        // with the header table, whose pointers hold the offset).
+        let rm = match (self.a_row_major && r > 0, self.layout()) {
+            (false, _) => 0,
+            (true, Rows::Even { .. }) => 1,
+            (true, _) => 2,
+        };
         rm + match self.layout() {
-            // Three or two header loads, the offset, one or two adds.
-            Rows::Even { .. } => 4 * r + 9 + 4 + 2 * p,
+            // Two or three header loads (the output's in the loop's setup).
+            Rows::Even { .. } => 4 * r + 9 + 1 + p,
             // Header address, header loads, record load, adds.
             Rows::Records => 4 * r + 9 + 7 + 2 * p,
             Rows::Few => match r {
@@ -330,6 +341,10 @@ impl AmpMatmul {
         let blocks = self.nb > 1;
         let rest = self.kc - 1;
         let pairs = rest / 2;
+        let Rows::Even { q } = self.layout() else {
+            unreachable!("the header table serves even splits")
+        };
+        let calls = Self::CALL_HEADERS as u16;
         s.i(setzi(m(1), c.state));
         s.i(setzi(m(2), c.w)); // advanced 16 bytes by every weight load
         s.i(setzi(m(0), c.zero_entry));
@@ -340,8 +355,14 @@ impl AmpMatmul {
             s.i(setzi(m(4), self.nb));
             s.i(setzi(m(5), c.out)); // this block's output
             s.i(setzi(m(9), c.rb));
-            // The last header's output word.
-            s.i(setzi(m(8), c.state + HEADER * (self.kc - 1) + 8));
+            // The last call's headers' output words, and one to three workers' rows.
+            s.i(setzi(
+                m(8),
+                c.state + Self::CALL_HEADERS * (self.kc - 1) + 8,
+            ));
+            s.i(setzi(m(7), 32 * q));
+            s.i(setzi(m(11), 64 * q));
+            s.i(setzi(m(12), 96 * q));
         }
         let call = |s: &mut Asm, entry: MReg, before: &[Inst]| {
             s.i(Inst::SyncLocal);
@@ -352,18 +373,33 @@ impl AmpMatmul {
             s.i(Inst::RunAll {
                 entry,
                 state: m(1),
-                stride: 0,
+                stride: HEADER as u16,
             });
-            s.i(inti(IntOp::Add, m(1), m(1), HEADER as u16));
+            s.i(inti(IntOp::Add, m(1), m(1), calls));
         };
         let block = s.label();
         s.bind(block);
         let mut first = Vec::new();
         if blocks {
-            first.push(inti(IntOp::Sub, m(4), m(4), 1));
-            first.push(setzi(m(1), c.state));
-            first.push(st32m(m(5), m(8), 0));
-            first.push(int(IntOp::Add, m(5), m(5), m(9)));
+            // The block's output into the last call's six headers, each worker
+            // its rows on; ordered so that few stores wait for the adds.
+            let hdr = |w: u16| 3 * w;
+            first.extend([
+                int(IntOp::Add, m(10), m(5), m(7)),
+                int(IntOp::Add, m(13), m(5), m(11)),
+                int(IntOp::Add, m(14), m(5), m(12)),
+                st32m(m(5), m(8), hdr(0)),
+                inti(IntOp::Sub, m(4), m(4), 1),
+                setzi(m(1), c.state),
+                st32m(m(10), m(8), hdr(1)),
+                st32m(m(13), m(8), hdr(2)),
+                st32m(m(14), m(8), hdr(3)),
+                int(IntOp::Add, m(10), m(14), m(7)),
+                int(IntOp::Add, m(13), m(14), m(11)),
+                int(IntOp::Add, m(5), m(5), m(9)),
+                st32m(m(10), m(8), hdr(4)),
+                st32m(m(13), m(8), hdr(5)),
+            ]);
         }
         if pairs > 1 {
             first.push(setzi(m(6), pairs));
@@ -763,7 +799,8 @@ fn rows_loop(s: &mut Asm, f: Feed, count: Count, strided: bool) {
     };
     match count {
         Count::Imm(n) => {
-            s.i(int(IntOp::Add, m(5), m(5), m(6)));
+            // The header table's output pointer, which the first store needs.
+            s.i(ld32m(m(5), m(0), 2));
             s.rpti(n, body);
         }
         Count::Record => {
@@ -905,9 +942,16 @@ impl Kernel for AmpMatmul {
         // The header is rewritten by the supervisor before every run; only the row
         // split is built here. Operand addresses go into the supervisor snippet.
         let mut buf = StateBuf::default();
-        if self.table() {
+        if let Rows::Even { q } = self.layout() {
+            // A worker's rows start `q` rows on per worker before it: in A's
+            // chunk (a row of every chunk, row-major), the partials and the output.
+            let row = 32 * q;
+            let a_row = row * if self.a_row_major { self.kc } else { 1 };
             for (a, pin, out) in self.headers(addrs)? {
-                buf.u32(a).u32(pin).u32(out);
+                for w in 0..WORKERS {
+                    let pin = if pin == 0 { 0 } else { pin + w * row };
+                    buf.u32(a + w * a_row).u32(pin).u32(out + w * row);
+                }
             }
             return Ok(buf.finish(self.stride()));
         }

@@ -476,8 +476,9 @@ mod tests {
     }
 
     /// Read row-major by the AMP's strided loads, an input costs no rearrangement
-    /// and no second copy, for exactly two worker issues a call more than a
-    /// chunk-major one (the row offset's multiply and the stride's `setzi`).
+    /// and no second copy, for exactly one worker issue a call more than a
+    /// chunk-major one on an even row split (the stride's `setzi`: the header
+    /// table's pointers hold the rows' offsets).
     #[test]
     fn row_major_input_is_read_without_rearrangement() {
         let m = Machine::c600();
@@ -495,7 +496,7 @@ mod tests {
         let calls = u64::from(d.chunks_per_tile) * u64::from(d.blocks_per_tile);
         assert_eq!(calls, 120);
         let issue = u64::from(m.timing.worker_issue_interval);
-        assert_eq!(d.cost.amp - r.cost.amp, 2 * issue * calls, "{d:?} {r:?}");
+        assert_eq!(d.cost.amp - r.cost.amp, issue * calls, "{d:?} {r:?}");
         assert!(d.cost.total() < r.cost.total(), "{d:?} {r:?}");
         assert!(d.bytes_per_tile <= r.bytes_per_tile);
     }
