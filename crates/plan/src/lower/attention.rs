@@ -147,8 +147,11 @@ impl Attention<'_> {
         (h * self.stride) % AMP_WIDTH
     }
 
-    /// Chunk `c` of head `h`'s rows `rows` in the context (head-padded), stored as
-    /// `[rows][16]` at `buf + offset`.
+    /// Chunk `c` of head `h`'s rows `rows` in the context, stored as `[rows][16]`
+    /// at `buf + offset`, if head `h` holds it: the context is laid out as Q, K
+    /// and V are, and a chunk packed heads share belongs to the one it starts in
+    /// (which holds the other's columns too), a chunk past the head's columns to
+    /// none.
     fn ctx_chunk(
         &self,
         buf: BufId,
@@ -156,13 +159,14 @@ impl Attention<'_> {
         rows: std::ops::Range<u32>,
         h: u32,
         c: u32,
-    ) -> Part {
-        let c0 = h * self.dp + c * AMP_WIDTH;
-        Part {
+    ) -> Option<Part> {
+        let c0 = h * self.stride - self.lead(h) + c * AMP_WIDTH;
+        let own = self.stride == self.dp || (h * self.d..(h + 1) * self.d).contains(&c0);
+        own.then_some(Part {
             at: Loc { buf, offset },
             rows,
             cols: c0..c0 + AMP_WIDTH,
-        }
+        })
     }
 
     /// Chunk `c` of head `h`'s rows `rows`, stored as `[rows][16]` at `buf +
@@ -264,7 +268,7 @@ impl Attention<'_> {
     fn context(&self, parts: Vec<Part>) -> DistTensor {
         DistTensor {
             rows: self.batch * self.tq,
-            cols: self.heads * self.dp,
+            cols: self.heads * self.stride,
             elem_bytes: 2,
             parts,
         }
@@ -629,7 +633,7 @@ pub(crate) fn attention(
         );
         let r = w.s.b * op.tq + w.s.r0;
         for c in 0..kc {
-            out.push(op.ctx_chunk(w.ctx, c * w.s.rows * 32, r..r + w.s.rows, w.s.h, c));
+            out.extend(op.ctx_chunk(w.ctx, c * w.s.rows * 32, r..r + w.s.rows, w.s.h, c));
         }
     }
     Ok(op.context(out))
@@ -708,7 +712,16 @@ fn transposed(
                 recip: blk("recip", nbq * 64),
                 vt: blk("vt", tb * op.d * 32),
                 ctxt: blk("ctx.t", nbq * op.d * 32),
-                ctxs: blk("ctx.ts", nbq * op.dp * 32),
+                // Packed, the scaled rows start `lead` rows in.
+                ctxs: blk(
+                    "ctx.ts",
+                    nbq * op.dp * 32
+                        + if op.stride != op.dp {
+                            AMP_WIDTH * 32
+                        } else {
+                            0
+                        },
+                ),
                 ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
             });
         }
@@ -852,9 +865,10 @@ fn transposed(
     lw.exchange(&format!("{name}.vt"), copies);
 
     // `(e V)^T = V^T e^T`, each query's column scaled by its `1/sum`, back to the
-    // context's layout.
+    // context's layout. Packed, a head's dimensions sit `lead` rows into its
+    // chunks, as they do in the projections.
+    let packed = op.stride != op.dp;
     let step = lw.compute_step();
-    let mut out = Vec::new();
     for w in &work {
         amp(
             lw,
@@ -866,13 +880,71 @@ fn transposed(
             at(w.st),
             at(w.ctxt),
         );
-        zero_rows(lw, (w.s.tile, step), w.nbq, w.ctxs, (op.d, op.dp));
+        let lead = op.lead(w.s.h);
+        if !packed {
+            zero_rows(lw, (w.s.tile, step), w.nbq, w.ctxs, (op.d, op.dp));
+        } else if lead > 0 {
+            // The rows before the head's first dimension belong to the chunk the
+            // head before holds; the transpose reads them all the same.
+            lw.call(
+                w.s.tile,
+                step,
+                ZeroFill::new(w.nbq, lead * 32, op.dp * 32),
+                &[("out", at(w.ctxs))],
+            );
+        }
         lw.call(
             w.s.tile,
             step,
             ScaleCols::new(op.d, w.nbq).with_out_rows(op.dp),
-            &[("in", at(w.ctxt)), ("out", at(w.ctxs)), ("f", at(w.recip))],
+            &[
+                ("in", at(w.ctxt)),
+                (
+                    "out",
+                    Loc {
+                        buf: w.ctxs,
+                        offset: lead * 32,
+                    },
+                ),
+                ("f", at(w.recip)),
+            ],
         );
+    }
+    if packed {
+        // A chunk that a head shares with the next holds the next head's first
+        // dimensions after its own: the next head's tile with the same query rows
+        // sends those rows of its `(e V)^T` (contiguous rows of every query block).
+        let mut copies = Vec::new();
+        for (i, w) in work.iter().enumerate() {
+            let next_lead = (op.lead(w.s.h) + op.d) % AMP_WIDTH;
+            if w.s.h + 1 == op.heads || next_lead == 0 {
+                continue;
+            }
+            let Some(nx) = work[i + 1..]
+                .iter()
+                .find(|x| x.s.pair == w.s.pair + 1 && x.s.r0 == w.s.r0)
+            else {
+                continue;
+            };
+            for j in 0..w.nbq {
+                copies.push(Copy {
+                    src: Loc {
+                        buf: nx.ctxs,
+                        offset: (j * op.dp + next_lead) * 32,
+                    },
+                    bytes: (AMP_WIDTH - next_lead) * 32,
+                    dsts: vec![Loc {
+                        buf: w.ctxs,
+                        offset: (j * op.dp + op.lead(w.s.h) + op.d) * 32,
+                    }],
+                });
+            }
+        }
+        lw.exchange(&format!("{name}.ctx"), copies);
+    }
+    let step = if packed { lw.compute_step() } else { step };
+    let mut out = Vec::new();
+    for w in &work {
         lw.call(
             w.s.tile,
             step,
@@ -881,7 +953,7 @@ fn transposed(
         );
         let r = w.s.b * op.tq + w.s.r0;
         for c in 0..kc {
-            out.push(op.ctx_chunk(w.ctx, c * w.nbq * 512, r..r + w.s.rows, w.s.h, c));
+            out.extend(op.ctx_chunk(w.ctx, c * w.nbq * 512, r..r + w.s.rows, w.s.h, c));
         }
     }
     Ok(op.context(out))
@@ -1141,7 +1213,7 @@ fn single_query(
         );
         let r = b * op.tq;
         for c in 0..kc {
-            out.push(op.ctx_chunk(ctx, c * 32, r..r + 1, h, c));
+            out.extend(op.ctx_chunk(ctx, c * 32, r..r + 1, h, c));
         }
     }
     Ok(op.context(out))

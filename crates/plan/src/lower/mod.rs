@@ -849,14 +849,12 @@ impl<'g> Walker<'g> {
         for c in chain {
             self.mark(c);
         }
-        let Cols::Heads { heads, .. } = qv.cols else {
-            unreachable!()
-        };
+        // The context is laid out as the queries are: packed or head-padded.
         self.vals.insert(
             pv.output,
             Val {
                 t: out,
-                cols: Cols::Heads { heads, d: dh, dp },
+                cols: qv.cols,
                 offset: 0,
             },
         );
