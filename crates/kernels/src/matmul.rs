@@ -54,6 +54,21 @@ pub struct AmpMatmul {
     /// needed); it costs each worker two issues a call (A's row offset and the
     /// stride). Irrelevant, and kept false, for one chunk.
     pub a_row_major: bool,
+    /// Rows of the result that go to operand `own` instead of `out`: see
+    /// [`AmpMatmul::with_own_rows`].
+    pub own: Option<OwnRows>,
+}
+
+/// Output rows `first..first + rows` of every block written to operand `own`
+/// (`[nb][rows][16]` with `block_stride` bytes from one block's rows to the
+/// next's) instead of `out`: a reduction's own piece of rows, put where the
+/// reduction reads it rather than sent to itself. Whole workers' rows of an even
+/// split only (each worker's header names its output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnRows {
+    pub first: u32,
+    pub rows: u32,
+    pub block_stride: u32,
 }
 
 /// Bytes of the call header at the start of the state buffer.
@@ -85,7 +100,30 @@ impl AmpMatmul {
             kc,
             nb,
             a_row_major: false,
+            own: None,
         }
+    }
+
+    /// The same product with output rows `first..first + rows` of every block
+    /// written to operand `own` (see [`OwnRows`]), when the split is even and
+    /// those rows are whole workers'; otherwise unchanged (`None`).
+    pub fn with_own_rows(&self, first: u32, rows: u32, block_stride: u32) -> Option<AmpMatmul> {
+        let Rows::Even { q } = self.layout() else {
+            return None;
+        };
+        let fits = rows > 0
+            && first.is_multiple_of(q)
+            && rows.is_multiple_of(q)
+            && first + rows <= self.rows
+            && block_stride >= rows * 32;
+        fits.then(|| AmpMatmul {
+            own: Some(OwnRows {
+                first,
+                rows,
+                block_stride,
+            }),
+            ..self.clone()
+        })
     }
 
     /// The same product reading A row-major (`[rows][16*kc]`). One chunk is the same
@@ -205,7 +243,9 @@ impl AmpMatmul {
 
     fn state_bytes(&self) -> u32 {
         if self.table() {
-            Self::CALL_HEADERS * self.kc
+            // The calls before a block's last, shared by every block, then each
+            // block's last call (which names that block's output).
+            Self::CALL_HEADERS * (self.kc - 1 + self.nb)
         } else {
             STATE_BYTES
         }
@@ -330,41 +370,31 @@ impl AmpMatmul {
     }
 
     /// The header table's walk: per block, chunk 0 at the zero-partial entry, then
-    /// chunks 1..kc-1 at the partials entry, two calls a loop pass (an odd one
+    /// chunks 1..kc-2 at the partials entry, two calls a loop pass (an odd one
     /// first) so that the loop's branch and its pipeline refill come once in two
-    /// gaps. Every instruction between a `runall` and the next `sync local` waits
-    /// for the workers to exit; counters are decremented after a `sync local`, far
-    /// ahead of the branch that reads them. With several blocks, each block's first
-    /// gap rewinds the table and stores the block's output into its last header
-    /// (whose call is the block's last, long after).
+    /// gaps, then the last chunk on the block's own headers (`$m8`, which walks
+    /// the blocks' last calls). Every instruction between a `runall` and the next
+    /// `sync local` waits for the workers to exit; counters are decremented after
+    /// a `sync local`, far ahead of the branch that reads them. With several
+    /// blocks, each block's first gap rewinds the shared headers.
     fn table_loop(&self, s: &mut Asm, c: &Sup) {
         let blocks = self.nb > 1;
-        let rest = self.kc - 1;
-        let pairs = rest / 2;
-        let Rows::Even { q } = self.layout() else {
-            unreachable!("the header table serves even splits")
-        };
+        // Calls between a block's first and its last.
+        let middle = self.kc.saturating_sub(2);
+        let pairs = middle / 2;
         let calls = Self::CALL_HEADERS as u16;
         s.i(setzi(m(1), c.state));
         s.i(setzi(m(2), c.w)); // advanced 16 bytes by every weight load
         s.i(setzi(m(0), c.zero_entry));
-        if rest > 0 {
+        if self.kc > 1 {
             s.i(setzi(m(3), c.entry));
         }
+        // Block 0's last call's headers; each block's follow.
+        s.i(setzi(m(8), c.state + Self::CALL_HEADERS * (self.kc - 1)));
         if blocks {
             s.i(setzi(m(4), self.nb));
-            s.i(setzi(m(5), c.out)); // this block's output
-            s.i(setzi(m(9), c.rb));
-            // The last call's headers' output words, and one to three workers' rows.
-            s.i(setzi(
-                m(8),
-                c.state + Self::CALL_HEADERS * (self.kc - 1) + 8,
-            ));
-            s.i(setzi(m(7), 32 * q));
-            s.i(setzi(m(11), 64 * q));
-            s.i(setzi(m(12), 96 * q));
         }
-        let call = |s: &mut Asm, entry: MReg, before: &[Inst]| {
+        let call = |s: &mut Asm, entry: MReg, state: MReg, before: &[Inst]| {
             s.i(Inst::SyncLocal);
             for &i in before {
                 s.i(i);
@@ -372,51 +402,39 @@ impl AmpMatmul {
             load_weights(s);
             s.i(Inst::RunAll {
                 entry,
-                state: m(1),
+                state,
                 stride: HEADER as u16,
             });
-            s.i(inti(IntOp::Add, m(1), m(1), calls));
+            s.i(inti(IntOp::Add, state, state, calls));
         };
         let block = s.label();
         s.bind(block);
         let mut first = Vec::new();
         if blocks {
-            // The block's output into the last call's six headers, each worker
-            // its rows on; ordered so that few stores wait for the adds.
-            let hdr = |w: u16| 3 * w;
-            first.extend([
-                int(IntOp::Add, m(10), m(5), m(7)),
-                int(IntOp::Add, m(13), m(5), m(11)),
-                int(IntOp::Add, m(14), m(5), m(12)),
-                st32m(m(5), m(8), hdr(0)),
-                inti(IntOp::Sub, m(4), m(4), 1),
-                setzi(m(1), c.state),
-                st32m(m(10), m(8), hdr(1)),
-                st32m(m(13), m(8), hdr(2)),
-                st32m(m(14), m(8), hdr(3)),
-                int(IntOp::Add, m(10), m(14), m(7)),
-                int(IntOp::Add, m(13), m(14), m(11)),
-                int(IntOp::Add, m(5), m(5), m(9)),
-                st32m(m(10), m(8), hdr(4)),
-                st32m(m(13), m(8), hdr(5)),
-            ]);
+            first.push(inti(IntOp::Sub, m(4), m(4), 1));
+            first.push(setzi(m(1), c.state));
         }
         if pairs > 1 {
             first.push(setzi(m(6), pairs));
         }
-        call(s, m(0), &first);
-        if rest % 2 == 1 {
-            call(s, m(3), &[]);
-        }
-        if pairs == 1 {
-            call(s, m(3), &[]);
-            call(s, m(3), &[]);
-        } else if pairs > 1 {
-            let pair = s.label();
-            s.bind(pair);
-            call(s, m(3), &[inti(IntOp::Sub, m(6), m(6), 1)]);
-            call(s, m(3), &[]);
-            s.brnz(m(6), pair);
+        if self.kc == 1 {
+            call(s, m(0), m(8), &first);
+        } else {
+            call(s, m(0), m(1), &first);
+            if middle % 2 == 1 {
+                call(s, m(3), m(1), &[]);
+            }
+            if pairs == 1 {
+                call(s, m(3), m(1), &[]);
+                call(s, m(3), m(1), &[]);
+            } else if pairs > 1 {
+                let pair = s.label();
+                s.bind(pair);
+                call(s, m(3), m(1), &[inti(IntOp::Sub, m(6), m(6), 1)]);
+                call(s, m(3), m(1), &[]);
+                s.brnz(m(6), pair);
+            }
+            call(s, m(3), m(8), &[]);
         }
         if blocks {
             s.brnz(m(4), block);
@@ -840,8 +858,12 @@ fn one_row(s: &mut Asm, f: Feed) {
 impl Kernel for AmpMatmul {
     fn symbol(&self) -> String {
         let rm = if self.a_row_major { "_rm" } else { "" };
+        let own = match self.own {
+            Some(o) => format!("_own{}x{}", o.first, o.rows),
+            None => String::new(),
+        };
         format!(
-            "{}_r{}_kc{}_nb{}{rm}",
+            "{}_r{}_kc{}_nb{}{rm}{own}",
             Self::NAME,
             self.rows,
             self.kc,
@@ -861,6 +883,22 @@ impl Kernel for AmpMatmul {
             || u64::from(self.kc) * u64::from(self.nb) * 512 >= 1 << 20
         {
             return Err(invalid(&name, "operand larger than tile memory"));
+        }
+        if let Some(o) = self.own {
+            let whole = |q: u32| {
+                o.rows > 0
+                    && o.first.is_multiple_of(q)
+                    && o.rows.is_multiple_of(q)
+                    && o.first + o.rows <= self.rows
+            };
+            if !matches!(self.layout(), Rows::Even { q } if whole(q))
+                || o.block_stride < o.rows * 32
+            {
+                return Err(invalid(
+                    &name,
+                    "own rows must be whole workers' rows of an even split, blocks apart",
+                ));
+            }
         }
         Ok(())
     }
@@ -908,6 +946,20 @@ impl Kernel for AmpMatmul {
             let last_in = ["p0", "p1"][((self.kc - 2) % 2) as usize];
             separate_all(&mut ops, &["out", last_in]);
         }
+        if let Some(o) = self.own {
+            // Written by the output stream: apart from what it streams with.
+            ops.push(Operand::new(
+                "own",
+                Role::Output,
+                (self.nb - 1) * o.block_stride + o.rows * 32,
+                8,
+            ));
+            separate_all(&mut ops, &["a", "own"]);
+            if self.kc >= 2 {
+                let last_in = ["p0", "p1"][((self.kc - 2) % 2) as usize];
+                separate_all(&mut ops, &["own", last_in]);
+            }
+        }
         ops.push(Operand::new("state", Role::State, self.state_bytes(), 8));
         let supervisor_bytes = self
             .supervisor_words(
@@ -947,10 +999,30 @@ impl Kernel for AmpMatmul {
             // chunk (a row of every chunk, row-major), the partials and the output.
             let row = 32 * q;
             let a_row = row * if self.a_row_major { self.kc } else { 1 };
-            for (a, pin, out) in self.headers(addrs)? {
+            let headers = self.headers(addrs)?;
+            let (last, shared) = headers.split_last().expect("kc >= 1");
+            for &(a, pin, out) in shared {
                 for w in 0..WORKERS {
                     let pin = if pin == 0 { 0 } else { pin + w * row };
                     buf.u32(a + w * a_row).u32(pin).u32(out + w * row);
+                }
+            }
+            let own = match self.own {
+                Some(o) => Some((o, operand(addrs, &self.symbol(), "own")?)),
+                None => None,
+            };
+            let (a, pin, out) = *last;
+            for b in 0..self.nb {
+                for w in 0..WORKERS {
+                    let pin = if pin == 0 { 0 } else { pin + w * row };
+                    let r0 = w * q;
+                    let dst = match own {
+                        Some((o, base)) if (o.first..o.first + o.rows).contains(&r0) => {
+                            base + b * o.block_stride + (r0 - o.first) * 32
+                        }
+                        _ => out + b * self.block_bytes() + w * row,
+                    };
+                    buf.u32(a + w * a_row).u32(pin).u32(dst);
                 }
             }
             return Ok(buf.finish(self.stride()));

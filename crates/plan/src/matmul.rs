@@ -172,13 +172,20 @@ impl MatmulMapping {
             Some(pr) => {
                 let piece = u64::from(pr) * nb * chunk_bytes;
                 let output = rows * nb * chunk_bytes;
-                // Every tile sends its whole output (its own piece to itself)
-                // and holds it beside one piece from every inner group.
-                (
-                    output + u64::from(pk) * piece,
-                    piece,
-                    output.max(u64::from(pk) * piece),
-                )
+                // Every tile sends its output and holds it beside one piece from
+                // every inner group. Its own piece goes through the exchange to
+                // itself unless it is whole workers' rows, which the AMP writes
+                // into the piece buffer directly.
+                let own = nb_t == real_nb
+                    && AmpMatmul::new(rows_t, kc_t, nb_t)
+                        .with_own_rows(0, pr, pr * AMP_WIDTH * 2)
+                        .is_some();
+                let moved = if own {
+                    (output - piece).max(u64::from(pk - 1) * piece)
+                } else {
+                    output.max(u64::from(pk) * piece)
+                };
+                (output + u64::from(pk) * piece, piece, moved)
             }
             None => {
                 let slab_bytes = rows * u64::from(slab) * chunk_bytes;
@@ -555,6 +562,33 @@ mod tests {
         // inner groups the slabs are even (3 x 2 x 150 = 900 against 1,216).
         assert_eq!(row_piece_rows(210, 6, 8), Some(35));
         assert_eq!(row_piece_rows(150, 4, 8), None);
+    }
+
+    /// Pieces of whole workers' rows: the AMP writes a tile's own piece into its
+    /// slot, so the reduce-scatter moves one piece fewer through each tile than
+    /// where the pieces cut across workers' rows.
+    #[test]
+    fn own_pieces_of_whole_workers_rows_stay_on_the_tile() {
+        let m = Machine::c600();
+        let s = MatmulShape::new(1458, 1152, 4304);
+        // 210 rows a tile, 35 a worker; 6 inner groups: pieces of 35 rows x 8
+        // blocks (8,960 bytes), of which a tile receives 5, not 6.
+        let map = MatmulMapping::evaluate_rows(&m, s, 210, 6, 34);
+        assert_eq!((map.rows_per_tile, map.blocks_per_tile), (210, 8));
+        let reduce = ReduceAdd::new(6, 35 * 8 * 16)
+            .with_addend()
+            .estimate_cycles_with(&m.timing);
+        assert_eq!(map.cost.reduce, 100 + 5 * 8_960 / 4 + reduce);
+        // 122 rows (20 or 21 a worker) in pieces of 13: through the exchange.
+        let s = MatmulShape {
+            a_blocked: true,
+            ..MatmulShape::new(1458, 4304, 1152)
+        };
+        let map = MatmulMapping::evaluate(&m, s, 12, 10, 12);
+        let reduce = ReduceAdd::new(10, 13 * 6 * 16)
+            .with_addend()
+            .estimate_cycles_with(&m.timing);
+        assert_eq!(map.cost.reduce, 100 + 10 * 13 * 6 * 32 / 4 + reduce);
     }
 
     /// Each row split is also costed with its groups rounded up to whole rows a

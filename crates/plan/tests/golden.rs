@@ -45,6 +45,26 @@ fn tiny_mlp_on_four_tiles() {
     lower_and_check("mlp_tiny_b2_small", &graph, &Machine::small());
 }
 
+/// On eight tiles `fc2` reduces in row pieces of whole workers' rows: each tile's
+/// AMP writes its own piece into its slot of the piece buffer (`_own` in the
+/// symbol), and the reduce-scatter sends only the other pieces.
+#[test]
+fn tiny_mlp_on_eight_tiles_writes_its_own_pieces_in_place() {
+    let graph = mlp(&MlpConfig::tiny(2)).unwrap();
+    let machine = Machine::small().with_tiles(8);
+    lower_and_check("mlp_tiny_b2_8tiles", &graph, &machine);
+    let plan = lower(
+        &machine,
+        &graph,
+        &init_weights(&graph, 1),
+        &LowerOptions::default(),
+    )
+    .unwrap();
+    let text = plan.to_string();
+    assert!(text.contains("amp_matmul_r18_kc3_nb1_own0x9"), "{text}");
+    assert!(text.contains("amp_matmul_r18_kc3_nb1_own9x9"), "{text}");
+}
+
 /// Every rule once: the patch projection with the position embedding fused, the
 /// layer norms, head-padded projections, attention, the MLP's GELU and residual
 /// epilogues, and the pooling head's single shared query.

@@ -101,6 +101,58 @@ fn matmul_matches_reference() {
     }
 }
 
+/// Rows redirected to `own` (a reduction's own piece, whole workers' rows) come
+/// out there, block by block at `own`'s stride, with the same bits the plain
+/// product writes to `out`; the other rows land in `out` as before. Splits whose
+/// rows are not whole workers' are refused.
+#[test]
+fn own_rows_go_to_their_own_operand() {
+    for (rows, kc, nb, first, own_rows, rm) in [
+        (36, 3, 2, 12, 12, false),
+        (24, 1, 3, 0, 8, false),
+        (48, 4, 2, 16, 24, true),
+    ] {
+        let mut plain = AmpMatmul::new(rows, kc, nb);
+        if rm {
+            plain = plain.row_major();
+        }
+        let stride = own_rows * 32 + 64;
+        let k = plain
+            .with_own_rows(first, own_rows, stride)
+            .expect("whole workers");
+        let c = case(&plain, u64::from(rows + kc));
+        let want = run(&plain, &layout(&plain), &inputs(&plain, &c));
+        want.assert_ok();
+        let got = run(&k, &layout(&k), &inputs(&k, &c));
+        got.assert_ok();
+        assert!(got.violations.is_empty(), "{:?}", got.violations);
+        let (w, o) = (
+            want.read_f16("out", (rows * nb * 16) as usize),
+            got.read_f16("out", (rows * nb * 16) as usize),
+        );
+        let own_len = ((nb - 1) * stride / 2 + own_rows * 16) as usize;
+        let own = got.read_f16("own", own_len);
+        for b in 0..nb {
+            for r in 0..rows {
+                let at = ((b * rows + r) * 16) as usize;
+                let row = &w[at..at + 16];
+                if (first..first + own_rows).contains(&r) {
+                    let at2 = ((b * stride / 2) + (r - first) * 16) as usize;
+                    assert_eq!(&own[at2..at2 + 16], row, "{k:?} block {b} row {r}");
+                } else {
+                    assert_eq!(&o[at..at + 16], row, "{k:?} block {b} row {r}");
+                }
+            }
+        }
+    }
+    // 5 rows a worker: 10 rows from row 5 are whole workers', from row 4 not.
+    let k = AmpMatmul::new(30, 2, 1);
+    assert!(k.with_own_rows(5, 10, 320).is_some());
+    assert!(k.with_own_rows(4, 10, 320).is_none());
+    // Records (uneven rows) keep one output pointer a call.
+    assert!(AmpMatmul::new(31, 2, 1).with_own_rows(0, 5, 160).is_none());
+}
+
 /// The two layouts really differ: a row-major A given to the chunk-major kernel
 /// gives another product, so the reference test's agreement of both layouts (and
 /// the stride that makes row-major work) is not vacuous.

@@ -17,8 +17,10 @@
 //!   bytes (fewer blocks in a column group than inner groups leave inner groups
 //!   idle and the rest receiving `pk - 1` slabs each; a block count the inner
 //!   groups do not divide leaves the last slab short), the output is cut into
-//!   pieces of rows (of every block) instead, piece `j'` of every tile, its own
-//!   included, landing in slot `j` of inner group `j'`'s piece buffer;
+//!   pieces of rows (of every block) instead, piece `j'` of every tile landing in
+//!   slot `j` of inner group `j'`'s piece buffer; a tile's own piece, where it is
+//!   whole workers' rows, the AMP writes into its slot directly
+//!   (`AmpMatmul::with_own_rows`), otherwise it too goes through the exchange;
 //! - compute: sum of the partial slabs, bias, GELU, residual, in place in slab 0.
 //!
 //! The result is left in block layout: each finished block a `[rows, 16]` part.
@@ -378,6 +380,7 @@ fn one_pass(
     let step = lw.compute_step();
     let mut p_bufs = BTreeMap::new();
     let mut recv_bufs = BTreeMap::new();
+    let mut own_pieces = std::collections::BTreeSet::new();
     for (i, j, l) in g.cells() {
         let tile = g.tile(i, j, l);
         let rows = g.rows[i].1;
@@ -461,6 +464,26 @@ fn one_pass(
         if !direct && !rearrange {
             mm = mm.row_major();
         }
+        // The tile's own piece, where it is whole workers' rows of every block,
+        // goes straight into its slot of the piece buffer instead of through the
+        // exchange to itself.
+        let own = g
+            .row_pieces(l, rows)
+            .filter(|_| nb_pad == g.blocks[l].1)
+            .and_then(|pcs| pcs.get(j).copied())
+            .and_then(|(s0, sr)| {
+                let k = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)?;
+                let at = Loc {
+                    buf: recv_bufs[&(i, j, l)],
+                    offset: j as u32 * nb_pad * sr * AMP_WIDTH * 2,
+                };
+                Some((k, at))
+            });
+        let own_at = own.as_ref().map(|(_, at)| *at);
+        if let Some((k, _)) = own {
+            mm = k;
+            own_pieces.insert((i, j, l));
+        }
         let mut ops = vec![
             (
                 "a",
@@ -478,6 +501,7 @@ fn one_pass(
             ),
             ("out", Loc { buf: p, offset: 0 }),
         ];
+        ops.extend(own_at.map(|at| ("own", at)));
         for (idx, pname) in ["p0", "p1"].into_iter().enumerate() {
             if mm.partials() > idx as u32 {
                 let pp = lw.buffer(
@@ -503,6 +527,9 @@ fn one_pass(
                 // slot `j` of its piece buffer.
                 let nb = g.blocks[l].1;
                 for (jj, &(s0, sr)) in pieces.iter().enumerate() {
+                    if jj == j && own_pieces.contains(&(i, j, l)) {
+                        continue;
+                    }
                     let piece_bytes = nb * sr * AMP_WIDTH * 2;
                     for q in 0..nb {
                         copies.push(Copy {
