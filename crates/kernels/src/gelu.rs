@@ -35,6 +35,9 @@ use crate::{
 pub struct Gelu {
     /// Elements; a multiple of 4.
     pub n: u32,
+    /// The input holds `h = x / 2` (a producer with the factor folded into its
+    /// weights) and the result is still `gelu(x)`: see [`Gelu::with_half_input`].
+    pub half_input: bool,
 }
 
 /// A worker record: `in`, `out`, groups, then `c1` as f16 in both halves of a word
@@ -48,12 +51,28 @@ const FIXED_ISSUES: u64 = 18;
 /// Issues per group of four elements (the repeat body): its seven aux
 /// instructions, the load, the store and the two moves that re-arm `c1` beside them.
 const ISSUES_PER_GROUP: u64 = 7;
+/// [`Gelu::with_half_input`] with one group: 5 before the first group, its 6, the
+/// `rpt`, the leftover test, the last tail (4) and the `exit`.
+const HALF_FIXED_ISSUES: u64 = 18;
 
 impl Gelu {
     pub const NAME: &'static str = "gelu";
 
     pub fn new(n: u32) -> Gelu {
-        Gelu { n }
+        Gelu {
+            n,
+            half_input: false,
+        }
+    }
+
+    /// The same GELU of `x` from an input of `h = x / 2`: `u = h (2 c1 + 8 c2 h^2)`
+    /// is the same `u` (both constants scaled by powers of two, so every rounding
+    /// is the same), and `y = h + h t` needs no `h = x / 2`: six issues a group
+    /// instead of seven. The loop alternates two input registers so that `y` can
+    /// be formed in the one it was loaded into.
+    pub fn with_half_input(mut self) -> Gelu {
+        self.half_input = true;
+        self
     }
 
     /// The f16 constants `(c1, c2)` of `u = x (c1 + c2 x^2)`.
@@ -81,11 +100,81 @@ impl Gelu {
         let tanh = |r: u8| Inst::F16v2Tanh { d: a(r), a: a(r) };
         [tanh(4), tanh(5), fmac(FVec::F16V4, 6, 6, 4)]
     }
+
+    /// Worker code of [`Gelu::with_half_input`]. Groups alternate between `$a0:1`
+    /// and `$a6:7`; a group's `y = h + h t` is formed in place and stored from
+    /// there, and the next load into the same pair comes two issues after that
+    /// store. The repeat runs pairs of groups; a leftover group follows it.
+    fn half_input_code(code_base: u32) -> Vec<tessera_isa::Word> {
+        const V: FVec = FVec::F16V4;
+        let c1 = m(5);
+        let mov_c1 = |r: u8| Inst::MovAm { d: a(r), a: c1 };
+        let sq = |x: u8| fbin(FBinOp::Mul, V, 2, x, x);
+        let mac = fmac(V, 4, 2, 10);
+        let mul_u = |x: u8| fbin(FBinOp::Mul, V, 4, 4, x);
+        let tanh = |r: u8| Inst::F16v2Tanh { d: a(r), a: a(r) };
+        let y = |x: u8| fmac(V, x, x, 4);
+        // The tail of the group in `x`, beside the head of the next group, loaded
+        // into `z` (the same shape as the seven-issue loop without `h = x / 2`).
+        let step = |x: u8, z: u8| {
+            [
+                bi(ld64s(z, 2), tanh(4)),
+                ai(tanh(5)),
+                bi(mov_c1(5), y(x)),
+                bi(mov_c1(4), sq(z)),
+                bi(st64s(x, 3), mac),
+                ai(mul_u(z)),
+            ]
+        };
+        let tail = |x: u8| [ai(tanh(4)), ai(tanh(5)), ai(y(x)), mi(st64s(x, 3))];
+        let mut s = Asm::new(code_base);
+        let done = s.label();
+        let even = s.label();
+        s.i(ld32m(m(4), m(0), 2)); // groups
+        s.i(ld32m(m(2), m(0), 0)); // x
+        s.i(ld32m(c1, m(0), 3));
+        s.i(ld32(a(14), m(0), 4)); // c2
+        s.brz(m(4), done);
+        let bcast = Inst::FBcast {
+            vec: V,
+            d: a(10),
+            a: a(14),
+        };
+        block(
+            &mut s,
+            &[
+                mi(ld64s(0, 2)),
+                bi(mov_c1(4), bcast),
+                bi(mov_c1(5), sq(0)),
+                bi(ld32m(m(3), m(0), 1), mac),      // y
+                bi(ld32m(m(6), m(0), 5), mul_u(0)), // pairs
+                mi(ld32m(m(7), m(0), 6)),           // leftover
+            ],
+            End::BeforeRpt,
+        );
+        let body: Vec<_> = step(0, 6).into_iter().chain(step(6, 0)).collect();
+        s.rpt(m(6), |b| block(b, &body, End::Aligned));
+        s.brz(m(7), even);
+        // After the 4-byte branch: the load beside the second tanh instead, so
+        // the bundles fall aligned without a padding `nop`.
+        let mut leftover = step(0, 6);
+        leftover[0] = ai(tanh(4));
+        leftover[1] = bi(ld64s(6, 2), tanh(5));
+        block(&mut s, &leftover, End::Any);
+        block(&mut s, &tail(6), End::Any);
+        s.i(Inst::Exit);
+        s.bind(even);
+        block(&mut s, &tail(0), End::Any);
+        s.bind(done);
+        s.i(Inst::Exit);
+        s.finish()
+    }
 }
 
 impl Kernel for Gelu {
     fn symbol(&self) -> String {
-        format!("{}_n{}", Self::NAME, self.n)
+        let h = if self.half_input { "_h" } else { "" };
+        format!("{}_n{}{h}", Self::NAME, self.n)
     }
 
     fn validate(&self) -> Result<(), KernelError> {
@@ -102,6 +191,14 @@ impl Kernel for Gelu {
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
         self.validate()?;
         crate::check_code_base(&self.symbol(), code_base, 8)?;
+        if self.half_input {
+            return Ok(KernelCode {
+                symbol: self.symbol(),
+                code_base,
+                entry: code_base,
+                words: Self::half_input_code(code_base),
+            });
+        }
         let bcast = |pair: u8| Inst::FBcast {
             vec: FVec::F16V4,
             d: a(pair),
@@ -183,6 +280,15 @@ impl Kernel for Gelu {
         let out = operand(addrs, &name, "out")?;
         let (c1, c2) = Self::constants();
         let c1 = half::f16::from_f32(c1.to_f32() * crate::mutation::factor("gelu"));
+        // From `h = x / 2`: `2 c1` and `8 c2` (exact: powers of two).
+        let (c1, c2) = if self.half_input {
+            (
+                half::f16::from_f32(c1.to_f32() * 2.0),
+                half::f16::from_f32(c2.to_f32() * 8.0),
+            )
+        } else {
+            (c1, c2)
+        };
         let half = half::f16::from_f32(0.5);
         let mut buf = StateBuf::default();
         for (i, (g0, g)) in split(self.n / 4).into_iter().enumerate() {
@@ -191,8 +297,15 @@ impl Kernel for Gelu {
                 .u32(out + g0 * 8)
                 .u32(g)
                 .u32(c1 | c1 << 16);
-            for c in [c2, half] {
-                buf.u32(c.to_bits().into());
+            if self.half_input {
+                // c2; the repeat's pairs of groups after the first; whether one
+                // group is left over.
+                let rest = g.saturating_sub(1);
+                buf.u32(c2.to_bits().into()).u32(rest / 2).u32(rest % 2);
+            } else {
+                for c in [c2, half] {
+                    buf.u32(c.to_bits().into());
+                }
             }
             buf.pad_to((i + 1) * usize::from(STRIDE));
         }
@@ -204,9 +317,13 @@ impl Kernel for Gelu {
             t,
             split(self.n / 4)
                 .into_iter()
-                .map(|(_, g)| match u64::from(g) {
-                    0 => 5,
-                    g => FIXED_ISSUES + ISSUES_PER_GROUP * (g - 1),
+                .map(|(_, g)| match (u64::from(g), self.half_input) {
+                    (0, _) => 5,
+                    (g, false) => FIXED_ISSUES + ISSUES_PER_GROUP * (g - 1),
+                    // Six issues a group after the first: pairs in the repeat, a
+                    // leftover one after it (the test's taken branch, when there
+                    // is none, refills within the worker's barrel round).
+                    (g, true) => HALF_FIXED_ISSUES + 6 * (g - 1),
                 }),
         )
     }

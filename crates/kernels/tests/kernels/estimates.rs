@@ -98,6 +98,7 @@ fn estimates_track_simulation() {
     }
     for n in [8, 96, 1000] {
         check_exact(&Gelu::new(n));
+        check_exact(&Gelu::new(n).with_half_input());
     }
     for n in [8, 96, 1000] {
         check(&Add::new(n));

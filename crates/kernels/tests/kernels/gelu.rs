@@ -38,6 +38,51 @@ fn gelu_matches_reference() {
     }
 }
 
+/// From half inputs (`h = x / 2`, the factor folded into the producer's weights)
+/// the same `gelu(x)`: bit for bit what the plain kernel gives from `x`, for group
+/// counts of either parity a worker (the leftover group after the pairs).
+#[test]
+fn gelu_of_half_inputs_is_the_same_bits() {
+    for (seed, &n) in [4u32, 24, 48, 100, 1000, 4304].iter().enumerate() {
+        let mut x = random_f16(&mut rng(900 + seed as u64), n as usize, 6.0);
+        for (i, v) in [-65504.0f32, 65504.0, -20.0, 20.0, 0.0, -0.0, -3.5, 300.0]
+            .iter()
+            .enumerate()
+        {
+            if i < x.len() {
+                x[i] = f16::from_f32(*v);
+            }
+        }
+        // Normal halves only: a subnormal half would lose a bit.
+        for v in x.iter_mut() {
+            if v.to_f32() != 0.0 && v.to_f32().abs() < 2.0 * f16::MIN_POSITIVE.to_f32() {
+                *v = f16::from_f32(0.25);
+            }
+        }
+        let h: Vec<f16> = x.iter().map(|v| f16::from_f32(v.to_f32() / 2.0)).collect();
+        let plain = Gelu::new(n);
+        let want = run(&plain, &layout(&plain), &[("in", f16_bytes(&x))]);
+        want.assert_ok();
+        let k = Gelu::new(n).with_half_input();
+        let got = run(&k, &layout(&k), &[("in", f16_bytes(&h))]);
+        got.assert_ok();
+        assert!(got.violations.is_empty(), "{:?}", got.violations);
+        let (w, g) = (
+            want.read_f16("out", n as usize),
+            got.read_f16("out", n as usize),
+        );
+        for i in 0..n as usize {
+            assert_eq!(
+                w[i].to_bits(),
+                g[i].to_bits(),
+                "n={n} x={} h={}",
+                x[i],
+                h[i]
+            );
+        }
+    }
+}
+
 /// The error bound of `gelu_matches_reference` over every finite f16 input, so that
 /// the bound documented in docs/kernels.md is a measured fact, not a sample.
 #[test]

@@ -141,6 +141,8 @@ pub(crate) struct Linear<'a> {
     /// The value added to output `(row, col)`: the bias, plus any fused per-row
     /// constant.
     pub bias: &'a dyn Fn(u32, u32) -> f32,
+    /// GELU follows, on the product of weights and bias already halved (the
+    /// kernel's `with_half_input`).
     pub gelu: bool,
     /// The bias varies with the row (a fused position embedding), so passes
     /// cannot share bias constants.
@@ -703,7 +705,13 @@ fn one_pass(
             }
         }
         if op.gelu {
-            lw.call(tile, step, Gelu::new(elems), &[("in", y), ("out", y)]);
+            // The walker halved the weights and bias for it.
+            lw.call(
+                tile,
+                step,
+                Gelu::new(elems).with_half_input(),
+                &[("in", y), ("out", y)],
+            );
         }
         if let Some(res) = residual.filter(|_| fused_residual.is_none()) {
             lw.call(

@@ -502,6 +502,9 @@ impl<'g> Walker<'g> {
                 _ => 1.0,
             })
             .collect();
+        // A fused GELU reads `x / 2` (`Gelu::with_half_input`): the halving goes
+        // into the weights and bias, exactly (a power of two).
+        let pre = if gelu { 0.5 } else { 1.0 };
         let per = heads.width(n_log);
         let n = per * members.len() as u32;
         let k = xv.t.cols;
@@ -522,7 +525,7 @@ impl<'g> Walker<'g> {
                 let pr = xv.cols.physical(r);
                 for c in 0..n_log {
                     wp[(pr * n + base + heads.physical(c)) as usize] =
-                        wd[(r * n_log + c) as usize] * scales[m];
+                        wd[(r * n_log + c) as usize] * scales[m] * pre;
                 }
             }
             for c in 0..n_log {
@@ -538,7 +541,7 @@ impl<'g> Walker<'g> {
             if let Some((data, prow)) = row_const {
                 v += data[((row % prow) * n_log + c) as usize];
             }
-            v * scales[m]
+            v * scales[m] * pre
         };
 
         let input_from = self.made_by.get(&a).cloned();
