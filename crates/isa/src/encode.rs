@@ -105,6 +105,7 @@ pub mod opcode {
     pub const SORT4X16: u8 = 0x4c;
     pub const F16V2_EXP: u8 = 0x4d;
     pub const F16V2_GINA: u8 = 0x4e;
+    pub const F16V4_CMAC: u8 = 0x4f;
 }
 
 /// First aux-pipe opcode.
@@ -243,6 +244,7 @@ pub fn inst_name(inst: &Inst) -> &'static str {
         Inst::F16Acc { quad: true, .. } => "f16v8acc",
         Inst::F32v2Gina { .. } => "f32v2gina",
         Inst::F16v2Gina { .. } => "f16v2gina",
+        Inst::F16v4Cmac { .. } => "f16v4cmac",
         Inst::FMov { .. } => "fmov",
         Inst::FBcast { .. } => "fbcast",
         Inst::Amp { .. } => "amp",
@@ -553,6 +555,7 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
         }
         Inst::F32v2Gina { d } => word(F32V2_GINA, r0(c.pair("d", d)?)),
         Inst::F16v2Gina { d } => word(F16V2_GINA, r0(c.a("d", d)?)),
+        Inst::F16v4Cmac { a, b } => word(F16V4_CMAC, r1(c.pair("a", a)?) | r2(c.pair("b", b)?)),
         Inst::FSum { vec, d, a } => word(
             F_SUM,
             r0(c.a("d", d)?) | r1(c.a_vec("a", a, vec.is_pair())?) | vec.code(),
@@ -1009,6 +1012,13 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
         ),
         F32V2_GINA => (Inst::F32v2Gina { d: AReg(f0) }, 0xf00000),
         F16V2_GINA => (Inst::F16v2Gina { d: AReg(f0) }, 0xf00000),
+        F16V4_CMAC => (
+            Inst::F16v4Cmac {
+                a: AReg(f1),
+                b: AReg(f2),
+            },
+            0x0ff000,
+        ),
         F_SUM => (
             Inst::FSum {
                 vec: FVec::ALL[field(w, 0, 2) as usize],

@@ -413,6 +413,12 @@ pub enum Inst {
     F16v2Gina {
         d: AReg,
     },
+    /// `f16v4cmac`: the four lane products of the pairs `$aA` and `$aB` (exact in
+    /// f32) added into accumulators `0..4`.
+    F16v4Cmac {
+        a: AReg,
+        b: AReg,
+    },
     /// Sum of the lanes, as f32 into a single register (F16V4 and F32V2 read pairs).
     FSum {
         vec: FVec,
@@ -477,6 +483,7 @@ impl Inst {
             | Inst::F16Acc { .. }
             | Inst::F32v2Gina { .. }
             | Inst::F16v2Gina { .. }
+            | Inst::F16v4Cmac { .. }
             | Inst::FMov { .. }
             | Inst::FBcast { .. }
             | Inst::Amp { .. } => Pipe::Aux,

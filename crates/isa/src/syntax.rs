@@ -828,6 +828,7 @@ fn known_mnemonic(mn: &str) -> bool {
         || mn == "f16v8acc"
         || mn == "f32v2gina"
         || mn == "f16v2gina"
+        || mn == "f16v4cmac"
         || INT_OPS.iter().any(|(n, _)| *n == mn)
     {
         return true;
@@ -1243,6 +1244,13 @@ pub(crate) fn lower_inst(
             o.count(1, "$aD")?;
             one(Inst::F16v2Gina { d: o.a(0)? })
         }
+        "f16v4cmac" => {
+            o.count(2, "$aA:pair, $aB:pair")?;
+            one(Inst::F16v4Cmac {
+                a: o.pair(0)?,
+                b: o.pair(1)?,
+            })
+        }
         "f16v2tof32" => {
             o.count(2, "$aD:pair, $aA")?;
             one(Inst::F16v2ToF32 {
@@ -1568,6 +1576,7 @@ impl fmt::Display for Inst {
             Inst::F16Acc { a, quad: true } => write!(f, "f16v8acc {}", Q(a)),
             Inst::F32v2Gina { d } => write!(f, "f32v2gina {}", P(d)),
             Inst::F16v2Gina { d } => write!(f, "f16v2gina {}", A(d)),
+            Inst::F16v4Cmac { a, b } => write!(f, "f16v4cmac {}, {}", P(a), P(b)),
             Inst::FSum { vec, d, a } => {
                 write!(f, "{}sum {}, {}", fvec_name(vec), A(d), V(a, vec.is_pair()))
             }

@@ -169,6 +169,7 @@ pub fn aux_inst() -> BoxedStrategy<Inst> {
         aquad().prop_map(|a| Inst::F16Acc { a, quad: true }),
         apair().prop_map(|d| Inst::F32v2Gina { d }),
         areg().prop_map(|d| Inst::F16v2Gina { d }),
+        (apair(), apair()).prop_map(|(a, b)| Inst::F16v4Cmac { a, b }),
         (areg(), apair()).prop_map(|(d, a)| Inst::F32v2ToF16 { d, a }),
         (any::<bool>(), areg(), areg(), areg()).prop_map(|(hi, d, a, b)| Inst::Sort4x16 {
             hi,

@@ -191,30 +191,42 @@ impl LayerNorm {
     /// squared deviations into `$a14`. The deviations are taken from the mean
     /// rounded to f16 (`m16`), in f16: each is then rounded relative to itself,
     /// not to the mean, and the sum of their squares exceeds the true one by `n
-    /// (mean - m16)^2`, at most `2^-22 (mean / std)^2` of it. One issue a group
-    /// fewer than subtracting in f32.
+    /// (mean - m16)^2`, at most `2^-22 (mean / std)^2` of it. Each group's four
+    /// squares go into the worker's accumulators by one `f16v4cmac` (an f16
+    /// product is exact in f32), beside the next group's load: two issues a
+    /// group, against five squaring in f32 registers.
     fn deviation_pass(s: &mut Asm) {
+        use crate::softmax::{End, ai, block, mi};
         use FBinOp::*;
-        // `m16` in all four lanes of `$a6:7`.
-        s.i(to_f16(6, 12));
-        s.i(Inst::FBcast {
-            vec: FVec::F16V4,
-            d: a(6),
-            a: a(6),
+        let sub = fbin(Sub, FVec::F16V4, 2, 0, 6);
+        let cmac = Inst::F16v4Cmac { a: a(2), b: a(2) };
+        // `m16` in all four lanes of `$a6:7`; group j's deviations in `$a2:3` are
+        // squared beside group j+1's load; the first group is peeled, the last
+        // one's squares follow the repeat.
+        block(
+            s,
+            &[
+                ai(to_f16(6, 12)),
+                ai(Inst::FBcast {
+                    vec: FVec::F16V4,
+                    d: a(6),
+                    a: a(6),
+                }),
+                mi(ld64s(0, 4)),
+                mi(inti(IntOp::Sub, m(10), m(7), 1)),
+                ai(sub),
+            ],
+            End::BeforeRpt,
+        );
+        s.rpt(m(10), |b| {
+            b.b(ld64s(0, 4), cmac);
+            b.i(sub);
         });
-        // The square and sum pairs zeroed (`$a15` is zero: never written here).
-        for r in [2, 4, 8] {
-            s.i(bcast2(r, 15));
-        }
-        s.rpt(m(7), |b| {
-            b.b(ld64s(0, 4), fmac(FVec::F32V2, 8, 2, 2));
-            b.i(fmac(FVec::F32V2, 8, 4, 4));
-            b.i(fbin(Sub, FVec::F16V4, 0, 0, 6));
-            b.i(to_f32(2, 0));
-            b.i(to_f32(4, 1));
-        });
-        s.i(fmac(FVec::F32V2, 8, 2, 2));
-        s.i(fmac(FVec::F32V2, 8, 4, 4));
+        s.i(cmac);
+        // The four lane sums out of the accumulators (leaving them zero), added.
+        s.i(Inst::F32v2Gina { d: a(8) });
+        s.i(Inst::F32v2Gina { d: a(2) });
+        s.i(fbin(Add, FVec::F32V2, 8, 8, 2));
         s.i(Inst::FSum {
             vec: FVec::F32V2,
             d: a(14),
@@ -384,7 +396,7 @@ impl LayerNorm {
         let g = u64::from(self.groups());
         match u64::from(r) {
             0 => 5,
-            r => crate::issue_slots(t, 7 + r * (15 * g + 37), r),
+            r => crate::issue_slots(t, 7 + r * (12 * g + 37), r),
         }
     }
 
@@ -402,7 +414,7 @@ impl LayerNorm {
         let (r, g) = (u64::from(self.rows), u64::from(g));
         match launch {
             0 => 11 + r * (g + 16),
-            1 => 11 + r * (5 * g + 31),
+            1 => 11 + r * (2 * g + 30),
             _ => crate::issue_slots(t, 12 + r * (9 * g + 44), r),
         }
     }

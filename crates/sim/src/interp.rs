@@ -1158,6 +1158,19 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             amp.acc[14..].fill(0.0);
             two(d, u64::from(lo.to_bits()) | (u64::from(hi.to_bits()) << 32))
         }
+        Inst::F16v4Cmac { a, b } => {
+            let (pa, pb) = (ar2(ctx, a), ar2(ctx, b));
+            for (j, acc) in amp.acc[..4].iter_mut().enumerate() {
+                let lane = |x: u64| fp::h((x >> (16 * j)) as u32);
+                // An f16 times an f16 is exact in f32: one rounding, the add.
+                *acc += lane(pa) * lane(pb);
+            }
+            AuxOut {
+                d: 0,
+                n: 0,
+                v: [0, 0],
+            }
+        }
         Inst::F16v2Gina { d } => {
             let (lo, hi) = (amp.acc[0], amp.acc[1]);
             amp.acc.copy_within(2.., 0);

@@ -1255,3 +1255,33 @@ fn f16_gina_rounds_each_accumulator_to_f16_and_shifts_like_f32_gina() {
     // One issue each, plus the exit.
     assert_eq!(r.ctx.clock, 36);
 }
+
+#[test]
+fn f16_cmac_adds_exact_lane_products_into_the_accumulators() {
+    let cmac = |a, b| {
+        s(Inst::F16v4Cmac {
+            a: AReg(a),
+            b: AReg(b),
+        })
+    };
+    let gina = |d| s(Inst::F32v2Gina { d: AReg(d) });
+    // $a0:1 = (1 + 2^-10, 3, -2, 65504), $a2:3 = (1 + 2^-10, 0.5, 0.25, 65504): the
+    // products 1 + 2^-9 + 2^-20 (exact in f32, not in f16), 1.5, -0.5 and 65504^2
+    // (above f16's range), added twice.
+    let r = exec_with::<false>(&[cmac(0, 2), cmac(0, 2), gina(4), gina(6)], |c, _, _| {
+        let x = 1.0 + 2f32.powi(-10);
+        c.a[0] = hbits(x) | (hbits(3.0) << 16);
+        c.a[1] = hbits(-2.0) | (hbits(65504.0) << 16);
+        c.a[2] = hbits(x) | (hbits(0.5) << 16);
+        c.a[3] = hbits(0.25) | (hbits(65504.0) << 16);
+    });
+    r.ok();
+    let f = |i: u8| f32::from_bits(r.a(i));
+    let x = 1.0 + 2f32.powi(-10);
+    assert_eq!(f(4), 2.0 * (x * x));
+    assert_eq!(f(5), 3.0);
+    assert_eq!(f(6), -1.0);
+    assert_eq!(f(7), 2.0 * 65504.0 * 65504.0);
+    // One issue each, plus the exit.
+    assert_eq!(r.ctx.clock, 30);
+}
