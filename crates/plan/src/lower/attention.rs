@@ -160,13 +160,10 @@ impl Attention<'_> {
         h: u32,
         c: u32,
     ) -> Option<Part> {
-        let c0 = h * self.stride - self.lead(h) + c * AMP_WIDTH;
-        let own = self.stride == self.dp || (h * self.d..(h + 1) * self.d).contains(&c0);
-        own.then_some(Part {
-            at: Loc { buf, offset },
-            rows,
-            cols: c0..c0 + AMP_WIDTH,
-        })
+        let part = self.chunk(buf, offset, rows, 0, h, c);
+        let own =
+            self.stride == self.dp || (h * self.d..(h + 1) * self.d).contains(&part.cols.start);
+        own.then_some(part)
     }
 
     /// Chunk `c` of head `h`'s rows `rows`, stored as `[rows][16]` at `buf +

@@ -119,6 +119,16 @@ impl Cols {
     }
 }
 
+/// An attention's scores product `q k^T` and what follows it: the softmax's
+/// scale, the operations after the product (the product by the values `v` last).
+struct Scores<'g> {
+    q: TensorId,
+    k: TensorId,
+    scale: f32,
+    chain: Vec<&'g Op>,
+    v: TensorId,
+}
+
 #[derive(Debug, Clone)]
 struct Val {
     t: DistTensor,
@@ -652,17 +662,9 @@ impl<'g> Walker<'g> {
         }
     }
 
-    /// For an attention's scores product that takes the transposed path, the
-    /// tensors its queries, keys and values are split from, when each is read by
-    /// its split alone and each split by this attention alone, and its heads can
-    /// be read packed ([`attention::packs_heads`]): their projections then store no
-    /// padding columns (a tenth of the So400m QKV projection's work).
-    fn packable(
-        &self,
-        machine: &Machine,
-        opts: &LowerOptions,
-        scores: &'g Op,
-    ) -> Option<[TensorId; 3]> {
+    /// An attention's scores product `q k^T` the walker lowers as one (not an
+    /// absorbed pooling head's, not `q q^T`), with what follows it.
+    fn attention_scores(&self, scores: &'g Op) -> Option<Scores<'g>> {
         let OpKind::MatMul {
             a: q,
             b: k,
@@ -681,6 +683,33 @@ impl<'g> Walker<'g> {
             return None;
         }
         let (scale, chain, v) = self.softmax_chain(scores).ok()?;
+        Some(Scores {
+            q,
+            k,
+            scale,
+            chain,
+            v,
+        })
+    }
+
+    /// For an attention's scores product that takes the transposed path, the
+    /// tensors its queries, keys and values are split from, when each is read by
+    /// its split alone and each split by this attention alone, and its heads can
+    /// be read packed ([`attention::packs_heads`]): their projections then store no
+    /// padding columns (a tenth of the So400m QKV projection's work).
+    fn packable(
+        &self,
+        machine: &Machine,
+        opts: &LowerOptions,
+        scores: &'g Op,
+    ) -> Option<[TensorId; 3]> {
+        let Scores {
+            q,
+            k,
+            scale,
+            chain,
+            v,
+        } = self.attention_scores(scores)?;
         let pv = *chain.last()?;
         let split_of = |t: TensorId, reader: &Op| -> Option<TensorId> {
             let OpKind::SplitHeads { x, .. } = self.graph.producer(t).kind else {
@@ -750,24 +779,7 @@ impl<'g> Walker<'g> {
     /// reader: its projection can carry the scale (`softmax((s q) k^T)` is the
     /// same function).
     fn query_scale(&self, scores: &'g Op) -> Option<(TensorId, f32)> {
-        let OpKind::MatMul {
-            a: q,
-            b: k,
-            transpose_b: true,
-            bias: None,
-        } = scores.kind
-        else {
-            return None;
-        };
-        if q == k
-            || self
-                .absorbed
-                .iter()
-                .any(|ab| std::ptr::eq(ab.scores_op, scores))
-        {
-            return None;
-        }
-        let (scale, _, _) = self.softmax_chain(scores).ok()?;
+        let Scores { q, scale, .. } = self.attention_scores(scores)?;
         let split = self.sole(q)?;
         let OpKind::SplitHeads { x, .. } = self.graph.producer(q).kind else {
             return None;
