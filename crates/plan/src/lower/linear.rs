@@ -476,7 +476,7 @@ fn one_pass(
             .and_then(|(s0, sr)| {
                 let k = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)?;
                 let at = Loc {
-                    buf: recv_bufs[&(i, j, l)],
+                    buf: *recv_bufs.get(&(i, j, l))?,
                     offset: j as u32 * nb_pad * sr * AMP_WIDTH * 2,
                 };
                 Some((k, at))
