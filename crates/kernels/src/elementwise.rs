@@ -463,7 +463,8 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
 /// each input's `{ ld128 ; f16v8acc }` loads the next one beside the previous
 /// one's accumulation, the addends' addresses and the next octet's first load are
 /// formed during the drain (four `f16v2gina`, two stores), so an octet costs
-/// `k + b + 5` issues (`b` addends) against `k + 2b + 8` rolled the plain way. The last octet is peeled: it loads nothing past its own.
+/// `k + b + 5` issues (`b` addends) against `k + 2b + 8` rolled the plain way.
+/// The last octet is peeled: it loads nothing past its own.
 /// Expects `$m8` = octets (at least one), `$m4` at partial 0 of the first octet,
 /// `$m3` at the output; leaves both past the last octet, as the rolled loop does.
 fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {

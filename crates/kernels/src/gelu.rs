@@ -41,8 +41,9 @@ pub struct Gelu {
 }
 
 /// A worker record: `in`, `out`, groups, then `c1` as f16 in both halves of a word
-/// (moved into the accumulator pair as it stands), `c2` and 0.5 as f16 in the low
-/// half of a word each (broadcast to four lanes by the worker).
+/// (moved into the accumulator pair as it stands), `c2` as f16 in the low half of
+/// a word (broadcast to four lanes by the worker), then 0.5 likewise, or with
+/// `half_input` the repeat's pairs of groups and whether one is left over.
 const STRIDE: u16 = 32;
 /// Issues of a worker with at least one group, beyond the repeat body: 13 before it
 /// (the record, the loads with group 0's head beside them, and the `rpt`), 4 after
@@ -81,24 +82,35 @@ impl Gelu {
         (half::f16::from_f64(c1), half::f16::from_f64(c1 * 0.044715))
     }
 
-    /// First half of the group in `$a0:1`, with `d = c1` already in `$a4:5` (two
-    /// main-pipe moves from `$m5`): `a = x^2`, `d += a c2`, `u = d x` (in `$a4:5`),
-    /// `h = x/2` (in `$a6:7`).
-    fn head() -> [Inst; 4] {
+    /// First half of the group in the pair `$a{x}`, with `d = c1` already in
+    /// `$a4:5` (two main-pipe moves from `$m5`): `a = x^2`, `d += a c2`, `u = d x`
+    /// (in `$a4:5`), and `h = x/2` (into `$a6:7`; the half-input form leaves it
+    /// out).
+    fn head(x: u8) -> [Inst; 4] {
         const V: FVec = FVec::F16V4;
         [
-            fbin(FBinOp::Mul, V, 2, 0, 0),
+            fbin(FBinOp::Mul, V, 2, x, x),
             fmac(V, 4, 2, 10),
-            fbin(FBinOp::Mul, V, 4, 4, 0),
-            fbin(FBinOp::Mul, V, 6, 0, 12),
+            fbin(FBinOp::Mul, V, 4, 4, x),
+            fbin(FBinOp::Mul, V, 6, x, 12),
         ]
     }
 
-    /// Second half: `t = tanh(u)` one lane pair at a time, then `y = h + h t` (in
-    /// `$a6:7`).
-    fn tail() -> [Inst; 3] {
+    /// Second half: `t = tanh(u)` one lane pair at a time, then `y = h + h t` in
+    /// the pair `$a{h}`.
+    fn tail(h: u8) -> [Inst; 3] {
         let tanh = |r: u8| Inst::F16v2Tanh { d: a(r), a: a(r) };
-        [tanh(4), tanh(5), fmac(FVec::F16V4, 6, 6, 4)]
+        [tanh(4), tanh(5), fmac(FVec::F16V4, h, h, 4)]
+    }
+
+    /// The record's groups (`$m4`), `x` (`$m2`), `c1`'s pattern (`$m5`) and `c2`
+    /// (`$a14`), and the exit of a worker with no groups.
+    fn record(s: &mut Asm, done: crate::asm::Label) {
+        s.i(ld32m(m(4), m(0), 2));
+        s.i(ld32m(m(2), m(0), 0));
+        s.i(ld32m(m(5), m(0), 3));
+        s.i(ld32(a(14), m(0), 4));
+        s.brz(m(4), done);
     }
 
     /// Worker code of [`Gelu::with_half_input`]. Groups alternate between `$a0:1`
@@ -106,37 +118,32 @@ impl Gelu {
     /// there, and the next load into the same pair comes two issues after that
     /// store. The repeat runs pairs of groups; a leftover group follows it.
     fn half_input_code(code_base: u32) -> Vec<tessera_isa::Word> {
-        const V: FVec = FVec::F16V4;
-        let c1 = m(5);
-        let mov_c1 = |r: u8| Inst::MovAm { d: a(r), a: c1 };
-        let sq = |x: u8| fbin(FBinOp::Mul, V, 2, x, x);
-        let mac = fmac(V, 4, 2, 10);
-        let mul_u = |x: u8| fbin(FBinOp::Mul, V, 4, 4, x);
-        let tanh = |r: u8| Inst::F16v2Tanh { d: a(r), a: a(r) };
-        let y = |x: u8| fmac(V, x, x, 4);
+        let mov_c1 = |r: u8| Inst::MovAm { d: a(r), a: m(5) };
         // The tail of the group in `x`, beside the head of the next group, loaded
         // into `z` (the same shape as the seven-issue loop without `h = x / 2`).
         let step = |x: u8, z: u8| {
+            let [sq, mac, mul_u, _] = Self::head(z);
+            let [tanh_lo, tanh_hi, y] = Self::tail(x);
             [
-                bi(ld64s(z, 2), tanh(4)),
-                ai(tanh(5)),
-                bi(mov_c1(5), y(x)),
-                bi(mov_c1(4), sq(z)),
+                bi(ld64s(z, 2), tanh_lo),
+                ai(tanh_hi),
+                bi(mov_c1(5), y),
+                bi(mov_c1(4), sq),
                 bi(st64s(x, 3), mac),
-                ai(mul_u(z)),
+                ai(mul_u),
             ]
         };
-        let tail = |x: u8| [ai(tanh(4)), ai(tanh(5)), ai(y(x)), mi(st64s(x, 3))];
+        let tail = |x: u8| {
+            let [tanh_lo, tanh_hi, y] = Self::tail(x);
+            [ai(tanh_lo), ai(tanh_hi), ai(y), mi(st64s(x, 3))]
+        };
         let mut s = Asm::new(code_base);
         let done = s.label();
         let even = s.label();
-        s.i(ld32m(m(4), m(0), 2)); // groups
-        s.i(ld32m(m(2), m(0), 0)); // x
-        s.i(ld32m(c1, m(0), 3));
-        s.i(ld32(a(14), m(0), 4)); // c2
-        s.brz(m(4), done);
+        Self::record(&mut s, done);
+        let [sq, mac, mul_u, _] = Self::head(0);
         let bcast = Inst::FBcast {
-            vec: V,
+            vec: FVec::F16V4,
             d: a(10),
             a: a(14),
         };
@@ -145,10 +152,10 @@ impl Gelu {
             &[
                 mi(ld64s(0, 2)),
                 bi(mov_c1(4), bcast),
-                bi(mov_c1(5), sq(0)),
-                bi(ld32m(m(3), m(0), 1), mac),      // y
-                bi(ld32m(m(6), m(0), 5), mul_u(0)), // pairs
-                mi(ld32m(m(7), m(0), 6)),           // leftover
+                bi(mov_c1(5), sq),
+                bi(ld32m(m(3), m(0), 1), mac),   // y
+                bi(ld32m(m(6), m(0), 5), mul_u), // pairs
+                mi(ld32m(m(7), m(0), 6)),        // leftover
             ],
             End::BeforeRpt,
         );
@@ -158,8 +165,9 @@ impl Gelu {
         // After the 4-byte branch: the load beside the second tanh instead, so
         // the bundles fall aligned without a padding `nop`.
         let mut leftover = step(0, 6);
-        leftover[0] = ai(tanh(4));
-        leftover[1] = bi(ld64s(6, 2), tanh(5));
+        let [tanh_lo, tanh_hi, _] = Self::tail(0);
+        leftover[0] = ai(tanh_lo);
+        leftover[1] = bi(ld64s(6, 2), tanh_hi);
         block(&mut s, &leftover, End::Any);
         block(&mut s, &tail(6), End::Any);
         s.i(Inst::Exit);
@@ -210,15 +218,10 @@ impl Kernel for Gelu {
         // the aux instruction reads its registers before the main one writes.
         // Constants: c2 in $a10:11 and 0.5 in $a12:13 (each through $a14), c1's
         // pair pattern in $m5.
-        let c1 = m(5);
-        let mov_c1 = |r: u8| Inst::MovAm { d: a(r), a: c1 };
-        s.i(ld32m(m(4), m(0), 2)); // groups
-        s.i(ld32m(m(2), m(0), 0)); // x
-        s.i(ld32m(c1, m(0), 3));
-        s.i(ld32(a(14), m(0), 4));
-        s.brz(m(4), done);
-        let [sq, mac, mul_u, mul_h] = Self::head();
-        let [tanh_lo, tanh_hi, mac_y] = Self::tail();
+        let mov_c1 = |r: u8| Inst::MovAm { d: a(r), a: m(5) };
+        Self::record(&mut s, done);
+        let [sq, mac, mul_u, mul_h] = Self::head(0);
+        let [tanh_lo, tanh_hi, mac_y] = Self::tail(6);
         block(
             &mut s,
             &[

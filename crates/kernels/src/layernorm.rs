@@ -168,7 +168,6 @@ impl LayerNorm {
     /// f32, one per lane), loads leading by one issue; then the four lane sums
     /// are taken out and added. The accumulators are left zero.
     fn sum_pass(s: &mut Asm) {
-        use FBinOp::*;
         let acc = Inst::F16Acc {
             a: a(0),
             quad: false,
@@ -177,13 +176,19 @@ impl LayerNorm {
         s.i(inti(IntOp::Sub, m(10), m(7), 1));
         s.rpt(m(10), |b| b.b(ld64s(0, 4), acc));
         s.i(acc);
-        s.i(Inst::F32v2Gina { d: a(6) });
+        Self::lane_sums(s, 6, 6);
+    }
+
+    /// The four lane sums out of the accumulators (leaving them zero) into the
+    /// pair `$a{pair}` and `$a2:3`, added into `$a{d}`.
+    fn lane_sums(s: &mut Asm, pair: u8, d: u8) {
+        s.i(Inst::F32v2Gina { d: a(pair) });
         s.i(Inst::F32v2Gina { d: a(2) });
-        s.i(fbin(Add, FVec::F32V2, 6, 6, 2));
+        s.i(fbin(FBinOp::Add, FVec::F32V2, pair, pair, 2));
         s.i(Inst::FSum {
             vec: FVec::F32V2,
-            d: a(6),
-            a: a(6),
+            d: a(d),
+            a: a(pair),
         });
     }
 
@@ -223,15 +228,7 @@ impl LayerNorm {
             b.i(sub);
         });
         s.i(cmac);
-        // The four lane sums out of the accumulators (leaving them zero), added.
-        s.i(Inst::F32v2Gina { d: a(8) });
-        s.i(Inst::F32v2Gina { d: a(2) });
-        s.i(fbin(Add, FVec::F32V2, 8, 8, 2));
-        s.i(Inst::FSum {
-            vec: FVec::F32V2,
-            d: a(14),
-            a: a(8),
-        });
+        Self::lane_sums(s, 8, 14);
     }
 
     /// `$a14` = variance sum times `1 / width` plus eps, then the rstd pair `$a6:7`.

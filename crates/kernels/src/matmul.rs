@@ -22,7 +22,7 @@
 //! does between runs is hidden: there the headers of a block's calls are
 //! precomputed in the state, one per worker with its rows' offset already added,
 //! and the supervisor only walks them (`table_loop`); a worker then loads its
-//! three pointers and starts streaming.
+//! pointers and starts streaming.
 //!
 //! Each worker streams its rows through the engine, four `amp` issues per row,
 //! software-pipelined by one row (the engine hands out the previous row's results)
@@ -51,8 +51,8 @@ pub struct AmpMatmul {
     /// 16-wide blocks of output columns.
     pub nb: u32,
     /// A is row-major `[rows][16*kc]` rather than chunk-major (no rearrangement
-    /// needed); it costs each worker two issues a call (A's row offset and the
-    /// stride). Irrelevant, and kept false, for one chunk.
+    /// needed); it costs each worker the stride register a call, and on uneven
+    /// splits also A's row offset. Irrelevant, and kept false, for one chunk.
     pub a_row_major: bool,
     /// Rows of the result that go to operand `own` instead of `out`: see
     /// [`AmpMatmul::with_own_rows`].
@@ -108,22 +108,27 @@ impl AmpMatmul {
     /// written to operand `own` (see [`OwnRows`]), when the split is even and
     /// those rows are whole workers'; otherwise unchanged (`None`).
     pub fn with_own_rows(&self, first: u32, rows: u32, block_stride: u32) -> Option<AmpMatmul> {
-        let Rows::Even { q } = self.layout() else {
-            return None;
+        let own = OwnRows {
+            first,
+            rows,
+            block_stride,
         };
-        let fits = rows > 0
-            && first.is_multiple_of(q)
-            && rows.is_multiple_of(q)
-            && first + rows <= self.rows
-            && block_stride >= rows * 32;
-        fits.then(|| AmpMatmul {
-            own: Some(OwnRows {
-                first,
-                rows,
-                block_stride,
-            }),
+        self.own_fits(own).then(|| AmpMatmul {
+            own: Some(own),
             ..self.clone()
         })
+    }
+
+    /// Whether `o` names whole workers' rows of an even split, blocks apart.
+    fn own_fits(&self, o: OwnRows) -> bool {
+        let Rows::Even { q } = self.layout() else {
+            return false;
+        };
+        o.rows > 0
+            && o.first.is_multiple_of(q)
+            && o.rows.is_multiple_of(q)
+            && o.first + o.rows <= self.rows
+            && o.block_stride >= o.rows * 32
     }
 
     /// The same product reading A row-major (`[rows][16*kc]`). One chunk is the same
@@ -204,7 +209,7 @@ impl AmpMatmul {
                     }
                     s.i(ld32m(m(5), m(2), 2));
                     s.i(ld32m(m(6), m(0), RECORD));
-                    offset_pointers(s, f, Count::Record, self.row_major_kc());
+                    offset_pointers(s, f, self.row_major_kc());
                     rows_loop(s, f, Count::Record, self.a_row_major);
                 }
                 zero_entry
@@ -603,16 +608,14 @@ fn load_weights(s: &mut Asm) {
     }
 }
 
-/// Adds the row offset (`$m6`) to the stream pointers; the output's only when
-/// [`rows_loop`] does not (`Count::Imm`); A's as [`offset_a`] says.
-fn offset_pointers(s: &mut Asm, f: Feed, count: Count, row_major_kc: Option<u32>) {
+/// Adds a worker's row offset (`$m6`, from its record) to the stream pointers;
+/// A's as [`offset_a`] says.
+fn offset_pointers(s: &mut Asm, f: Feed, row_major_kc: Option<u32>) {
     offset_a(s, row_major_kc);
     if f == Feed::Partials {
         s.i(int(IntOp::Add, m(4), m(4), m(6)));
     }
-    if !matches!(count, Count::Imm(_)) {
-        s.i(int(IntOp::Add, m(5), m(5), m(6)));
-    }
+    s.i(int(IntOp::Add, m(5), m(5), m(6)));
 }
 
 /// Adds A's row offset to its pointer `$m3`: the row offset `$m6` itself for a
@@ -884,21 +887,11 @@ impl Kernel for AmpMatmul {
         {
             return Err(invalid(&name, "operand larger than tile memory"));
         }
-        if let Some(o) = self.own {
-            let whole = |q: u32| {
-                o.rows > 0
-                    && o.first.is_multiple_of(q)
-                    && o.rows.is_multiple_of(q)
-                    && o.first + o.rows <= self.rows
-            };
-            if !matches!(self.layout(), Rows::Even { q } if whole(q))
-                || o.block_stride < o.rows * 32
-            {
-                return Err(invalid(
-                    &name,
-                    "own rows must be whole workers' rows of an even split, blocks apart",
-                ));
-            }
+        if self.own.is_some_and(|o| !self.own_fits(o)) {
+            return Err(invalid(
+                &name,
+                "own rows must be whole workers' rows of an even split, blocks apart",
+            ));
         }
         Ok(())
     }
@@ -942,12 +935,9 @@ impl Kernel for AmpMatmul {
         if self.kc >= 3 {
             separate_all(&mut ops, &["p0", "p1"]);
         }
-        if self.kc >= 2 {
-            let last_in = ["p0", "p1"][((self.kc - 2) % 2) as usize];
-            separate_all(&mut ops, &["out", last_in]);
-        }
+        // Rows to `own` go by the output stream: apart from what it streams with.
+        let mut outputs = vec!["out"];
         if let Some(o) = self.own {
-            // Written by the output stream: apart from what it streams with.
             ops.push(Operand::new(
                 "own",
                 Role::Output,
@@ -955,9 +945,12 @@ impl Kernel for AmpMatmul {
                 8,
             ));
             separate_all(&mut ops, &["a", "own"]);
-            if self.kc >= 2 {
-                let last_in = ["p0", "p1"][((self.kc - 2) % 2) as usize];
-                separate_all(&mut ops, &["own", last_in]);
+            outputs.push("own");
+        }
+        if self.kc >= 2 {
+            let last_in = ["p0", "p1"][((self.kc - 2) % 2) as usize];
+            for out in outputs {
+                separate_all(&mut ops, &[out, last_in]);
             }
         }
         ops.push(Operand::new("state", Role::State, self.state_bytes(), 8));
@@ -991,42 +984,42 @@ impl Kernel for AmpMatmul {
 
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
         self.validate()?;
-        // The header is rewritten by the supervisor before every run; only the row
-        // split is built here. Operand addresses go into the supervisor snippet.
         let mut buf = StateBuf::default();
         if let Rows::Even { q } = self.layout() {
-            // A worker's rows start `q` rows on per worker before it: in A's
-            // chunk (a row of every chunk, row-major), the partials and the output.
+            // The header table: worker w's rows start `w q` rows on, in A's chunk
+            // (a row of every chunk, row-major), the partials and the output.
             let row = 32 * q;
             let a_row = row * if self.a_row_major { self.kc } else { 1 };
-            let headers = self.headers(addrs)?;
-            let (last, shared) = headers.split_last().expect("kc >= 1");
-            for &(a, pin, out) in shared {
-                for w in 0..WORKERS {
-                    let pin = if pin == 0 { 0 } else { pin + w * row };
-                    buf.u32(a + w * a_row).u32(pin).u32(out + w * row);
-                }
-            }
             let own = match self.own {
                 Some(o) => Some((o, operand(addrs, &self.symbol(), "own")?)),
                 None => None,
             };
-            let (a, pin, out) = *last;
-            for b in 0..self.nb {
+            let headers = self.headers(addrs)?;
+            let (last, shared) = headers.split_last().expect("kc >= 1");
+            // The calls before a block's last, then each block's last call, whose
+            // workers write that block of `out` or of `own`.
+            let calls = shared
+                .iter()
+                .map(|&h| (h, None))
+                .chain((0..self.nb).map(|b| (*last, Some(b))));
+            for ((a, pin, out), block) in calls {
                 for w in 0..WORKERS {
-                    let pin = if pin == 0 { 0 } else { pin + w * row };
                     let r0 = w * q;
-                    let dst = match own {
-                        Some((o, base)) if (o.first..o.first + o.rows).contains(&r0) => {
+                    let dst = match (block, own) {
+                        (None, _) => out + w * row,
+                        (Some(b), Some((o, base))) if (o.first..o.first + o.rows).contains(&r0) => {
                             base + b * o.block_stride + (r0 - o.first) * 32
                         }
-                        _ => out + b * self.block_bytes() + w * row,
+                        (Some(b), _) => out + b * self.block_bytes() + w * row,
                     };
+                    let pin = if pin == 0 { 0 } else { pin + w * row };
                     buf.u32(a + w * a_row).u32(pin).u32(dst);
                 }
             }
             return Ok(buf.finish(self.stride()));
         }
+        // The header is rewritten by the supervisor before every run; only the row
+        // split is built here. Operand addresses go into the supervisor snippet.
         buf.pad_to(HEADER as usize);
         let layout = self.layout();
         for (r0, r) in split(self.rows) {

@@ -168,6 +168,14 @@ impl MatmulMapping {
         // group, received into a buffer of their own (the lowering's
         // `row_pieces`). `slab_bytes` is what one inner group reduces; `moved`
         // what the busiest tile's reduce-scatter sends or receives.
+        // The AMP reads A as it lands unless it arrives in blocks or is rearranged.
+        let rearranged = shape.rearranged();
+        let mm = AmpMatmul::new(rows_t, kc_t, nb_t);
+        let mm = if shape.a_blocked || rearranged {
+            mm
+        } else {
+            mm.row_major()
+        };
         let (out_bytes, slab_bytes, moved) = match row_piece_rows(rows_t, pk, real_nb) {
             Some(pr) => {
                 let piece = u64::from(pr) * nb * chunk_bytes;
@@ -176,10 +184,7 @@ impl MatmulMapping {
                 // every inner group. Its own piece goes through the exchange to
                 // itself unless it is whole workers' rows, which the AMP writes
                 // into the piece buffer directly.
-                let own = nb_t == real_nb
-                    && AmpMatmul::new(rows_t, kc_t, nb_t)
-                        .with_own_rows(0, pr, pr * AMP_WIDTH * 2)
-                        .is_some();
+                let own = nb_t == real_nb && mm.with_own_rows(0, pr, pr * AMP_WIDTH * 2).is_some();
                 let moved = if own {
                     (output - piece).max(u64::from(pk - 1) * piece)
                 } else {
@@ -202,7 +207,6 @@ impl MatmulMapping {
         // Weights and the broadcast bias slab stay for the whole program; of the
         // rest, the rearrangement holds both copies of A, the matmul one copy of A,
         // its output and the ping-pong partials; the reduction works in place.
-        let rearranged = shape.rearranged();
         let transient = if rearranged {
             (2 * a_bytes).max(a_bytes + out_bytes + partial_bytes)
         } else {
@@ -210,13 +214,6 @@ impl MatmulMapping {
         };
         let bytes_per_tile = weight_bytes + slab_bytes + transient;
 
-        // The AMP reads A as it lands unless it arrives in blocks or is rearranged.
-        let mm = AmpMatmul::new(rows_t, kc_t, nb_t);
-        let mm = if shape.a_blocked || rearranged {
-            mm
-        } else {
-            mm.row_major()
-        };
         let amp = mm.estimate_cycles_with(t);
         let rearrange = if rearranged {
             Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t)

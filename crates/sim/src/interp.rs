@@ -40,6 +40,17 @@ pub(crate) struct Amp {
     pub latch: [f32; 16],
 }
 
+impl Amp {
+    /// What `f32v2gina` and `f16v2gina` read: accumulators 0 and 1, the rest
+    /// moved down by two and zeros in at 14 and 15.
+    fn take_pair(&mut self) -> (f32, f32) {
+        let pair = (self.acc[0], self.acc[1]);
+        self.acc.copy_within(2.., 0);
+        self.acc[14..].fill(0.0);
+        pair
+    }
+}
+
 /// What a context shares with the rest of its tile.
 pub(crate) struct Shared {
     pub mem: Vec<u8>,
@@ -1153,9 +1164,7 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             }
         }
         Inst::F32v2Gina { d } => {
-            let (lo, hi) = (amp.acc[0], amp.acc[1]);
-            amp.acc.copy_within(2.., 0);
-            amp.acc[14..].fill(0.0);
+            let (lo, hi) = amp.take_pair();
             two(d, u64::from(lo.to_bits()) | (u64::from(hi.to_bits()) << 32))
         }
         Inst::F16v4Cmac { a, b } => {
@@ -1172,9 +1181,7 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             }
         }
         Inst::F16v2Gina { d } => {
-            let (lo, hi) = (amp.acc[0], amp.acc[1]);
-            amp.acc.copy_within(2.., 0);
-            amp.acc[14..].fill(0.0);
+            let (lo, hi) = amp.take_pair();
             let (lo, hi) = (fp::f32_to_f16(lo), fp::f32_to_f16(hi));
             one(d, u32::from(lo) | (u32::from(hi) << 16))
         }

@@ -1267,7 +1267,7 @@ mod tests {
     }
 
     #[test]
-    fn the_walker_and_the_rule_agree_on_the_path() {
+    fn the_path_follows_from_the_shapes() {
         // So400m at batch 2 on the C600: 46 tiles a pair, 16 query rows a tile.
         let g = geometry(1472, false, (2, 16, 729, 729), 0.118);
         assert_eq!(g, (Path::Transposed, 46, 16, 1, 46));

@@ -453,6 +453,11 @@ fn one_pass(
             slab_bytes * slots,
             Category::Partial,
         );
+        let mut mm = AmpMatmul::new(rows, kc, nb_pad);
+        if !direct && !rearrange {
+            mm = mm.row_major();
+        }
+        let mut own_at = None;
         if let Some(pc) = g.piece((j, l), rows).filter(|_| pieces) {
             let r = lw.buffer(
                 tile,
@@ -461,30 +466,21 @@ fn one_pass(
                 Category::Partial,
             );
             recv_bufs.insert((i, j, l), r);
-        }
-        let mut mm = AmpMatmul::new(rows, kc, nb_pad);
-        if !direct && !rearrange {
-            mm = mm.row_major();
-        }
-        // The tile's own piece, where it is whole workers' rows of every block,
-        // goes straight into its slot of the piece buffer instead of through the
-        // exchange to itself.
-        let own = g
-            .row_pieces(l, rows)
-            .filter(|_| nb_pad == g.blocks[l].1)
-            .and_then(|pcs| pcs.get(j).copied())
-            .and_then(|(s0, sr)| {
-                let k = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)?;
-                let at = Loc {
-                    buf: *recv_bufs.get(&(i, j, l))?,
-                    offset: j as u32 * nb_pad * sr * AMP_WIDTH * 2,
-                };
-                Some((k, at))
-            });
-        let own_at = own.as_ref().map(|(_, at)| *at);
-        if let Some((k, _)) = own {
-            mm = k;
-            own_pieces.insert((i, j, l));
+            // The tile's own piece, where it is whole workers' rows of every
+            // (unpadded) block, goes straight into its slot of the piece buffer
+            // instead of through the exchange to itself.
+            let (s0, sr) = pc.rows;
+            let own = (nb_pad == pc.blocks)
+                .then(|| mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2))
+                .flatten();
+            if let Some(k) = own {
+                mm = k;
+                own_pieces.insert((i, j, l));
+                own_at = Some(Loc {
+                    buf: r,
+                    offset: j as u32 * pc.elems() * 2,
+                });
+            }
         }
         let mut ops = vec![
             (

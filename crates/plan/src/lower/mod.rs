@@ -714,14 +714,11 @@ impl<'g> Walker<'g> {
             v,
         } = self.attention_scores(scores)?;
         let pv = *chain.last()?;
-        let split_of = |t: TensorId, reader: &Op| -> Option<TensorId> {
-            let OpKind::SplitHeads { x, .. } = self.graph.producer(t).kind else {
-                return None;
-            };
-            let only = std::ptr::eq(self.sole(t)?, reader) && self.sole(x).is_some();
-            only.then_some(x)
-        };
-        let xs = [split_of(q, scores)?, split_of(k, scores)?, split_of(v, pv)?];
+        let xs = [
+            self.sole_split(q, scores)?,
+            self.sole_split(k, scores)?,
+            self.sole_split(v, pv)?,
+        ];
         let (qd, kd) = (self.graph.shape(q).dims(), self.graph.shape(k).dims());
         let (&[_, heads, tq, d], &[b, _, t, _]) = (qd, kd) else {
             return None;
@@ -783,12 +780,18 @@ impl<'g> Walker<'g> {
     /// same function).
     fn query_scale(&self, scores: &'g Op) -> Option<(TensorId, f32)> {
         let Scores { q, scale, .. } = self.attention_scores(scores)?;
-        let split = self.sole(q)?;
-        let OpKind::SplitHeads { x, .. } = self.graph.producer(q).kind else {
+        let x = self.sole_split(q, scores)?;
+        (scale > 0.0 && scale < 1.0).then_some((x, scale))
+    }
+
+    /// The tensor head split `t` reads, when `t`'s only reader is `reader` and
+    /// the split is that tensor's only reader: then its producer may change how
+    /// it stores the heads for `reader` alone.
+    fn sole_split(&self, t: TensorId, reader: &Op) -> Option<TensorId> {
+        let OpKind::SplitHeads { x, .. } = self.graph.producer(t).kind else {
             return None;
         };
-        (scale > 0.0 && scale < 1.0 && std::ptr::eq(split, scores) && self.sole(x).is_some())
-            .then_some((x, scale))
+        (std::ptr::eq(self.sole(t)?, reader) && self.sole(x).is_some()).then_some(x)
     }
 
     /// `softmax(q @ k^T * scale) @ v` per image and head, from the scores product.
@@ -841,7 +844,7 @@ impl<'g> Walker<'g> {
         else {
             unreachable!()
         };
-        // The attention's buffers and the context keep each head padded.
+        // The attention's own buffers keep each head padded.
         let dp = dh.next_multiple_of(AMP_WIDTH);
         if kv.cols != qv.cols || vv.cols != qv.cols {
             return Err(fail("queries, keys and values have different head layouts"));
