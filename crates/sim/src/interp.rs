@@ -805,6 +805,13 @@ fn apply(ctx: &mut Ctx, out: AuxOut) {
     }
 }
 
+/// An aux instruction that writes no register (its effect is on the
+/// accumulators).
+const NO_WRITE: AuxOut = AuxOut {
+    d: 0,
+    n: 0,
+    v: [0, 0],
+};
 fn one(d: AReg, v: u32) -> AuxOut {
     AuxOut {
         d: d.0,
@@ -1157,11 +1164,7 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
                 let word = ctx.a[base + j / 2];
                 *acc += fp::h(word >> (16 * (j % 2)));
             }
-            AuxOut {
-                d: 0,
-                n: 0,
-                v: [0, 0],
-            }
+            NO_WRITE
         }
         Inst::F32v2Gina { d } => {
             let (lo, hi) = amp.take_pair();
@@ -1174,11 +1177,7 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
                 // An f16 times an f16 is exact in f32: one rounding, the add.
                 *acc += lane(pa) * lane(pb);
             }
-            AuxOut {
-                d: 0,
-                n: 0,
-                v: [0, 0],
-            }
+            NO_WRITE
         }
         Inst::F16v2Gina { d } => {
             let (lo, hi) = amp.take_pair();
