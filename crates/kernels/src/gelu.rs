@@ -103,6 +103,11 @@ impl Gelu {
         [tanh(4), tanh(5), fmac(FVec::F16V4, h, h, 4)]
     }
 
+    /// `$a{r}` = `c1`'s pair pattern (`$m5`), a main-pipe move that re-arms `d`.
+    fn mov_c1(r: u8) -> Inst {
+        Inst::MovAm { d: a(r), a: m(5) }
+    }
+
     /// The record's groups (`$m4`), `x` (`$m2`), `c1`'s pattern (`$m5`) and `c2`
     /// (`$a14`), and the exit of a worker with no groups.
     fn record(s: &mut Asm, done: crate::asm::Label) {
@@ -118,7 +123,6 @@ impl Gelu {
     /// there, and the next load into the same pair comes two issues after that
     /// store. The repeat runs pairs of groups; a leftover group follows it.
     fn half_input_code(code_base: u32) -> Vec<tessera_isa::Word> {
-        let mov_c1 = |r: u8| Inst::MovAm { d: a(r), a: m(5) };
         // The tail of the group in `x`, beside the head of the next group, loaded
         // into `z` (the same shape as the seven-issue loop without `h = x / 2`).
         let step = |x: u8, z: u8| {
@@ -127,8 +131,8 @@ impl Gelu {
             [
                 bi(ld64s(z, 2), tanh_lo),
                 ai(tanh_hi),
-                bi(mov_c1(5), y),
-                bi(mov_c1(4), sq),
+                bi(Self::mov_c1(5), y),
+                bi(Self::mov_c1(4), sq),
                 bi(st64s(x, 3), mac),
                 ai(mul_u),
             ]
@@ -151,8 +155,8 @@ impl Gelu {
             &mut s,
             &[
                 mi(ld64s(0, 2)),
-                bi(mov_c1(4), bcast),
-                bi(mov_c1(5), sq),
+                bi(Self::mov_c1(4), bcast),
+                bi(Self::mov_c1(5), sq),
                 bi(ld32m(m(3), m(0), 1), mac),   // y
                 bi(ld32m(m(6), m(0), 5), mul_u), // pairs
                 mi(ld32m(m(7), m(0), 6)),        // leftover
@@ -218,7 +222,6 @@ impl Kernel for Gelu {
         // the aux instruction reads its registers before the main one writes.
         // Constants: c2 in $a10:11 and 0.5 in $a12:13 (each through $a14), c1's
         // pair pattern in $m5.
-        let mov_c1 = |r: u8| Inst::MovAm { d: a(r), a: m(5) };
         Self::record(&mut s, done);
         let [sq, mac, mul_u, mul_h] = Self::head(0);
         let [tanh_lo, tanh_hi, mac_y] = Self::tail(6);
@@ -227,8 +230,8 @@ impl Kernel for Gelu {
             &[
                 mi(ld64s(0, 2)),
                 bi(ld32(a(14), m(0), 5), bcast(10)),
-                bi(mov_c1(4), sq),
-                bi(mov_c1(5), bcast(12)),
+                bi(Self::mov_c1(4), sq),
+                bi(Self::mov_c1(5), bcast(12)),
                 bi(ld32m(m(3), m(0), 1), mac), // y
                 bi(inti(IntOp::Sub, m(4), m(4), 1), mul_u),
                 ai(mul_h),
@@ -242,8 +245,8 @@ impl Kernel for Gelu {
         let body = [
             bi(ld64s(0, 2), tanh_lo),
             ai(tanh_hi),
-            bi(mov_c1(5), mac_y),
-            bi(mov_c1(4), sq),
+            bi(Self::mov_c1(5), mac_y),
+            bi(Self::mov_c1(4), sq),
             bi(st64s(6, 3), mac),
             ai(mul_u),
             ai(mul_h),

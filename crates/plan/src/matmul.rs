@@ -163,11 +163,6 @@ impl MatmulMapping {
         let chunk_bytes = u64::from(AMP_WIDTH) * 2;
         let a_bytes = rows * kc * chunk_bytes;
         let weight_bytes = nb * kc * chunk_bytes * u64::from(AMP_WIDTH);
-        // Where whole-block slabs would move more bytes (`row_piece_rows`), the
-        // output is cut into pieces of rows (all blocks) instead, one per inner
-        // group, received into a buffer of their own (the lowering's
-        // `row_pieces`). `slab_bytes` is what one inner group reduces; `moved`
-        // what the busiest tile's reduce-scatter sends or receives.
         // The AMP reads A as it lands unless it arrives in blocks or is rearranged.
         let rearranged = shape.rearranged();
         let mm = AmpMatmul::new(rows_t, kc_t, nb_t);
@@ -176,6 +171,11 @@ impl MatmulMapping {
         } else {
             mm.row_major()
         };
+        // Where whole-block slabs would move more bytes (`row_piece_rows`), the
+        // output is cut into pieces of rows (all blocks) instead, one per inner
+        // group, received into a buffer of their own (the lowering's
+        // `row_pieces`). `slab_bytes` is what one inner group reduces; `moved`
+        // what the busiest tile's reduce-scatter sends or receives.
         let (out_bytes, slab_bytes, moved) = match row_piece_rows(rows_t, pk, real_nb) {
             Some(pr) => {
                 let piece = u64::from(pr) * nb * chunk_bytes;

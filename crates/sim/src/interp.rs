@@ -812,6 +812,7 @@ const NO_WRITE: AuxOut = AuxOut {
     n: 0,
     v: [0, 0],
 };
+
 fn one(d: AReg, v: u32) -> AuxOut {
     AuxOut {
         d: d.0,

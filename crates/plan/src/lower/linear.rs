@@ -470,10 +470,9 @@ fn one_pass(
             // (unpadded) block, goes straight into its slot of the piece buffer
             // instead of through the exchange to itself.
             let (s0, sr) = pc.rows;
-            let own = (nb_pad == pc.blocks)
-                .then(|| mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2))
-                .flatten();
-            if let Some(k) = own {
+            if nb_pad == pc.blocks
+                && let Some(k) = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)
+            {
                 mm = k;
                 own_pieces.insert((i, j, l));
                 own_at = Some(Loc {
