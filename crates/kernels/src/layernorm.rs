@@ -6,8 +6,12 @@
 //! 2. sum of squared deviations from the mean, squared and summed in f32 (two-pass:
 //!    no cancellation when the mean is large relative to the spread); the
 //!    deviations themselves are taken in f16 from the mean rounded to f16;
-//! 3. normalise in f32, round to f16, then `beta + y * gamma` with one f16 `fmac`
-//!    (computed in f32, rounded once).
+//! 3. normalise: `y = x rstd - mean rstd` summed in the worker's f32
+//!    accumulators from exact f16 products and f16 parts of the constants (rstd
+//!    and `mean rstd` each as a rounded part and the rest), rounded to f16 once on
+//!    the way out (`f16v2gina`), then `beta + y * gamma` with one f16 `fmac`
+//!    (computed in f32, rounded once): seven issues a group, where converting to
+//!    f32 and back took nine.
 //!
 //! Each group of four elements is one 64-bit load; the loops are rotated so the
 //! last operation of one group shares an issue with the first load of the next,
@@ -149,18 +153,59 @@ impl LayerNorm {
     }
 
     /// One group of pass 3; `store` is false for the peeled first group, whose
-    /// rotated-in store belongs to a group that does not exist.
+    /// rotated-in store belongs to a group that does not exist. Seven issues, four
+    /// of them beside a load or the store: the group before's `beta + y * gamma`
+    /// (its `y` read from `$a0:1` as this group's `x` is loaded there), then `y =
+    /// x rstd + c` summed in the worker's f32 accumulators from exact products
+    /// (`x rstd_hi`, `x rstd_lo`) and the two f16 parts of `c`, taken out rounded
+    /// to f16 once.
     fn normalise_group(s: &mut Asm, store: bool) {
-        use FBinOp::*;
+        let acc = |x: u8| Inst::F16Acc {
+            a: a(x),
+            quad: false,
+        };
         s.b(ld64s(0, 4), fmac(FVec::F16V4, 8, 0, 10));
-        s.b(if store { st64s(8, 3) } else { Inst::Nop }, to_f32(2, 0));
-        s.b(ld64s(8, 9), to_f32(4, 1));
-        s.b(ld64s(10, 8), fbin(Sub, FVec::F32V2, 2, 2, 12));
-        s.i(fbin(Sub, FVec::F32V2, 4, 4, 12));
-        s.i(fbin(Mul, FVec::F32V2, 2, 2, 6));
-        s.i(fbin(Mul, FVec::F32V2, 4, 4, 6));
-        s.i(to_f16(0, 2));
-        s.i(to_f16(1, 4));
+        s.b(
+            if store { st64s(8, 3) } else { Inst::Nop },
+            Inst::F16v4Cmac { a: a(0), b: a(6) },
+        );
+        s.b(ld64s(10, 8), Inst::F16v4Cmac { a: a(0), b: a(4) });
+        s.b(ld64s(8, 9), acc(2));
+        s.i(acc(12));
+        s.i(Inst::F16v2Gina { d: a(0) });
+        s.i(Inst::F16v2Gina { d: a(1) });
+    }
+
+    /// Pass 3's constants, each in all four f16 lanes, from the mean pair
+    /// `$a12:13` and the rstd pair `$a6:7`: `c = -mean rstd` as `c_hi` (rounded)
+    /// in `$a2:3` and `c_lo` (the rest, rounded) in `$a12:13`, rstd as `rstd_hi`
+    /// in `$a6:7` and `rstd_lo` in `$a4:5`. Two f16 parts carry at least 21 bits
+    /// (a low part may be subnormal), so `y` is as close before its one rounding
+    /// as in f32 whatever the mean's size: the cancellation of `x rstd` against
+    /// `c` happens in the f32 accumulators.
+    fn normalise_constants(s: &mut Asm) {
+        use FBinOp::*;
+        let bcast = |d: u8, x: u8| Inst::FBcast {
+            vec: FVec::F16V4,
+            d: a(d),
+            a: a(x),
+        };
+        // The f32 pair at `$a{x}` as f16 parts: the rounded value in all four
+        // lanes of `$a{hi}` and the rest in all four of `$a{lo}` (through `$a0`
+        // and `$a4:5`).
+        let split = |s: &mut Asm, x: u8, hi: u8, lo: u8| {
+            s.i(to_f16(0, x));
+            s.i(to_f32(4, 0));
+            s.i(fbin(Sub, FVec::F32V2, 4, x, 4));
+            s.i(to_f16(lo, 4));
+            s.i(bcast(lo, lo));
+            s.i(bcast(hi, 0));
+        };
+        s.i(fbin(Mul, FVec::F32, 2, 12, 6));
+        s.i(fun(FUnOp::Neg, 2, 2));
+        s.i(bcast2(2, 2));
+        split(s, 2, 2, 12);
+        split(s, 6, 6, 4);
     }
 
     /// Pass 1 over `$m7` groups at `$m4`: the f32 sum into `$a6`. Each group is
@@ -245,6 +290,7 @@ impl LayerNorm {
     /// Pass 3 over `$m10 + 1` groups: x at `$m4`, y at `$m3`, gamma at `$m8`, beta
     /// at `$m9`, mean pair `$a12:13`, rstd pair `$a6:7`.
     fn normalise_pass(s: &mut Asm) {
+        Self::normalise_constants(s);
         Self::normalise_group(s, false);
         s.rpt(m(10), |b| Self::normalise_group(b, true));
         s.i(fmac(FVec::F16V4, 8, 0, 10));
@@ -393,7 +439,7 @@ impl LayerNorm {
         let g = u64::from(self.groups());
         match u64::from(r) {
             0 => 5,
-            r => crate::issue_slots(t, 7 + r * (12 * g + 37), r),
+            r => crate::issue_slots(t, 7 + r * (10 * g + 51), r),
         }
     }
 
@@ -412,7 +458,7 @@ impl LayerNorm {
         match launch {
             0 => 11 + r * (g + 16),
             1 => 11 + r * (2 * g + 30),
-            _ => crate::issue_slots(t, 12 + r * (9 * g + 44), r),
+            _ => crate::issue_slots(t, 12 + r * (7 * g + 60), r),
         }
     }
 
