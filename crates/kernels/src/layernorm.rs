@@ -179,10 +179,11 @@ impl LayerNorm {
     /// Pass 3's constants, each in all four f16 lanes, from the mean pair
     /// `$a12:13` and the rstd pair `$a6:7`: `c = -mean rstd` as `c_hi` (rounded)
     /// in `$a2:3` and `c_lo` (the rest, rounded) in `$a12:13`, rstd as `rstd_hi`
-    /// in `$a6:7` and `rstd_lo` in `$a4:5`. Two f16 parts carry at least 21 bits
-    /// (a low part may be subnormal), so `y` is as close before its one rounding
-    /// as in f32 whatever the mean's size: the cancellation of `x rstd` against
-    /// `c` happens in the f32 accumulators.
+    /// in `$a6:7` and `rstd_lo` in `$a4:5`. Two f16 parts carry a constant to 21
+    /// bits, or to 2^-25 where the low part is subnormal (rstd under 1/8): for a
+    /// standard deviation under 2048 either is far finer than `y`'s one rounding,
+    /// whatever the mean's size, since the cancellation of `x rstd` against `c`
+    /// happens in the f32 accumulators.
     fn normalise_constants(s: &mut Asm) {
         use FBinOp::*;
         let bcast = |d: u8, x: u8| Inst::FBcast {
