@@ -3,6 +3,30 @@ use tessera_kernels::LayerNorm;
 
 use crate::harness::{assert_close, f16_bytes, layout, random_f16, rng, run};
 
+/// The kernel run on one tile: its output, after checking that it ran clean.
+fn run_layernorm(k: &LayerNorm, x: &[f16], gamma: &[f16], beta: &[f16]) -> Vec<f16> {
+    let out = run(
+        k,
+        &layout(k),
+        &[
+            ("in", f16_bytes(x)),
+            ("gamma", f16_bytes(gamma)),
+            ("beta", f16_bytes(beta)),
+        ],
+    );
+    out.assert_ok();
+    assert!(out.violations.is_empty(), "{:?}", out.violations);
+    out.read_f16("out", x.len())
+}
+
+/// A row widened to f64, with its mean and `1 / sqrt(var + eps)` in f64.
+fn row_stats(row: &[f16], eps: f32) -> (Vec<f64>, f64, f64) {
+    let xs: Vec<f64> = row.iter().map(|v| v.to_f64()).collect();
+    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+    let var = xs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / xs.len() as f64;
+    (xs, mean, 1.0 / (var + f64::from(eps)).sqrt())
+}
+
 #[test]
 fn layernorm_matches_reference() {
     let shapes = [
@@ -33,34 +57,17 @@ fn layernorm_matches_reference() {
             .collect();
         let gamma = random_f16(&mut r, w_u, 2.0);
         let beta = random_f16(&mut r, w_u, 1.0);
-        let out = run(
-            &k,
-            &layout(&k),
-            &[
-                ("in", f16_bytes(&x)),
-                ("gamma", f16_bytes(&gamma)),
-                ("beta", f16_bytes(&beta)),
-            ],
-        );
-        out.assert_ok();
-        assert!(out.violations.is_empty(), "{:?}", out.violations);
+        let got = run_layernorm(&k, &x, &gamma, &beta);
         let mut want = vec![0.0; rows_u * w_u];
         let mut scale = vec![0.0; rows_u * w_u];
         for row in 0..rows_u {
-            let xs: Vec<f64> = x[row * w_u..(row + 1) * w_u]
-                .iter()
-                .map(|v| v.to_f64())
-                .collect();
-            let mean = xs.iter().sum::<f64>() / w_u as f64;
-            let var = xs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / w_u as f64;
-            let rstd = 1.0 / (var + f64::from(eps)).sqrt();
+            let (xs, mean, rstd) = row_stats(&x[row * w_u..(row + 1) * w_u], eps);
             for c in 0..w_u {
                 let y = (xs[c] - mean) * rstd;
                 want[row * w_u + c] = y * gamma[c].to_f64() + beta[c].to_f64();
                 scale[row * w_u + c] = (y * gamma[c].to_f64()).abs() + want[row * w_u + c].abs();
             }
         }
-        let got = out.read_f16("out", rows_u * w_u);
         assert_close(&format!("{k:?}"), &got, &want, |i| {
             scale[i] * 2f64.powi(-10) + 1e-4
         });
@@ -96,26 +103,10 @@ fn layernorm_rounds_as_f32_does() {
             .collect();
         let gamma = random_f16(&mut r, wu, gspread);
         let beta = random_f16(&mut r, wu, 0.1);
-        let out = run(
-            &k,
-            &layout(&k),
-            &[
-                ("in", f16_bytes(&x)),
-                ("gamma", f16_bytes(&gamma)),
-                ("beta", f16_bytes(&beta)),
-            ],
-        );
-        out.assert_ok();
-        let got = out.read_f16("out", ru * wu);
+        let got = run_layernorm(&k, &x, &gamma, &beta);
         let mut differ = 0;
         for row in 0..ru {
-            let xs: Vec<f64> = x[row * wu..(row + 1) * wu]
-                .iter()
-                .map(|v| v.to_f64())
-                .collect();
-            let mean = xs.iter().sum::<f64>() / wu as f64;
-            let var = xs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / wu as f64;
-            let rstd = 1.0 / (var + 1e-6).sqrt();
+            let (xs, mean, rstd) = row_stats(&x[row * wu..(row + 1) * wu], 1e-6);
             for c in 0..wu {
                 let y = f16::from_f64((xs[c] - mean) * rstd).to_f64();
                 let want = f16::from_f64(y * gamma[c].to_f64() + beta[c].to_f64());
