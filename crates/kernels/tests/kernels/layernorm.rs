@@ -92,9 +92,16 @@ fn layernorm_rounds_as_f32_does() {
         (9, 0.2, 40.0, 0.1),
         (20, 1.0, 1.0, 2.0),
     ];
+    // The spacing of f16 values at `v`'s magnitude.
+    let step = |v: f16| {
+        let m = f16::from_bits(v.to_bits() & 0x7fff);
+        f16::from_bits(m.to_bits() + 1).to_f64() - m.to_f64()
+    };
+    let mut variants = [false; 2];
     for (seed, &(rows, off, spread, gspread)) in cases.iter().enumerate() {
         let width = 1152;
         let k = LayerNorm::new(rows, width, 1e-6);
+        variants[usize::from(k.column_split())] = true;
         let mut r = rng(300 + seed as u64);
         let (ru, wu) = (rows as usize, width as usize);
         let x: Vec<f16> = random_f16(&mut r, ru * wu, spread)
@@ -114,10 +121,6 @@ fn layernorm_rounds_as_f32_does() {
                 if g != want {
                     // One step of `y`, carried through gamma, and one of the
                     // output's rounding.
-                    let step = |v: f16| {
-                        let m = f16::from_bits(v.to_bits() & 0x7fff);
-                        f16::from_bits(m.to_bits() + 1).to_f64() - m.to_f64()
-                    };
                     let bound = step(f16::from_f64(y)) * gamma[c].to_f64().abs() + step(want);
                     differ += 1;
                     assert!(
@@ -136,4 +139,5 @@ fn layernorm_rounds_as_f32_does() {
             ru * wu
         );
     }
+    assert_eq!(variants, [true; 2], "cases cover both variants");
 }
