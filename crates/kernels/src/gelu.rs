@@ -23,7 +23,7 @@ use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, inti, ld32, ld32m, m};
 use crate::contract::{Contract, Operand, Role};
-use crate::layernorm::{fbin, fmac, ld64s, simple_contract, st64s};
+use crate::layernorm::{bcast4, fbin, fmac, ld64s, simple_contract, st64s};
 use crate::softmax::{End, ai, bi, block, mi};
 use crate::{
     Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
@@ -146,11 +146,7 @@ impl Gelu {
         let even = s.label();
         Self::record(&mut s, done);
         let [sq, mac, mul_u, _] = Self::head(0);
-        let bcast = Inst::FBcast {
-            vec: FVec::F16V4,
-            d: a(10),
-            a: a(14),
-        };
+        let bcast = bcast4(10, 14);
         block(
             &mut s,
             &[
@@ -211,11 +207,7 @@ impl Kernel for Gelu {
                 words: Self::half_input_code(code_base),
             });
         }
-        let bcast = |pair: u8| Inst::FBcast {
-            vec: FVec::F16V4,
-            d: a(pair),
-            a: a(14),
-        };
+        let bcast = |pair: u8| bcast4(pair, 14);
         let mut s = Asm::new(code_base);
         let done = s.label();
         // Each loaded value is read no earlier than the next issue; in a bundle

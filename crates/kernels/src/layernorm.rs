@@ -94,6 +94,14 @@ pub(crate) fn bcast2(d: u8, x: u8) -> Inst {
         a: a(x),
     }
 }
+/// Lane 0 of the f16 pair `$a{x}` into all four lanes of the pair `$a{d}:d+1`.
+pub(crate) fn bcast4(d: u8, x: u8) -> Inst {
+    Inst::FBcast {
+        vec: FVec::F16V4,
+        d: a(d),
+        a: a(x),
+    }
+}
 pub(crate) fn zero_a(d: u8) -> Inst {
     Inst::MovAm { d: a(d), a: MZ }
 }
@@ -180,17 +188,13 @@ impl LayerNorm {
     /// `$a12:13` and the rstd pair `$a6:7`: `c = -mean rstd` as `c_hi` (rounded)
     /// in `$a2:3` and `c_lo` (the rest, rounded) in `$a12:13`, rstd as `rstd_hi`
     /// in `$a6:7` and `rstd_lo` in `$a4:5`. Two f16 parts carry a constant to 21
-    /// bits, or to 2^-25 where the low part is subnormal (rstd under 1/8): for a
+    /// bits, or to 2^-25 where the low part is subnormal (a constant under about
+    /// 1/8, as rstd is for a standard deviation over 8): for a
     /// standard deviation under 2048 either is far finer than `y`'s one rounding,
     /// whatever the mean's size, since the cancellation of `x rstd` against `c`
     /// happens in the f32 accumulators.
     fn normalise_constants(s: &mut Asm) {
         use FBinOp::*;
-        let bcast = |d: u8, x: u8| Inst::FBcast {
-            vec: FVec::F16V4,
-            d: a(d),
-            a: a(x),
-        };
         // The f32 pair at `$a{x}` as f16 parts: the rounded value in all four
         // lanes of `$a{hi}` and the rest in all four of `$a{lo}` (through `$a0`
         // and `$a4:5`).
@@ -199,8 +203,8 @@ impl LayerNorm {
             s.i(to_f32(4, 0));
             s.i(fbin(Sub, FVec::F32V2, 4, x, 4));
             s.i(to_f16(lo, 4));
-            s.i(bcast(lo, lo));
-            s.i(bcast(hi, 0));
+            s.i(bcast4(lo, lo));
+            s.i(bcast4(hi, 0));
         };
         s.i(fbin(Mul, FVec::F32, 2, 12, 6));
         s.i(fun(FUnOp::Neg, 2, 2));
@@ -258,11 +262,7 @@ impl LayerNorm {
             s,
             &[
                 ai(to_f16(6, 12)),
-                ai(Inst::FBcast {
-                    vec: FVec::F16V4,
-                    d: a(6),
-                    a: a(6),
-                }),
+                ai(bcast4(6, 6)),
                 mi(ld64s(0, 4)),
                 mi(inti(IntOp::Sub, m(10), m(7), 1)),
                 ai(sub),

@@ -33,7 +33,9 @@ use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, int, inti, ld32, ld32m, m, setzi};
 use crate::contract::{Contract, Operand, Role};
-use crate::layernorm::{SPLIT_SNIPPET_BYTES, bcast2, fbin, fun, simple_contract, split_snippet};
+use crate::layernorm::{
+    SPLIT_SNIPPET_BYTES, bcast2, bcast4, fbin, fun, simple_contract, split_snippet,
+};
 use crate::softmax::{AZ, D0, D1, End, Issue, S1, S2, SC, W, X, add2, ai, bi, block, ld64, mi};
 use crate::{
     Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
@@ -224,14 +226,7 @@ impl SoftmaxCols {
                 mi(int(IntOp::Add, SW, SW, m(0))),
                 mi(ld32m(PADN, m(0), 6)),
                 mi(ld32(a(SCV), m(0), 7)),
-                bi(
-                    setzi(GI, g4),
-                    Inst::FBcast {
-                        vec: FVec::F16V4,
-                        d: a(SCV),
-                        a: a(SCV),
-                    },
-                ),
+                bi(setzi(GI, g4), bcast4(SCV, SCV)),
                 // Last: it overwrites the record pointer.
                 mi(ld32m(BASE_OUT, m(0), 11)),
             ],
