@@ -5,8 +5,11 @@
 //! the strategies its rule offered: none beaten by another on both estimated cycles
 //! and busiest-tile bytes, the rule's default first. A beam over those operations,
 //! in lowering order, keeps the `k` assignments with the smallest sum of the rules'
-//! estimates (ties: the assignment closer to the defaults, then the lexicographic
-//! order of the choices, so the same inputs give the same finalists). Each finalist
+//! estimates (ties: the assignment closer to the default lowering's choices, then
+//! the lexicographic order of the choices, so the same inputs give the same
+//! finalists). The default lowering's choices are the rules' defaults except where
+//! the fit loop's growth phase kept a strategy beyond the activation budget; a
+//! finalist's choices are laid over them. Each finalist
 //! is then lowered under the budgets the default lowering's fit loop settled on
 //! (without a fit loop of its own: a finalist that does not fit is reported as
 //! such) and compiled completely, in parallel: host sizing and the common
@@ -25,7 +28,8 @@ use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
 use tessera_plan::{
-    Candidate, LowerOptions, OpCandidates, lower_exact, lower_fitted, placement_retry_budget,
+    Candidate, FIT_SHARE, LowerOptions, OpCandidates, TilePlan, busiest, lower_exact, lower_fitted,
+    placement_retry_budget,
 };
 
 use crate::{CompileError, CompileOptions, Compiled, compile_lowered};
@@ -35,7 +39,8 @@ use crate::{CompileError, CompileOptions, Compiled, compile_lowered};
 pub struct FinalistReport {
     /// 1-based, in the beam's order (smallest summed estimate first).
     pub rank: usize,
-    /// The strategy index chosen per operation.
+    /// The strategy index chosen per operation, where it is not the rule's
+    /// default (the fit loop's growth phase's choices included).
     pub choices: BTreeMap<String, usize>,
     pub feasible: bool,
     /// Tiles placement could not fit (0 when feasible).
@@ -113,7 +118,7 @@ pub fn beam(
                 for (&op, &i) in members.iter().zip(combo) {
                     ch[op] = i;
                     c += ops[op].candidates[i].estimated_cycles;
-                    o += usize::from(i > 0);
+                    o += usize::from(i != ops[op].chosen);
                     if let Some(p) = producers[op] {
                         c += layout_cost(
                             &ops[p].candidates[ch[p]],
@@ -134,7 +139,7 @@ pub fn beam(
         .map(|(_, _, ch)| {
             ops.iter()
                 .zip(ch)
-                .filter(|(_, i)| *i > 0)
+                .filter(|(op, i)| *i != op.chosen)
                 .map(|(op, i)| (op.op.clone(), i))
                 .collect()
         })
@@ -193,15 +198,25 @@ fn linked_groups(ops: &[OpCandidates], producers: &[Option<usize>]) -> Vec<Vec<u
     groups
 }
 
-/// Every combination of the members' strategies, in lexicographic order.
+/// Every combination of the members' strategies, in lexicographic order. A
+/// strategy beyond the activation budget is one only where the default lowering
+/// chose it (its fit loop's growth phase checked that plan's bytes; a finalist is
+/// not fitted, and placement proves a tile infeasible only slowly).
 fn combinations(ops: &[OpCandidates], members: &[usize]) -> Vec<Vec<usize>> {
     let mut out = vec![Vec::new()];
     for &m in members {
-        let n = ops[m].candidates.len().max(1);
+        let op = &ops[m];
+        let allowed: Vec<usize> = (0..op.candidates.len().max(1))
+            .filter(|&i| {
+                op.candidates
+                    .get(i)
+                    .is_none_or(|c| !c.beyond_budget || i == op.chosen)
+            })
+            .collect();
         out = out
             .into_iter()
             .flat_map(|c| {
-                (0..n).map(move |i| {
+                allowed.iter().map(move |&i| {
                     let mut c = c.clone();
                     c.push(i);
                     c
@@ -286,13 +301,15 @@ fn select_once(
         .enumerate()
         .map(|(i, choices)| {
             let t = Instant::now();
+            // On top of the choices the fit loop's growth phase kept.
+            let mut o = fitted.clone();
+            o.choices.extend(choices.clone());
             let result = if choices.is_empty() {
                 compile_lowered(machine, &base, opts)
             } else {
-                let mut o = fitted.clone();
-                o.choices = choices.clone();
                 lower_exact(machine, graph, weights, &o)
                     .map_err(CompileError::from)
+                    .and_then(|plan| within_fit_limit(machine, plan))
                     .and_then(|plan| compile_lowered(machine, &plan, opts))
             };
             let build_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -300,7 +317,7 @@ fn select_once(
                 c.report.compile_ms = build_ms;
                 c
             });
-            let report = report(i + 1, choices, &result, build_ms);
+            let report = report(i + 1, o.choices, &result, build_ms);
             progress(
                 done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
                 total,
@@ -368,9 +385,31 @@ fn report(
             r.failing_tiles = d.len();
             r.missing_bytes = d.iter().filter_map(|d| d.missing_bytes).max();
         }
+        Err(e @ CompileError::OverFitLimit { live, limit, .. }) => {
+            r.failing_tiles = 1;
+            r.missing_bytes = Some(live - limit);
+            r.error = Some(e.to_string());
+        }
         Err(e) => r.error = Some(e.to_string()),
     }
     r
+}
+
+/// `plan` if its busiest tile's live bytes are within the fit loop's bound
+/// ([`tessera_plan::FIT_SHARE`] of SRAM), otherwise the error that says where.
+fn within_fit_limit(machine: &Machine, plan: TilePlan) -> Result<TilePlan, CompileError> {
+    let limit = u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1;
+    let (tile, step, live) = busiest(&plan);
+    if live <= limit {
+        return Ok(plan);
+    }
+    Err(CompileError::OverFitLimit {
+        tile,
+        step,
+        op: plan.step_ops[step as usize].clone(),
+        live,
+        limit,
+    })
 }
 
 #[cfg(test)]
@@ -385,6 +424,7 @@ mod tests {
             passes: 1,
             in_bytes_per_tile: in_bytes,
             out_bytes_per_tile: out_bytes,
+            beyond_budget: false,
         }
     }
 

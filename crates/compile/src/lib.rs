@@ -32,6 +32,19 @@ pub enum CompileError {
     Plan(#[from] PlanError),
     #[error("{} tile(s) do not fit:\n{}", .0.len(), summaries(.0))]
     DoesNotFit(Vec<Diagnosis>),
+    /// A finalist whose busiest tile holds more live bytes than the fit loop's
+    /// bound: not placed (placement's search proves such a tile infeasible only
+    /// slowly, and the bound is what the default lowering was held to).
+    #[error(
+        "tile {tile} holds {live} bytes of live buffers at step {step} ({op}), above the fit limit of {limit}: not placed"
+    )]
+    OverFitLimit {
+        tile: u32,
+        step: u32,
+        op: String,
+        live: u64,
+        limit: u64,
+    },
     #[error("placement failed on tile {tile}: {message}")]
     Place { tile: u32, message: String },
     #[error("kernel `{kernel}` on tile {tile}: {message}")]

@@ -1,5 +1,6 @@
 //! Prints a layer's plan, or with `stats`, the busiest tile's live bytes by buffer
-//! name at its worst step:
+//! name at its worst step, or with `cands`, each linear's strategies (estimate,
+//! bytes, passes) and the one chosen:
 //! `cargo run -p tessera-plan --example dump_plan -- so400m 2 c600 stats`.
 use std::collections::BTreeMap;
 
@@ -38,6 +39,18 @@ fn main() {
         Ok(plan) => plan,
         Err(e) => return eprintln!("{e}"),
     };
+    if args.get(4).map(String::as_str) == Some("cands") {
+        for c in &plan.candidates {
+            println!("{} chosen {}", c.op, c.chosen);
+            for x in &c.candidates {
+                println!(
+                    "   {} est {} bytes {} passes {}",
+                    x.grid, x.estimated_cycles, x.bytes_per_tile, x.passes
+                );
+            }
+        }
+        return;
+    }
     if args.get(4).map(String::as_str) != Some("stats") {
         return print!("{plan}");
     }

@@ -271,6 +271,10 @@ pub struct Candidate {
     /// Output bytes the busiest tile holds per pass, which a consumer's
     /// redistribution sends from it.
     pub out_bytes_per_tile: u64,
+    /// Needs more than the activation budget (`LowerOptions::transient_bytes`):
+    /// offered to the fit loop's growth phase, which checks the whole plan's
+    /// bytes; the finalist search takes it only where growth did.
+    pub beyond_budget: bool,
 }
 
 /// The strategies an operation was offered (none dominated by another on both

@@ -260,6 +260,10 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
 #[derive(Default)]
 struct Consts {
     weights: BTreeMap<u32, BufId>,
+    /// Packed weight blocks by (first chunk, chunks, first block, blocks, padded
+    /// blocks): the row groups' replicas are packed once (converting and packing
+    /// took a sixth of a So400m lowering when every replica did it).
+    packed: BTreeMap<(u32, u32, u32, u32, u32), Vec<u8>>,
     bias: BTreeMap<(u32, u32, u32), BufId>,
 }
 
@@ -392,7 +396,12 @@ fn one_pass(
         let wbuf = match consts.weights.get(&tile) {
             Some(&b) => b,
             None => {
-                let wbytes = packed_weights(op.w, n, g.chunks[j], g.blocks[l], nb_pad);
+                let ((c0, kc), (b0, nb)) = (g.chunks[j], g.blocks[l]);
+                let wbytes = consts
+                    .packed
+                    .entry((c0, kc, b0, nb, nb_pad))
+                    .or_insert_with(|| packed_weights(op.w, n, (c0, kc), (b0, nb), nb_pad))
+                    .clone();
                 let b = lw.constant(tile, format!("{name}.w"), wbytes, Category::Weight);
                 consts.weights.insert(tile, b);
                 b

@@ -46,10 +46,12 @@ pub struct LowerOptions {
     /// multiply-accumulates (weights times rows): replicas pay off by the rows
     /// they serve, so a few-row product (the pooling head's) keeps one copy.
     pub weight_bytes: u64,
-    /// Bytes per tile a matmul may use beyond its weights, for activations. The
-    /// default, 192 KiB, keeps the So400m layer's linears at batch 4 in two row
-    /// passes on even row splits without shrinking the weight budget
-    /// (docs/performance.md, seventh round).
+    /// Bytes per tile a matmul may use beyond its weights, for activations, by
+    /// default. The default, 192 KiB, keeps the So400m layer's linears at batch 4
+    /// in two row passes on even row splits without shrinking the weight budget
+    /// (docs/performance.md, seventh round). Strategies needing up to two thirds
+    /// more are offered too, and the fit loop's growth phase takes them where the
+    /// plan still fits and its estimate falls.
     pub transient_bytes: u64,
     /// Largest bias slab (a bias broadcast over a tile's output rows, one `add`)
     /// per matmul tile; above it the bias is kept as one row per block and added
@@ -637,7 +639,10 @@ impl<'g> Walker<'g> {
         let (map, candidates) = map_linear(
             lw.machine,
             shape,
-            share + lw.opts.transient_bytes,
+            (
+                share + lw.opts.transient_bytes,
+                share + lw.opts.transient_bytes * 5 / 3,
+            ),
             share,
             choice,
         )?;
@@ -1088,7 +1093,7 @@ pub(crate) const ROW_PASSES: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 fn map_linear(
     machine: &Machine,
     shape: MatmulShape,
-    budget: u64,
+    (budget, wide): (u64, u64),
     weight_cap: u64,
     choice: usize,
 ) -> Result<(crate::matmul::MatmulMapping, Vec<Candidate>), PlanError> {
@@ -1096,6 +1101,7 @@ fn map_linear(
     let mut best: Option<(u64, crate::matmul::MatmulMapping)> = None;
     let mut first_err = None;
     let mut others = Vec::new();
+    let mut beyond = Vec::new();
     for passes in ROW_PASSES {
         if passes > shape.rows {
             break;
@@ -1116,8 +1122,15 @@ fn map_linear(
                 first_err.get_or_insert(e);
             }
         }
-        for m in crate::matmul::matmul_front(machine, pass_shape, pass_budget, weight_cap) {
-            others.push((m.cost.total() * runs, m));
+        for m in
+            crate::matmul::matmul_front(machine, pass_shape, wide.saturating_sub(kept), weight_cap)
+        {
+            let cost = m.cost.total() * runs;
+            if m.bytes_per_tile <= pass_budget {
+                others.push((cost, m));
+            } else {
+                beyond.push((cost, m));
+            }
         }
     }
     let (cost, m) = match (best, first_err) {
@@ -1131,8 +1144,10 @@ fn map_linear(
             });
         }
     };
-    // The default first, then the other strategies no one beats on both cycles
-    // and bytes.
+    // The default first, then the other strategies within the budget no one beats
+    // on both cycles and bytes, then the cheapest few beyond it that beat the
+    // default's cycles (for the growth phase; last, so that the others' indices do
+    // not depend on them).
     let front = crate::matmul::pareto(others, |(c, m)| (*c, m.bytes_per_tile));
     let mut list = vec![(cost, m)];
     for o in front {
@@ -1143,9 +1158,19 @@ fn map_linear(
             list.push(o);
         }
     }
+    let within = list.len();
+    beyond.sort_by_key(|(c, m)| (*c, m.bytes_per_tile));
+    list.extend(
+        beyond
+            .into_iter()
+            .filter(|(c, _)| *c < cost)
+            .take(MAX_BEYOND_BUDGET),
+    );
     let cands = list
         .iter()
-        .map(|(c, m)| Candidate {
+        .enumerate()
+        .map(|(i, (c, m))| Candidate {
+            beyond_budget: i >= within,
             estimated_cycles: *c,
             bytes_per_tile: m.bytes_per_tile,
             passes: shape.rows.div_ceil(m.shape.rows),
@@ -1178,6 +1203,8 @@ fn weight_floor(machine: &Machine, wbytes: u64) -> u64 {
 
 /// Strategies a linear offers the finalist search.
 const MAX_CANDIDATES: usize = 6;
+/// Strategies beyond the activation budget a linear offers the growth phase.
+const MAX_BEYOND_BUDGET: usize = 2;
 
 /// Lowers `graph` to a tile plan for `machine`.
 ///
@@ -1206,7 +1233,24 @@ pub fn lower_fitted(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
-    let limit = u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1;
+    let (plan, o) = fit(machine, graph, weights, opts)?;
+    grow(machine, graph, weights, plan, o)
+}
+
+/// Live bytes a step may take on a tile: [`FIT_SHARE`] of its SRAM.
+fn fit_limit(machine: &Machine) -> u64 {
+    u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1
+}
+
+/// The fit loop: lowers with `opts`, then with smaller budgets until the busiest
+/// tile's live bytes are within [`fit_limit`] (or nothing is left to shrink).
+fn fit(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &LowerOptions,
+) -> Result<(TilePlan, LowerOptions), PlanError> {
+    let limit = fit_limit(machine);
     let mut o = opts.clone();
     loop {
         let plan = lower_with(machine, graph, weights, &o)?;
@@ -1233,6 +1277,77 @@ pub fn lower_fitted(
             None => return Ok((plan, o)),
         }
     }
+}
+
+/// Strategies a grown plan tries per linear: its cheapest ones beyond the
+/// activation budget, best estimate first.
+const GROW_TRIES: usize = 1;
+
+/// The growth phase after the fit loop. A linear's default strategy keeps within
+/// the activation budget (`transient_bytes`), which is sized for the busiest
+/// linear; its candidate list also holds strategies that need up to two thirds
+/// more (typically fewer row passes, so fewer AMP calls and exchanges). Each
+/// linear in lowering order tries its cheapest such strategies, each time with
+/// the choices kept so far, through the fit loop (which may give up weight
+/// replicas for it); a trial is kept when its busiest tile stays within the fit
+/// limit and the whole plan's estimate ([`crate::estimate`]) is lower. Placement
+/// still judges the result, as it judges every plan.
+fn grow(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    mut plan: TilePlan,
+    mut o: LowerOptions,
+) -> Result<(TilePlan, LowerOptions), PlanError> {
+    let limit = fit_limit(machine);
+    if max_live_bytes(&plan) > limit {
+        return Ok((plan, o));
+    }
+    let mut best = crate::estimate(machine, &plan).cycles;
+    let ops: Vec<String> = plan.candidates.iter().map(|c| c.op.clone()).collect();
+    for op in ops {
+        // The list as the current plan records it (budgets move as trials are
+        // kept, and the indices belong to the budgets).
+        let Some(rec) = plan.candidates.iter().find(|c| c.op == op) else {
+            continue;
+        };
+        let current = &rec.candidates[rec.chosen];
+        let mut tries: Vec<usize> = (0..rec.candidates.len())
+            .filter(|&i| {
+                let c = &rec.candidates[i];
+                i != rec.chosen
+                    && c.estimated_cycles < current.estimated_cycles
+                    && c.bytes_per_tile > current.bytes_per_tile
+            })
+            .collect();
+        tries.sort_by_key(|&i| (rec.candidates[i].estimated_cycles, i));
+        tries.truncate(GROW_TRIES);
+        'tries: for i in tries {
+            let mut t = o.clone();
+            t.choices.insert(op.clone(), i);
+            // At the budgets as they stand, then at the next smaller weight
+            // budget (where the So400m layer at batch 4 fits `mlp.fc2` in one
+            // pass); no further: each lowering of that layer takes seconds, and a
+            // strategy that needs more gives up more replicas than it saves.
+            let smaller = smaller_weight_budget(&t);
+            for t in std::iter::once(t).chain(smaller) {
+                let p = lower_with(machine, graph, weights, &t)?;
+                if max_live_bytes(&p) > limit {
+                    continue;
+                }
+                let e = crate::estimate(machine, &p).cycles;
+                if e < best {
+                    best = e;
+                    plan = p;
+                    o = t;
+                    break 'tries;
+                }
+                // It fits and is no cheaper: fewer replicas will not be cheaper.
+                continue 'tries;
+            }
+        }
+    }
+    Ok((plan, o))
 }
 
 /// `o` with the next smaller weight budget the fit loop tries, `None` at the

@@ -1,0 +1,79 @@
+//! The fit loop's growth phase: a linear takes a strategy beyond the activation
+//! budget (`transient_bytes`) when the plan still fits and the whole plan's
+//! estimate falls.
+
+use tessera_graph::{DType, Graph, MlpConfig, TensorMap, init_weights, mlp};
+use tessera_machine::Machine;
+use tessera_plan::{
+    FIT_SHARE, LowerOptions, TilePlan, estimate, lower_exact, lower_fitted, max_live_bytes, verify,
+};
+
+/// An MLP block of 64 tokens, 64 -> 128 -> 64, on four tiles, with budgets small
+/// enough that the activation budget binds: its defaults take row passes.
+fn case() -> (Machine, Graph, TensorMap, LowerOptions) {
+    let machine = Machine::small().with_tiles(4);
+    let graph = mlp(&MlpConfig {
+        batch: 1,
+        tokens: 64,
+        width: 64,
+        hidden: 128,
+        eps: 1e-6,
+        dtype: DType::F16,
+    })
+    .unwrap();
+    let weights = init_weights(&graph, 1);
+    let opts = LowerOptions {
+        weight_bytes: 8 * 1024,
+        transient_bytes: 4 * 1024,
+        ..LowerOptions::default()
+    };
+    (machine, graph, weights, opts)
+}
+
+fn limit(m: &Machine) -> u64 {
+    u64::from(m.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1
+}
+
+/// The strategy a plan chose for `op`, as (bytes per tile, row passes), and the
+/// default's.
+fn chosen_and_default(plan: &TilePlan, op: &str) -> ((u64, u32), (u64, u32)) {
+    let c = plan.candidates.iter().find(|c| c.op == op).unwrap();
+    let at = |i: usize| (c.candidates[i].bytes_per_tile, c.candidates[i].passes);
+    (at(c.chosen), at(0))
+}
+
+#[test]
+fn linears_grow_past_the_activation_budget_when_the_plan_still_fits() {
+    let (m, g, w, o) = case();
+    // The defaults fit as they are, so the fit loop alone would keep them.
+    let start = lower_exact(&m, &g, &w, &o).unwrap();
+    assert!(max_live_bytes(&start) <= limit(&m));
+    let (plan, fitted) = lower_fitted(&m, &g, &w, &o).unwrap();
+    assert_eq!(verify(&plan), vec![]);
+    assert!(max_live_bytes(&plan) <= limit(&m));
+    let (grown, first) = (estimate(&m, &plan).cycles, estimate(&m, &start).cycles);
+    assert!(grown < first, "grown {grown} cycles, defaults {first}");
+    for op in ["mlp.fc1", "mlp.fc2"] {
+        assert!(fitted.choices.contains_key(op), "{:?}", fitted.choices);
+        let ((bytes, passes), (d_bytes, d_passes)) = chosen_and_default(&plan, op);
+        assert!(
+            bytes > d_bytes && passes < d_passes,
+            "{op}: {bytes} bytes in {passes} passes, the default {d_bytes} in {d_passes}"
+        );
+    }
+    // The kept choices lower to the same plan again.
+    let again = lower_exact(&m, &g, &w, &fitted).unwrap();
+    assert_eq!(again.to_string(), plan.to_string());
+}
+
+/// With room for the defaults' activations and no more, nothing grows.
+#[test]
+fn nothing_grows_when_the_defaults_are_the_cheapest() {
+    let (m, g, w, o) = case();
+    let o = LowerOptions {
+        transient_bytes: 1024 * 1024,
+        ..o
+    };
+    let (_, fitted) = lower_fitted(&m, &g, &w, &o).unwrap();
+    assert!(fitted.choices.is_empty(), "{:?}", fitted.choices);
+}
