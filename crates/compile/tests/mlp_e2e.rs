@@ -27,21 +27,13 @@ fn tiny_mlp_runs_and_matches_the_reference() {
     assert!(err < 0.05, "max abs error {err}");
 }
 
-/// A plan whose linears grew past the activation budget (fewer row passes, see
-/// `tessera-plan`'s `grow` tests for the same case) places, runs clean and
+/// A plan whose linears grew past the activation budget (fewer row passes; the
+/// rule is tested in `tessera-plan`'s `tests/grow.rs`) places, runs clean and
 /// matches the reference.
 #[test]
 fn grown_linears_run_and_match_the_reference() {
     let machine = Machine::small().with_tiles(4);
-    let graph = mlp(&MlpConfig {
-        batch: 1,
-        tokens: 64,
-        width: 64,
-        hidden: 128,
-        eps: 1e-6,
-        dtype: tessera_graph::DType::F16,
-    })
-    .unwrap();
+    let graph = mlp(&MlpConfig::tiny(4)).unwrap();
     let mut opts = CompileOptions::default();
     opts.lower.weight_bytes = 8 * 1024;
     opts.lower.transient_bytes = 4 * 1024;

@@ -2,7 +2,7 @@
 //! budget (`transient_bytes`) when the plan still fits and the whole plan's
 //! estimate falls.
 
-use tessera_graph::{DType, Graph, MlpConfig, TensorMap, init_weights, mlp};
+use tessera_graph::{Graph, MlpConfig, TensorMap, init_weights, mlp};
 use tessera_machine::Machine;
 use tessera_plan::{
     FIT_SHARE, LowerOptions, TilePlan, estimate, lower_exact, lower_fitted, max_live_bytes, verify,
@@ -13,12 +13,10 @@ use tessera_plan::{
 fn case() -> (Machine, Graph, TensorMap, LowerOptions) {
     let machine = Machine::small().with_tiles(4);
     let graph = mlp(&MlpConfig {
-        batch: 1,
         tokens: 64,
         width: 64,
         hidden: 128,
-        eps: 1e-6,
-        dtype: DType::F16,
+        ..MlpConfig::tiny(1)
     })
     .unwrap();
     let weights = init_weights(&graph, 1);
