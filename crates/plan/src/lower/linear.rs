@@ -262,7 +262,7 @@ struct Consts {
     weights: BTreeMap<u32, BufId>,
     /// Packed weight blocks by (first chunk, chunks, first block, blocks, padded
     /// blocks): the row groups' replicas are packed once (converting and packing
-    /// took a sixth of a So400m lowering when every replica did it).
+    /// for every replica was a third of a So400m lowering's time at batch 4).
     packed: BTreeMap<(u32, u32, u32, u32, u32), Vec<u8>>,
     bias: BTreeMap<(u32, u32, u32), BufId>,
 }

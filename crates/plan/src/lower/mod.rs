@@ -1287,11 +1287,12 @@ const GROW_TRIES: usize = 1;
 /// the activation budget (`transient_bytes`), which is sized for the busiest
 /// linear; its candidate list also holds strategies that need up to two thirds
 /// more (typically fewer row passes, so fewer AMP calls and exchanges). Each
-/// linear in lowering order tries its cheapest such strategies, each time with
-/// the choices kept so far, through the fit loop (which may give up weight
-/// replicas for it); a trial is kept when its busiest tile stays within the fit
-/// limit and the whole plan's estimate ([`crate::estimate`]) is lower. Placement
-/// still judges the result, as it judges every plan.
+/// linear in lowering order tries its cheapest such strategy, with the choices
+/// kept so far, at the budgets as they stand and then at the next smaller weight
+/// budget (fewer replicas, more room for activations); a trial is kept when its
+/// busiest tile stays within the fit limit and the whole plan's estimate
+/// ([`crate::estimate`]) is lower. Placement still judges the result, as it
+/// judges every plan.
 fn grow(
     machine: &Machine,
     graph: &Graph,
@@ -1315,9 +1316,7 @@ fn grow(
         let mut tries: Vec<usize> = (0..rec.candidates.len())
             .filter(|&i| {
                 let c = &rec.candidates[i];
-                i != rec.chosen
-                    && c.estimated_cycles < current.estimated_cycles
-                    && c.bytes_per_tile > current.bytes_per_tile
+                i != rec.chosen && c.beyond_budget && c.estimated_cycles < current.estimated_cycles
             })
             .collect();
         tries.sort_by_key(|&i| (rec.candidates[i].estimated_cycles, i));
