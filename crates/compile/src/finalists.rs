@@ -28,7 +28,7 @@ use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
 use tessera_plan::{
-    Candidate, FIT_SHARE, LowerOptions, OpCandidates, TilePlan, busiest, lower_exact, lower_fitted,
+    Candidate, LowerOptions, OpCandidates, TilePlan, busiest, fit_limit, lower_exact, lower_fitted,
     placement_retry_budget,
 };
 
@@ -396,9 +396,9 @@ fn report(
 }
 
 /// `plan` if its busiest tile's live bytes are within the fit loop's bound
-/// ([`tessera_plan::FIT_SHARE`] of SRAM), otherwise the error that says where.
+/// ([`fit_limit`]), otherwise the error that says where.
 fn within_fit_limit(machine: &Machine, plan: TilePlan) -> Result<TilePlan, CompileError> {
-    let limit = u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1;
+    let limit = fit_limit(machine);
     let (tile, step, live) = busiest(&plan);
     if live <= limit {
         return Ok(plan);

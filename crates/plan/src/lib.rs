@@ -16,7 +16,7 @@ pub use dist::{DistError, DistTensor, Part, redistribute};
 pub use estimate::{PlanEstimate, estimate};
 pub use ir::*;
 pub use lower::{
-    FIT_SHARE, LowerOptions, busiest, lower, lower_exact, lower_fitted, max_live_bytes,
+    FIT_SHARE, LowerOptions, busiest, fit_limit, lower, lower_exact, lower_fitted, max_live_bytes,
     placement_retry_budget,
 };
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};

@@ -5,7 +5,7 @@
 use tessera_graph::{Graph, MlpConfig, TensorMap, init_weights, mlp};
 use tessera_machine::Machine;
 use tessera_plan::{
-    FIT_SHARE, LowerOptions, TilePlan, estimate, lower_exact, lower_fitted, max_live_bytes, verify,
+    LowerOptions, TilePlan, estimate, fit_limit, lower_exact, lower_fitted, max_live_bytes, verify,
 };
 
 /// An MLP block of 64 tokens, 64 -> 128 -> 64, on four tiles, with budgets small
@@ -28,10 +28,6 @@ fn case() -> (Machine, Graph, TensorMap, LowerOptions) {
     (machine, graph, weights, opts)
 }
 
-fn limit(m: &Machine) -> u64 {
-    u64::from(m.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1
-}
-
 /// The strategy a plan chose for `op`, as (bytes per tile, row passes), and the
 /// default's.
 fn chosen_and_default(plan: &TilePlan, op: &str) -> ((u64, u32), (u64, u32)) {
@@ -45,10 +41,10 @@ fn linears_grow_past_the_activation_budget_when_the_plan_still_fits() {
     let (m, g, w, o) = case();
     // The defaults fit as they are, so the fit loop alone would keep them.
     let start = lower_exact(&m, &g, &w, &o).unwrap();
-    assert!(max_live_bytes(&start) <= limit(&m));
+    assert!(max_live_bytes(&start) <= fit_limit(&m));
     let (plan, fitted) = lower_fitted(&m, &g, &w, &o).unwrap();
     assert_eq!(verify(&plan), vec![]);
-    assert!(max_live_bytes(&plan) <= limit(&m));
+    assert!(max_live_bytes(&plan) <= fit_limit(&m));
     let (grown, first) = (estimate(&m, &plan).cycles, estimate(&m, &start).cycles);
     assert!(grown < first, "grown {grown} cycles, defaults {first}");
     for op in ["mlp.fc1", "mlp.fc2"] {
@@ -64,7 +60,8 @@ fn linears_grow_past_the_activation_budget_when_the_plan_still_fits() {
     assert_eq!(again.to_string(), plan.to_string());
 }
 
-/// With room for the defaults' activations and no more, nothing grows.
+/// With an activation budget far above what any strategy needs, the defaults
+/// are the cheapest, nothing is offered beyond the budget and nothing grows.
 #[test]
 fn nothing_grows_when_the_defaults_are_the_cheapest() {
     let (m, g, w, o) = case();
@@ -72,6 +69,11 @@ fn nothing_grows_when_the_defaults_are_the_cheapest() {
         transient_bytes: 1024 * 1024,
         ..o
     };
-    let (_, fitted) = lower_fitted(&m, &g, &w, &o).unwrap();
+    let (plan, fitted) = lower_fitted(&m, &g, &w, &o).unwrap();
     assert!(fitted.choices.is_empty(), "{:?}", fitted.choices);
+    assert!(
+        plan.candidates
+            .iter()
+            .all(|c| c.candidates.iter().all(|x| !x.beyond_budget))
+    );
 }

@@ -46,12 +46,12 @@ pub struct LowerOptions {
     /// multiply-accumulates (weights times rows): replicas pay off by the rows
     /// they serve, so a few-row product (the pooling head's) keeps one copy.
     pub weight_bytes: u64,
-    /// Bytes per tile a matmul may use beyond its weights, for activations, by
-    /// default. The default, 192 KiB, keeps the So400m layer's linears at batch 4
+    /// Bytes per tile a matmul's default strategy may use beyond its weights, for
+    /// activations. The default, 192 KiB, keeps the So400m layer's linears at batch 4
     /// in two row passes on even row splits without shrinking the weight budget
-    /// (docs/performance.md, seventh round). Strategies needing up to two thirds
-    /// more are offered too, and the fit loop's growth phase takes them where the
-    /// plan still fits and its estimate falls.
+    /// (docs/performance.md, seventh round). The cheapest strategy needing up to
+    /// two thirds more is offered too, and the fit loop's growth phase takes it
+    /// where the plan still fits and its estimate falls.
     pub transient_bytes: u64,
     /// Largest bias slab (a bias broadcast over a tile's output rows, one `add`)
     /// per matmul tile; above it the bias is kept as one row per block and added
@@ -1145,7 +1145,7 @@ fn map_linear(
         }
     };
     // The default first, then the other strategies within the budget no one beats
-    // on both cycles and bytes, then the cheapest few beyond it that beat the
+    // on both cycles and bytes, then the cheapest beyond it if it beats the
     // default's cycles (for the growth phase; last, so that the others' indices do
     // not depend on them).
     let front = crate::matmul::pareto(others, |(c, m)| (*c, m.bytes_per_tile));
@@ -1203,8 +1203,9 @@ fn weight_floor(machine: &Machine, wbytes: u64) -> u64 {
 
 /// Strategies a linear offers the finalist search.
 const MAX_CANDIDATES: usize = 6;
-/// Strategies beyond the activation budget a linear offers the growth phase.
-const MAX_BEYOND_BUDGET: usize = 2;
+/// Strategies beyond the activation budget a linear offers: the growth phase
+/// tries the cheapest.
+const MAX_BEYOND_BUDGET: usize = 1;
 
 /// Lowers `graph` to a tile plan for `machine`.
 ///
@@ -1238,7 +1239,7 @@ pub fn lower_fitted(
 }
 
 /// Live bytes a step may take on a tile: [`FIT_SHARE`] of its SRAM.
-fn fit_limit(machine: &Machine) -> u64 {
+pub fn fit_limit(machine: &Machine) -> u64 {
     u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1
 }
 
@@ -1279,15 +1280,11 @@ fn fit(
     }
 }
 
-/// Strategies a grown plan tries per linear: its cheapest ones beyond the
-/// activation budget, best estimate first.
-const GROW_TRIES: usize = 1;
-
 /// The growth phase after the fit loop. A linear's default strategy keeps within
 /// the activation budget (`transient_bytes`), which is sized for the busiest
 /// linear; its candidate list also holds strategies that need up to two thirds
 /// more (typically fewer row passes, so fewer AMP calls and exchanges). Each
-/// linear in lowering order tries its cheapest such strategy, with the choices
+/// linear in lowering order tries the cheapest such strategy, with the choices
 /// kept so far, at the budgets as they stand and then at the next smaller weight
 /// budget (fewer replicas, more room for activations); a trial is kept when its
 /// busiest tile stays within the fit limit and the whole plan's estimate
@@ -1312,38 +1309,37 @@ fn grow(
         let Some(rec) = plan.candidates.iter().find(|c| c.op == op) else {
             continue;
         };
-        let current = &rec.candidates[rec.chosen];
-        let mut tries: Vec<usize> = (0..rec.candidates.len())
-            .filter(|&i| {
-                let c = &rec.candidates[i];
-                i != rec.chosen && c.beyond_budget && c.estimated_cycles < current.estimated_cycles
-            })
-            .collect();
-        tries.sort_by_key(|&i| (rec.candidates[i].estimated_cycles, i));
-        tries.truncate(GROW_TRIES);
-        'tries: for i in tries {
-            let mut t = o.clone();
-            t.choices.insert(op.clone(), i);
-            // At the budgets as they stand, then at the next smaller weight
-            // budget (where the So400m layer at batch 4 fits `mlp.fc2` in one
-            // pass); no further: each lowering of that layer takes seconds, and a
-            // strategy that needs more gives up more replicas than it saves.
-            let smaller = smaller_weight_budget(&t);
-            for t in std::iter::once(t).chain(smaller) {
-                let p = lower_with(machine, graph, weights, &t)?;
-                if max_live_bytes(&p) > limit {
-                    continue;
-                }
-                let e = crate::estimate(machine, &p).cycles;
-                if e < best {
-                    best = e;
-                    plan = p;
-                    o = t;
-                    break 'tries;
-                }
-                // It fits and is no cheaper: fewer replicas will not be cheaper.
-                continue 'tries;
+        // The list's strategy beyond the budget (the cheapest one it offers),
+        // unless the linear already takes it.
+        let current = rec.candidates[rec.chosen].estimated_cycles;
+        let Some(i) = rec
+            .candidates
+            .iter()
+            .position(|c| c.beyond_budget)
+            .filter(|&i| i != rec.chosen && rec.candidates[i].estimated_cycles < current)
+        else {
+            continue;
+        };
+        let mut t = o.clone();
+        t.choices.insert(op, i);
+        // At the budgets as they stand, then at the next smaller weight budget
+        // (where the So400m layer at batch 4 fits `mlp.fc2` in one pass); no
+        // further: each lowering of that layer takes seconds, and a strategy that
+        // needs more gives up more replicas than it saves.
+        let smaller = smaller_weight_budget(&t);
+        for t in std::iter::once(t).chain(smaller) {
+            let p = lower_with(machine, graph, weights, &t)?;
+            if max_live_bytes(&p) > limit {
+                continue;
             }
+            let e = crate::estimate(machine, &p).cycles;
+            if e < best {
+                best = e;
+                plan = p;
+                o = t;
+            }
+            // Where it fits and is no cheaper, fewer replicas will not be cheaper.
+            break;
         }
     }
     Ok((plan, o))
