@@ -466,6 +466,17 @@ fn small_layer_config(dir: &std::path::Path, image_size: u32) -> std::path::Path
 /// (one finalist) with `extra` flags; checks that it validates and returns its
 /// decisions as text.
 fn small_layer_decisions(name: &str, image_size: u32, batch: &str, extra: &[&str]) -> String {
+    small_layer_decisions_on(name, image_size, batch, "4", extra)
+}
+
+/// [`small_layer_decisions`] on `tiles` tiles.
+fn small_layer_decisions_on(
+    name: &str,
+    image_size: u32,
+    batch: &str,
+    tiles: &str,
+    extra: &[&str],
+) -> String {
     let dir = common::scratch(name);
     let c = small_layer_config(&dir, image_size);
     let mut args = vec![
@@ -475,7 +486,7 @@ fn small_layer_decisions(name: &str, image_size: u32, batch: &str, extra: &[&str
         "--machine",
         "small",
         "--tiles",
-        "4",
+        tiles,
         "--batch",
         batch,
         "--finalists",
@@ -511,6 +522,24 @@ fn attention_with_41_query_rows_a_tile_validates_on_both_paths() {
             transposed,
             "{decisions}"
         );
+    }
+}
+
+/// 81 tokens, one image of two heads on ten tiles: five tiles a head would share a
+/// bus pair with the other head, so each head takes four, its keys cut in two runs
+/// of two tiles (three query blocks each), the maxima exchanged and the second
+/// run's products merged on the first's tiles. The tokens validate element by
+/// element, as they do with whole keys on five tiles a head (the test hook).
+#[test]
+fn attention_with_its_keys_cut_in_two_runs_validates() {
+    for (hook, cut) in [(&[][..], true), (&["--whole-keys"][..], false)] {
+        let decisions = small_layer_decisions_on("keycut", 126, "1", "10", hook);
+        assert_eq!(
+            decisions.contains("keys cut in two runs, 2 tiles with 3 query blocks over keys 0..48, 2 tiles with 3 over keys 48..81"),
+            cut,
+            "{decisions}"
+        );
+        assert_eq!(decisions.contains("scores transposed"), !cut, "{decisions}");
     }
 }
 

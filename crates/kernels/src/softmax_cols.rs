@@ -27,20 +27,42 @@
 //!
 //! A group's rows are walked with `ld64step`/`st64step` by 32 bytes; every worker
 //! has at least two rows (`n >= 12`), so the walks need no special cases.
+//!
+//! Where the keys are cut over tiles (each tile a run of the rows of the same
+//! query columns), the tiles must shift by the same column maxima, so the launches
+//! come apart into two calls with an exchange between them
+//! ([`SoftmaxColsMode`]):
+//! - `Maxima`: launch 1, then the groups split over the workers as in launch 3,
+//!   the six maxima of a group combined and stored (`max`, `[blocks][16]` f16);
+//! - `Shifted { g }`: launch 2 with `M` the maximum of the `g` tiles' rows of
+//!   `maxes` instead of the six workers', and launch 3 storing the sums
+//!   themselves (`sum`): a tile's column can then lie far below `M`, and only the
+//!   tiles' sums added give the denominator.
 
 use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, MReg, Word};
 use tessera_machine::Timing;
 
-use crate::asm::{Asm, a, int, inti, ld32, ld32m, m, setzi};
+use crate::asm::{Asm, a, code_bytes, int, inti, ld32, ld32m, m, setzi};
 use crate::contract::{Contract, Operand, Role};
-use crate::layernorm::{
-    SPLIT_SNIPPET_BYTES, bcast2, bcast4, fbin, fun, simple_contract, split_snippet,
-};
+use crate::layernorm::{bcast2, bcast4, fbin, fun, simple_contract, split_snippet};
 use crate::softmax::{AZ, D0, D1, End, Issue, S1, S2, SC, W, X, add2, ai, bi, block, ld64, mi};
 use crate::{
     Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand, split,
 };
+
+/// What a call computes (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoftmaxColsMode {
+    /// The softmax of one tile's keys: `e` (`out`) and `1/sum` (`recip`).
+    Full,
+    /// Each column's maximum over the valid rows (`max`), nothing else.
+    Maxima,
+    /// `e` (`out`) shifted by the maxima of the `g` rows of `maxes` (`[g][blocks][16]`
+    /// f16, each row a tile's `max`), and each column's sum of them (`sum`,
+    /// `[blocks][16]` f32).
+    Shifted { g: u32 },
+}
 
 /// Parameters of one column softmax.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,15 +74,36 @@ pub struct SoftmaxCols {
     /// Valid rows (`12 <= n <= rows`): scores `n..rows` are padding.
     pub n: u32,
     /// Multiplies every score before the exponential; `0 < scale <= 16` (see
-    /// [`crate::Softmax::SCALE_MAX`]).
+    /// [`crate::Softmax::SCALE_MAX`]). Unused by `Maxima`.
     pub scale: f32,
+    pub mode: SoftmaxColsMode,
+}
+
+/// Largest `g` of `Shifted`: the last row of `maxes` is then at most `11 * groups`
+/// words from the first, inside the `ld64` offset range `validate` keeps for the
+/// state (`12 * groups` words).
+const SHIFTED_G_MAX: u32 = 12;
+
+/// The launches, in the order a mode runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Launch {
+    /// Launch 1: each worker's maxima of its rows.
+    Max,
+    /// Launch 2: the exponentials and each worker's sums.
+    Exp,
+    /// Launch 3: the groups split over the workers, the six workers' results
+    /// combined.
+    Groups,
 }
 
 /// A worker record (words): its first row of block 0 in `in`, its rows, the
 /// group-offset table, its maxima, everyone's maxima, its sums, its padding rows,
 /// `scale` as f16 (low half); launch 3: its first group's partial sums, its first `1/sum`,
 /// its groups; then its first row in `out`. Pointers into the state are offsets
-/// from the record.
+/// from the record. The other modes keep the positions, words they do not use zero:
+/// `Maxima`'s launch 3 reads its first group's six maxima and `max` where `Full`'s
+/// reads the sums and `recip`; `Shifted` has the address of `maxes` for everyone's
+/// maxima (not an offset: it is an operand) and `sum` for `recip`.
 const STRIDE: u16 = 56;
 
 // `$m` registers (launches 1 and 2).
@@ -103,6 +146,7 @@ struct Tally {
     sum_setup: u64,
     sum_group: u64,
     sum_idle: u64,
+    /// Entry offsets, in launch order (the two-launch modes leave the last zero).
     entries: [u32; 3],
 }
 
@@ -116,6 +160,68 @@ fn exp16(d: u8, x: u8) -> Inst {
     Inst::F16v2Exp { d: a(d), a: a(x) }
 }
 
+fn repeat(s: &mut Asm, count: MReg, body: &[Issue]) {
+    s.rpt(count, |b| block(b, body, End::Aligned));
+}
+
+fn step_ld(d: u8) -> Inst {
+    Inst::Ld64Step {
+        d: a(d),
+        base: RD,
+        inc: ROW_STEP,
+    }
+}
+
+fn step_st(r: u8) -> Inst {
+    Inst::St64Step {
+        s: a(r),
+        base: WR,
+        inc: ROW_STEP,
+    }
+}
+
+/// A group's offset from the table, the table advanced, the group's first row.
+fn group_start() -> [Issue; 3] {
+    [
+        mi(ld32m(OFF, TAB, 0)),
+        mi(inti(IntOp::Add, TAB, TAB, 4)),
+        mi(int(IntOp::Add, RD, BASE, OFF)),
+    ]
+}
+
+/// `MV` = the lane maxima of `rows` f16 quads `stride` words (of 8 bytes) apart
+/// from `ptr` (`X` clobbered), and `ptr` advanced to the next group's.
+fn column_max(ptr: MReg, rows: u32, stride: u32) -> Vec<Issue> {
+    if rows == 1 {
+        return vec![mi(Inst::Ld64Step {
+            d: a(MV),
+            base: ptr,
+            inc: 1,
+        })];
+    }
+    let at = |k: u32| ld64(X, ptr, (k * stride) as u16);
+    let mut v = vec![mi(ld64(MV, ptr, 0)), mi(at(1))];
+    for k in 2..rows {
+        v.push(bi(at(k), max4(MV, MV, X)));
+    }
+    v.push(bi(inti(IntOp::Add, ptr, ptr, 8), max4(MV, MV, X)));
+    v
+}
+
+/// The supervisor snippet of `entries.len()` launches (two or three).
+fn snippet(entry: u32, state: u32, entries: &[u32]) -> Vec<Word> {
+    match *entries {
+        [e0, e1, e2] => split_snippet(entry, state, [e0, e1, e2], STRIDE),
+        [e0, e1] => {
+            // The three-launch snippet without its last `setzi`, `runall`, `sync`.
+            let mut w = split_snippet(entry, state, [e0, e1, e1], STRIDE);
+            w.truncate(w.len() - 3);
+            w
+        }
+        _ => unreachable!("a column softmax runs two or three launches"),
+    }
+}
+
 impl SoftmaxCols {
     pub const NAME: &'static str = "softmax_cols_f16";
 
@@ -125,6 +231,41 @@ impl SoftmaxCols {
             rows,
             n,
             scale,
+            mode: SoftmaxColsMode::Full,
+        }
+    }
+
+    /// The column maxima of a tile's run of keys: operands `in` and `max`.
+    pub fn maxima(blocks: u32, rows: u32, n: u32) -> SoftmaxCols {
+        SoftmaxCols {
+            mode: SoftmaxColsMode::Maxima,
+            ..SoftmaxCols::new(blocks, rows, n, 1.0)
+        }
+    }
+
+    /// The exponentials and sums of a tile's run of keys, shifted by the maxima of
+    /// `g` tiles' runs: operands `in`, `out`, `maxes` and `sum`.
+    pub fn shifted(blocks: u32, rows: u32, n: u32, scale: f32, g: u32) -> SoftmaxCols {
+        SoftmaxCols {
+            mode: SoftmaxColsMode::Shifted { g },
+            ..SoftmaxCols::new(blocks, rows, n, scale)
+        }
+    }
+
+    fn launches(&self) -> &'static [Launch] {
+        match self.mode {
+            SoftmaxColsMode::Full => &[Launch::Max, Launch::Exp, Launch::Groups],
+            SoftmaxColsMode::Maxima => &[Launch::Max, Launch::Groups],
+            SoftmaxColsMode::Shifted { .. } => &[Launch::Exp, Launch::Groups],
+        }
+    }
+
+    /// Rows of maxima launch 2 reduces, and whether they are the workers' own
+    /// (in the state, at offsets from the record) rather than `maxes`.
+    fn exp_maxima(&self) -> (u32, bool) {
+        match self.mode {
+            SoftmaxColsMode::Shifted { g } => (g, false),
+            _ => (WORKERS, true),
         }
     }
 
@@ -141,33 +282,24 @@ impl SoftmaxCols {
     fn program(&self, code_base: u32) -> Result<(Vec<Word>, Tally), KernelError> {
         self.validate()?;
         crate::check_code_base(&self.symbol(), code_base, 8)?;
-        let g4 = self.groups();
         let mut s = Asm::new(code_base);
         let mut t = Tally::default();
-        let repeat = |s: &mut Asm, count: MReg, body: &[Issue]| {
-            s.rpt(count, |b| block(b, body, End::Aligned));
-        };
-        let step_ld = |d: u8| Inst::Ld64Step {
-            d: a(d),
-            base: RD,
-            inc: ROW_STEP,
-        };
-        let step_st = |r: u8| Inst::St64Step {
-            s: a(r),
-            base: WR,
-            inc: ROW_STEP,
-        };
-        let group_start = [
-            mi(ld32m(OFF, TAB, 0)),
-            mi(inti(IntOp::Add, TAB, TAB, 4)),
-            mi(int(IntOp::Add, RD, BASE, OFF)),
-        ];
+        for (i, launch) in self.launches().iter().enumerate() {
+            t.entries[i] = s.at() - code_base;
+            match launch {
+                Launch::Max => self.max_launch(&mut s, &mut t),
+                Launch::Exp => self.exp_launch(&mut s, &mut t),
+                Launch::Groups => self.groups_launch(&mut s, &mut t),
+            }
+        }
+        Ok((s.finish(), t))
+    }
 
-        // Launch 1: the maxima.
-        t.entries[0] = s.at() - code_base;
+    /// Launch 1: the maxima.
+    fn max_launch(&self, s: &mut Asm, t: &mut Tally) {
         let n0 = s.len();
         block(
-            &mut s,
+            s,
             &[
                 mi(ld32m(BASE, m(0), 0)),
                 mi(ld32m(CNT, m(0), 1)),
@@ -176,23 +308,23 @@ impl SoftmaxCols {
                 mi(int(IntOp::Add, TAB, TAB, m(0))),
                 mi(ld32m(MX, m(0), 3)),
                 mi(int(IntOp::Add, MX, MX, m(0))),
-                mi(setzi(GI, g4)),
+                mi(setzi(GI, self.groups())),
             ],
             End::Any,
         );
         let lp = s.label();
         s.bind(lp);
         let n1 = s.len();
-        let mut head = group_start.to_vec();
+        let mut head = group_start().to_vec();
         head.extend([mi(step_ld(S1)), mi(step_ld(X))]);
-        block(&mut s, &head, End::BeforeRpt);
+        block(s, &head, End::BeforeRpt);
         repeat(
-            &mut s,
+            s,
             CNT,
             &[bi(step_ld(X), fbin(FBinOp::Max, FVec::F16V4, S1, S1, X))],
         );
         block(
-            &mut s,
+            s,
             &[
                 ai(fbin(FBinOp::Max, FVec::F16V4, S1, S1, X)),
                 mi(Inst::St64Step {
@@ -208,44 +340,44 @@ impl SoftmaxCols {
         t.max_group = (s.len() - n1) as u64;
         s.i(Inst::Exit);
         t.max_setup = (n1 - n0) as u64 + EXIT_ISSUES;
+    }
 
-        // Launch 2: the exponentials and the partial sums.
-        t.entries[1] = s.at() - code_base;
+    /// Launch 2: the exponentials and the partial sums.
+    fn exp_launch(&self, s: &mut Asm, t: &mut Tally) {
+        let g4 = self.groups();
+        let (maxima, own) = self.exp_maxima();
         let n0 = s.len();
-        block(
-            &mut s,
-            &[
-                mi(ld32m(BASE, m(0), 0)),
-                mi(ld32m(CNT, m(0), 1)),
-                mi(inti(IntOp::Sub, CNT, CNT, 1)),
-                mi(ld32m(TAB, m(0), 2)),
-                mi(int(IntOp::Add, TAB, TAB, m(0))),
-                mi(ld32m(MX, m(0), 4)),
-                mi(int(IntOp::Add, MX, MX, m(0))),
-                mi(ld32m(SW, m(0), 5)),
-                mi(int(IntOp::Add, SW, SW, m(0))),
-                mi(ld32m(PADN, m(0), 6)),
-                mi(ld32(a(SCV), m(0), 7)),
-                bi(setzi(GI, g4), bcast4(SCV, SCV)),
-                // Last: it overwrites the record pointer.
-                mi(ld32m(BASE_OUT, m(0), 11)),
-            ],
-            End::Any,
-        );
+        let mut setup = vec![
+            mi(ld32m(BASE, m(0), 0)),
+            mi(ld32m(CNT, m(0), 1)),
+            mi(inti(IntOp::Sub, CNT, CNT, 1)),
+            mi(ld32m(TAB, m(0), 2)),
+            mi(int(IntOp::Add, TAB, TAB, m(0))),
+            mi(ld32m(MX, m(0), 4)),
+        ];
+        if own {
+            setup.push(mi(int(IntOp::Add, MX, MX, m(0))));
+        }
+        setup.extend([
+            mi(ld32m(SW, m(0), 5)),
+            mi(int(IntOp::Add, SW, SW, m(0))),
+            mi(ld32m(PADN, m(0), 6)),
+            mi(ld32(a(SCV), m(0), 7)),
+            bi(setzi(GI, g4), bcast4(SCV, SCV)),
+            // Last: it overwrites the record pointer.
+            mi(ld32m(BASE_OUT, m(0), 11)),
+        ]);
+        block(s, &setup, End::Any);
         let lp = s.label();
         s.bind(lp);
         let n1 = s.len();
-        let mut head = group_start.to_vec();
+        let mut head = group_start().to_vec();
         head.push(mi(int(IntOp::Add, WR, BASE_OUT, OFF)));
-        // The column maxima over the six workers' (`g4` groups apart).
-        head.push(mi(ld64(MV, MX, 0)));
-        head.push(mi(ld64(X, MX, g4 as u16)));
-        for k in 2..WORKERS as u16 {
-            head.push(bi(ld64(X, MX, k * g4 as u16), max4(MV, MV, X)));
-        }
-        head.push(bi(inti(IntOp::Add, MX, MX, 8), max4(MV, MV, X)));
+        // The group's column maxima: the six workers' or the tiles' rows (`g4`
+        // groups apart either way).
+        head.extend(column_max(MX, maxima, g4));
         head.push(mi(step_ld(X)));
-        block(&mut s, &head, End::BeforeRpt);
+        block(s, &head, End::BeforeRpt);
         // A row: its arguments `(x - M) * scale` in f16, their exponentials, the
         // store and the f32 lane sums in the accumulators; the next row's load goes
         // once the scores are read.
@@ -266,7 +398,7 @@ impl SoftmaxCols {
         }
         row.extend([ai(exp16(E + 1, ARG + 1)), bi(step_st(E), acc)]);
         t.exp_row = row.len() as u64;
-        repeat(&mut s, CNT, &row);
+        repeat(s, CNT, &row);
         // The last row without a load; the sums out of the accumulators (which
         // leaves them zero for the next group); the padding rows zeroed (a repeat
         // of none on all but the last worker).
@@ -275,7 +407,7 @@ impl SoftmaxCols {
             last.push(ai(mul));
         }
         block(
-            &mut s,
+            s,
             &[
                 &last[..],
                 &[
@@ -303,14 +435,18 @@ impl SoftmaxCols {
             .concat(),
             End::BeforeRpt,
         );
-        repeat(&mut s, PADN, &[mi(step_st(X))]);
+        repeat(s, PADN, &[mi(step_st(X))]);
         s.brnz(GI, lp);
         t.exp_group = (s.len() - n1) as u64;
         s.i(Inst::Exit);
         t.exp_setup = (n1 - n0) as u64 + EXIT_ISSUES;
+    }
 
-        // Launch 3: partial sums added, reciprocals.
-        t.entries[2] = s.at() - code_base;
+    /// Launch 3: the groups split over the workers, each group's six workers'
+    /// results combined: the partial sums added and their reciprocals (`Full`) or
+    /// the sums themselves (`Shifted`); the maxima (`Maxima`).
+    fn groups_launch(&self, s: &mut Asm, t: &mut Tally) {
+        let g4 = self.groups() as u16;
         let n0 = s.len();
         let done = s.label();
         let (sp, rp) = (MReg(2), MReg(3));
@@ -318,7 +454,7 @@ impl SoftmaxCols {
         s.brz(CNT, done);
         t.sum_idle = (s.len() - n0) as u64 + EXIT_ISSUES;
         block(
-            &mut s,
+            s,
             &[
                 mi(ld32m(sp, m(0), 8)),
                 mi(int(IntOp::Add, sp, sp, m(0))),
@@ -327,36 +463,71 @@ impl SoftmaxCols {
             End::BeforeRpt,
         );
         let n1 = s.len();
-        let mut body = vec![mi(ld64(S1, sp, 0)), mi(ld64(S2, sp, 1))];
-        for k in 1..WORKERS as u16 {
-            let at = 2 * k * g4 as u16;
-            body.push(mi(ld64(X, sp, at)));
-            body.push(bi(ld64(W, sp, at + 1), add2(S1, X)));
-            body.push(ai(add2(S2, W)));
-        }
-        body.extend([
-            bi(inti(IntOp::Add, sp, sp, 16), fun(FUnOp::Recip, S1, S1)),
-            ai(fun(FUnOp::Recip, S1 + 1, S1 + 1)),
-            ai(fun(FUnOp::Recip, S2, S2)),
-            ai(fun(FUnOp::Recip, S2 + 1, S2 + 1)),
-            mi(Inst::St64 {
-                s: a(S1),
+        let store_step = |r: u8| {
+            mi(Inst::St64Step {
+                s: a(r),
                 base: rp,
-                imm: 0,
-            }),
-            mi(Inst::St64 {
-                s: a(S2),
-                base: rp,
-                imm: 1,
-            }),
-            mi(inti(IntOp::Add, rp, rp, 16)),
-        ]);
-        repeat(&mut s, CNT, &body);
+                inc: 1,
+            })
+        };
+        let body = match self.mode {
+            SoftmaxColsMode::Full => {
+                let mut body = vec![mi(ld64(S1, sp, 0)), mi(ld64(S2, sp, 1))];
+                for k in 1..WORKERS as u16 {
+                    let at = 2 * k * g4;
+                    body.push(mi(ld64(X, sp, at)));
+                    body.push(bi(ld64(W, sp, at + 1), add2(S1, X)));
+                    body.push(ai(add2(S2, W)));
+                }
+                body.extend([
+                    bi(inti(IntOp::Add, sp, sp, 16), fun(FUnOp::Recip, S1, S1)),
+                    ai(fun(FUnOp::Recip, S1 + 1, S1 + 1)),
+                    ai(fun(FUnOp::Recip, S2, S2)),
+                    ai(fun(FUnOp::Recip, S2 + 1, S2 + 1)),
+                    mi(Inst::St64 {
+                        s: a(S1),
+                        base: rp,
+                        imm: 0,
+                    }),
+                    mi(Inst::St64 {
+                        s: a(S2),
+                        base: rp,
+                        imm: 1,
+                    }),
+                    mi(inti(IntOp::Add, rp, rp, 16)),
+                ]);
+                body
+            }
+            SoftmaxColsMode::Shifted { .. } => {
+                // Each worker's lanes 2-3 are added as the next worker's 0-1 load.
+                let mut body = vec![mi(ld64(S1, sp, 0)), mi(ld64(S2, sp, 1))];
+                for k in 1..WORKERS as u16 {
+                    let at = 2 * k * g4;
+                    body.push(if k == 1 {
+                        mi(ld64(X, sp, at))
+                    } else {
+                        bi(ld64(X, sp, at), add2(S2, W))
+                    });
+                    body.push(bi(ld64(W, sp, at + 1), add2(S1, X)));
+                }
+                body.extend([
+                    bi(inti(IntOp::Add, sp, sp, 16), add2(S2, W)),
+                    store_step(S1),
+                    store_step(S2),
+                ]);
+                body
+            }
+            SoftmaxColsMode::Maxima => {
+                let mut body = column_max(sp, WORKERS, u32::from(g4));
+                body.push(store_step(MV));
+                body
+            }
+        };
+        repeat(s, CNT, &body);
         t.sum_group = (s.len() - n1 - 1) as u64;
         t.sum_setup = (n1 - n0) as u64 + 1 + EXIT_ISSUES;
         s.bind(done);
         s.i(Inst::Exit);
-        Ok((s.finish(), t))
     }
 
     /// The emitted code's counts; all zero for parameters the kernel refuses, whose
@@ -365,8 +536,8 @@ impl SoftmaxCols {
         self.program(0).map(|(_, t)| t).unwrap_or_default()
     }
 
-    /// Worker issue slots of each launch.
-    fn launch_slots(&self, t: &Timing, tl: &Tally, launch: usize) -> Vec<u64> {
+    /// Worker issue slots of a launch.
+    fn launch_slots(&self, t: &Timing, tl: &Tally, launch: Launch) -> Vec<u64> {
         let g4 = u64::from(self.groups());
         let pads = self.rows - self.n;
         let rows = split(self.n);
@@ -380,19 +551,23 @@ impl SoftmaxCols {
                     0
                 };
                 match launch {
-                    0 => tl.max_setup + g4 * (tl.max_group + r).saturating_sub(3),
+                    Launch::Max => tl.max_setup + g4 * (tl.max_group + r).saturating_sub(3),
                     // The emitted group holds the row body once and the padding
                     // store once; the body runs r - 1 times, the store `pad`.
                     // Two `f16v2exp` a row, each holding its slot `f16_exp_issues`.
-                    1 => {
+                    Launch::Exp => {
                         tl.exp_setup
                             + g4 * (tl.exp_group + tl.exp_row * r + pad)
                                 .saturating_sub(2 * tl.exp_row + 1)
                             + g4 * 2 * r * u64::from(t.f16_exp_issues.saturating_sub(1))
                     }
-                    _ => match u64::from(sums[w].1) {
+                    Launch::Groups => match u64::from(sums[w].1) {
                         0 => tl.sum_idle,
-                        c => crate::issue_slots(t, tl.sum_setup + c * tl.sum_group, 4 * c),
+                        c => crate::issue_slots(
+                            t,
+                            tl.sum_setup + c * tl.sum_group,
+                            c * self.recips_a_group(),
+                        ),
                     },
                 }
             })
@@ -403,8 +578,13 @@ impl SoftmaxCols {
 impl Kernel for SoftmaxCols {
     fn symbol(&self) -> String {
         let unscaled = if self.unscaled() { "_u" } else { "" };
+        let (scaling, mode) = match self.mode {
+            SoftmaxColsMode::Full => (unscaled, String::new()),
+            SoftmaxColsMode::Maxima => ("", "_max".to_string()),
+            SoftmaxColsMode::Shifted { g } => (unscaled, format!("_sh{g}")),
+        };
         format!(
-            "{}_b{}_r{}_n{}{unscaled}",
+            "{}_b{}_r{}_n{}{scaling}{mode}",
             Self::NAME,
             self.blocks,
             self.rows,
@@ -426,12 +606,19 @@ impl Kernel for SoftmaxCols {
         // Repeat counts (rows a worker, padding rows) and the `ld64` offsets of the
         // maxima and sums of the last worker.
         if self.rows > RPT_MAX || 2 * WORKERS * self.groups() >= 1 << 12 {
-            return Err(invalid(&name, "rows above 4095 or more than 340 blocks"));
+            return Err(invalid(&name, "rows above 4095 or more than 85 blocks"));
         }
         if u64::from(self.blocks) * u64::from(self.rows) * 32 >= 1 << 20 {
             return Err(invalid(&name, "operand larger than tile memory"));
         }
-        crate::softmax::check_scale(&name, self.scale)?;
+        if let SoftmaxColsMode::Shifted { g } = self.mode
+            && !(1..=SHIFTED_G_MAX).contains(&g)
+        {
+            return Err(invalid(&name, "g must be 1..=12"));
+        }
+        if self.mode != SoftmaxColsMode::Maxima {
+            crate::softmax::check_scale(&name, self.scale)?;
+        }
         Ok(())
     }
 
@@ -443,16 +630,26 @@ impl Kernel for SoftmaxCols {
     }
 
     fn contract(&self) -> Contract {
-        let mut c = simple_contract(
-            self,
-            vec![
-                Operand::new("in", Role::Input, self.blocks * self.rows * 32, 8),
-                Operand::new("out", Role::Output, self.blocks * self.rows * 32, 8),
+        let scores = self.blocks * self.rows * 32;
+        let operands = match self.mode {
+            SoftmaxColsMode::Full => vec![
+                Operand::new("in", Role::Input, scores, 8),
+                Operand::new("out", Role::Output, scores, 8),
                 Operand::new("recip", Role::Output, self.groups() * 16, 8),
             ],
-            self.state_bytes(),
-        );
-        c.supervisor_bytes = SPLIT_SNIPPET_BYTES;
+            SoftmaxColsMode::Maxima => vec![
+                Operand::new("in", Role::Input, scores, 8),
+                Operand::new("max", Role::Output, self.groups() * 8, 8),
+            ],
+            SoftmaxColsMode::Shifted { g } => vec![
+                Operand::new("in", Role::Input, scores, 8),
+                Operand::new("out", Role::Output, scores, 8),
+                Operand::new("maxes", Role::Input, g * self.groups() * 8, 8),
+                Operand::new("sum", Role::Output, self.groups() * 16, 8),
+            ],
+        };
+        let mut c = simple_contract(self, operands, self.state_bytes());
+        c.supervisor_bytes = code_bytes(&snippet(0, 0, &[0; 3][..self.launches().len()]));
         c
     }
 
@@ -460,35 +657,63 @@ impl Kernel for SoftmaxCols {
         self.validate()?;
         let name = self.symbol();
         let x = operand(addrs, &name, "in")?;
-        let out = operand(addrs, &name, "out")?;
-        let recip = operand(addrs, &name, "recip")?;
+        let mode = self.mode;
+        let full = mode == SoftmaxColsMode::Full;
+        let maxima = mode == SoftmaxColsMode::Maxima;
+        let shifted = matches!(mode, SoftmaxColsMode::Shifted { .. });
+        // Words a mode does not use are zero (`Maxima` has no `out`).
+        let out = if maxima {
+            0
+        } else {
+            operand(addrs, &name, "out")?
+        };
+        let result = operand(
+            addrs,
+            &name,
+            match mode {
+                SoftmaxColsMode::Full => "recip",
+                SoftmaxColsMode::Maxima => "max",
+                SoftmaxColsMode::Shifted { .. } => "sum",
+            },
+        )?;
+        let tiles_maxes = match mode {
+            SoftmaxColsMode::Shifted { .. } => operand(addrs, &name, "maxes")?,
+            _ => 0,
+        };
         let g4 = self.groups();
         // State pointers are offsets from the worker's record (`$m0`): the state's
         // own address is the caller's.
         let records = u32::from(STRIDE) * WORKERS;
         let tab = records;
+        let (maxes_bytes, _) = self.scratch_bytes();
         let maxes = tab + (4 * g4).next_multiple_of(8);
-        let sums = maxes + 8 * WORKERS * g4;
+        let sums = maxes + maxes_bytes;
         let rows = split(self.n);
         let groups = split(g4);
         let mut buf = StateBuf::default();
         for (w, &(r0, r)) in rows.iter().enumerate() {
             let last = w + 1 == WORKERS as usize;
             let (gi0, gn) = groups[w];
-            let record = w as u32 * u32::from(STRIDE);
+            let w = w as u32;
+            let record = w * u32::from(STRIDE);
+            let only = |used: bool, v: u32| if used { v } else { 0 };
             buf.u32(x + r0 * 32)
                 .u32(r)
                 .u32(tab - record)
-                .u32(maxes + w as u32 * g4 * 8 - record)
-                .u32(maxes - record)
-                .u32(sums + w as u32 * g4 * 16 - record)
-                .u32(if last { self.rows - self.n } else { 0 })
-                .u32(u32::from(self.scale16().to_bits()))
-                .u32(sums + gi0 * 16 - record)
-                .u32(recip + gi0 * 16)
+                .u32(only(!shifted, maxes + w * g4 * 8 - record))
+                .u32(if full { maxes - record } else { tiles_maxes })
+                .u32(only(!maxima, sums + w * g4 * 16 - record))
+                .u32(only(last && !maxima, self.rows - self.n))
+                .u32(only(!maxima, u32::from(self.scale16().to_bits())))
+                .u32(if maxima {
+                    maxes + gi0 * 8 - record
+                } else {
+                    sums + gi0 * 16 - record
+                })
+                .u32(result + gi0 * if maxima { 8 } else { 16 })
                 .u32(gn)
-                .u32(out + r0 * 32)
-                .pad_to((w + 1) * usize::from(STRIDE));
+                .u32(only(!maxima, out + r0 * 32))
+                .pad_to((record + u32::from(STRIDE)) as usize);
         }
         for gi in 0..g4 {
             buf.u32(self.group_offset(gi));
@@ -505,18 +730,19 @@ impl Kernel for SoftmaxCols {
         // The checks of the single-shot snippet cover the first launch; the other
         // entries lie inside the same code.
         crate::runall_snippet(&self.symbol(), call, &st)?;
-        Ok(split_snippet(
+        let launches = self.launches().len();
+        Ok(snippet(
             call.entry,
             call.state + st.runall_offset,
-            self.tally().entries,
-            st.stride,
+            &self.tally().entries[..launches],
         ))
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
         let tl = self.tally();
-        let words = split_snippet(0, 0, tl.entries, STRIDE);
-        crate::supervisor_cycles(t, &words, |launch| self.launch_slots(t, &tl, launch))
+        let launches = self.launches();
+        let words = snippet(0, 0, &tl.entries[..launches.len()]);
+        crate::supervisor_cycles(t, &words, |i| self.launch_slots(t, &tl, launches[i]))
     }
 }
 
@@ -534,9 +760,30 @@ impl SoftmaxCols {
         self.scale16() == half::f16::ONE
     }
 
-    fn state_bytes(&self) -> u32 {
+    /// Bytes of the state's workers' maxima and of their sums: each only in the
+    /// modes whose launches use it.
+    fn scratch_bytes(&self) -> (u32, u32) {
         let g4 = self.groups();
-        u32::from(STRIDE) * WORKERS + (4 * g4).next_multiple_of(8) + 24 * WORKERS * g4
+        let launches = self.launches();
+        let has = |l: Launch| u32::from(launches.contains(&l));
+        (
+            has(Launch::Max) * 8 * WORKERS * g4,
+            has(Launch::Exp) * 16 * WORKERS * g4,
+        )
+    }
+
+    fn state_bytes(&self) -> u32 {
+        let (maxes, sums) = self.scratch_bytes();
+        u32::from(STRIDE) * WORKERS + (4 * self.groups()).next_multiple_of(8) + maxes + sums
+    }
+
+    /// f32 reciprocals a group of launch 3 takes: `Full`'s four `1/sum`.
+    fn recips_a_group(&self) -> u64 {
+        if self.mode == SoftmaxColsMode::Full {
+            4
+        } else {
+            0
+        }
     }
 }
 
@@ -554,13 +801,87 @@ mod tests {
         for bad in [0.0, -1.0, 16.5, f32::NAN] {
             assert!(SoftmaxCols::new(1, 32, 32, bad).validate().is_err());
         }
+        // The maxima take no scale; the shifted exponentials check theirs and `g`.
+        assert!(SoftmaxCols::maxima(2, 40, 13).validate().is_ok());
+        assert!(
+            SoftmaxCols {
+                scale: f32::NAN,
+                ..SoftmaxCols::maxima(2, 40, 13)
+            }
+            .validate()
+            .is_ok()
+        );
+        assert!(SoftmaxCols::maxima(1, 16, 11).validate().is_err());
+        assert!(SoftmaxCols::maxima(0, 16, 12).validate().is_err());
+        let shifted_g = |g| SoftmaxCols::shifted(1, 736, 729, 0.125, g).validate();
+        for g in [1, 2, 6, 12] {
+            assert!(shifted_g(g).is_ok());
+        }
+        assert!(shifted_g(0).is_err());
+        assert!(shifted_g(13).is_err());
+        assert!(SoftmaxCols::shifted(1, 16, 11, 1.0, 2).validate().is_err());
+        assert!(SoftmaxCols::shifted(1, 32, 32, 16.5, 2).validate().is_err());
+        assert!(SoftmaxCols::new(86, 12, 12, 1.0).validate().is_err());
+        // The largest `g` at the most blocks: its last row's offset encodes.
+        let code = SoftmaxCols::shifted(85, 12, 12, 1.0, 12).emit(0).unwrap();
+        assert!(tessera_isa::encode(&code.words).is_ok());
         // Refused parameters still estimate without failing.
         for k in [
             SoftmaxCols::new(0, 0, 0, 1.0),
             SoftmaxCols::new(1, 16, 3, 1.0),
+            SoftmaxCols::maxima(1, 16, 3),
+            SoftmaxCols::shifted(1, 16, 3, 1.0, 2),
+            SoftmaxCols::shifted(1, 16, 16, 1.0, 0),
         ] {
             let _ = k.estimate_cycles();
         }
+    }
+
+    #[test]
+    fn modes_have_their_own_symbols_operands_and_snippets() {
+        let full = SoftmaxCols::new(2, 40, 13, 1.0);
+        let max = SoftmaxCols::maxima(2, 40, 13);
+        let sh = SoftmaxCols::shifted(2, 40, 13, 1.0, 3);
+        assert_eq!(full.symbol(), "softmax_cols_f16_b2_r40_n13_u");
+        assert_eq!(max.symbol(), "softmax_cols_f16_b2_r40_n13_max");
+        assert_eq!(sh.symbol(), "softmax_cols_f16_b2_r40_n13_u_sh3");
+        assert_eq!(
+            SoftmaxCols::shifted(2, 40, 13, 0.5, 3).symbol(),
+            "softmax_cols_f16_b2_r40_n13_sh3"
+        );
+        let ops = |k: &SoftmaxCols| {
+            k.contract()
+                .operands
+                .iter()
+                .map(|o| (o.name.clone(), o.role, o.bytes))
+                .collect::<Vec<_>>()
+        };
+        let state = |k: &SoftmaxCols| k.state_bytes();
+        assert_eq!(
+            ops(&max),
+            [
+                ("in".to_string(), Role::Input, 2 * 40 * 32),
+                ("max".to_string(), Role::Output, 64),
+                ("state".to_string(), Role::State, state(&max)),
+            ]
+        );
+        assert_eq!(
+            ops(&sh),
+            [
+                ("in".to_string(), Role::Input, 2 * 40 * 32),
+                ("out".to_string(), Role::Output, 2 * 40 * 32),
+                ("maxes".to_string(), Role::Input, 3 * 64),
+                ("sum".to_string(), Role::Output, 128),
+                ("state".to_string(), Role::State, state(&sh)),
+            ]
+        );
+        // Records, the group table, then only the scratch a mode's launches use.
+        assert_eq!(state(&full), 336 + 32 + 6 * 24 * 8);
+        assert_eq!(state(&max), 336 + 32 + 6 * 8 * 8);
+        assert_eq!(state(&sh), 336 + 32 + 6 * 16 * 8);
+        assert_eq!(full.contract().supervisor_bytes, 40);
+        assert_eq!(max.contract().supervisor_bytes, 28);
+        assert_eq!(sh.contract().supervisor_bytes, 28);
     }
 
     #[test]
@@ -569,6 +890,12 @@ mod tests {
             SoftmaxCols::new(1, 736, 729, 0.125),
             SoftmaxCols::new(2, 736, 729, 0.125),
             SoftmaxCols::new(3, 40, 13, 0.5),
+            SoftmaxCols::maxima(1, 736, 729),
+            SoftmaxCols::maxima(3, 40, 13),
+            SoftmaxCols::shifted(1, 736, 729, 0.125, 2),
+            SoftmaxCols::shifted(2, 736, 729, 1.0, 1),
+            SoftmaxCols::shifted(3, 40, 13, 0.5, 6),
+            SoftmaxCols::shifted(1, 40, 13, 1.0, 5),
         ] {
             crate::tests::assert_no_padding_nop(&k);
         }

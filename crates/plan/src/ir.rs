@@ -9,8 +9,8 @@ use std::fmt;
 use serde::Serialize;
 use tessera_kernels::{
     Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, Contract, ExpShift, Gelu, Kernel,
-    LayerNorm, MemClass, Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax,
-    SoftmaxCols, TransposeBlocks, ZeroFill,
+    LayerNorm, MemClass, Rearrange, RecipSum, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows,
+    Softmax, SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -85,6 +85,7 @@ pub enum KernelKind {
     ScaleRows(ScaleRows),
     ScaleCols(ScaleCols),
     SoftmaxCols(SoftmaxCols),
+    RecipSum(RecipSum),
 }
 
 impl KernelKind {
@@ -109,6 +110,7 @@ impl KernelKind {
             KernelKind::ScaleRows(k) => k,
             KernelKind::ScaleCols(k) => k,
             KernelKind::SoftmaxCols(k) => k,
+            KernelKind::RecipSum(k) => k,
         }
     }
     pub fn contract(&self) -> Contract {
@@ -146,6 +148,7 @@ kernel_kind_from!(
     ScaleRows => ScaleRows,
     ScaleCols => ScaleCols,
     SoftmaxCols => SoftmaxCols,
+    RecipSum => RecipSum,
 );
 
 /// A place inside a buffer.

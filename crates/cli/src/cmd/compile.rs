@@ -84,6 +84,10 @@ pub struct ModelArgs {
     /// apply.
     #[arg(long, hide = true)]
     pub row_attention: bool,
+    /// Give every transposed attention's tiles whole keys, also where its groups
+    /// are an odd number of tiles and the key cut would apply (for comparisons).
+    #[arg(long, hide = true)]
+    pub whole_keys: bool,
     /// Test hook: lower an attention with a constant query (the pooling head) with
     /// its projections as they are, not absorbed.
     #[arg(long, hide = true)]
@@ -233,6 +237,7 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
         opts.exploit_declared_alignment = true;
     }
     opts.lower.row_attention = a.row_attention;
+    opts.lower.whole_keys = a.whole_keys;
     opts.lower.unabsorbed = a.unabsorbed_head;
     opts.keep_layouts = a.profile.is_some();
     if a.finalists <= 1 {
@@ -1392,6 +1397,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         weaken_rearrange_contract: false,
         mutate_kernel: None,
         row_attention: false,
+        whole_keys: false,
         unabsorbed_head: false,
         tokens: false,
         // Each variant keeps the rules' defaults, so that only the assumption moves.

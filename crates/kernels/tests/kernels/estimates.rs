@@ -117,6 +117,10 @@ fn estimates_track_simulation() {
     for n in [1, 3, 4, 5, 8, 9, 31, 32, 729] {
         check_exact(&RowMax::new(n));
     }
+    // Idle workers, the odd tail (with and without pairs), the attention's sizes.
+    for n in [1, 2, 3, 7, 11, 12, 13, 16, 64, 80, 96, 97, 1000] {
+        check_exact(&tessera_kernels::RecipSum::new(n));
+    }
     for n in [1, 2, 9, 16, 729] {
         check_exact(&ColMax::new(n));
     }
@@ -174,6 +178,20 @@ fn estimates_track_simulation() {
     for (blocks, rows, n) in [(1, 736, 729), (2, 736, 729), (1, 12, 12), (3, 40, 13)] {
         check_exact(&SoftmaxCols::new(blocks, rows, n, 0.125));
         check_exact(&SoftmaxCols::new(blocks, rows, n, 1.0));
+    }
+    for (blocks, rows, n) in [
+        (1, 736, 729),
+        (2, 736, 729),
+        (1, 12, 12),
+        (3, 40, 13),
+        (4, 416, 416),
+        (5, 320, 313),
+    ] {
+        check_exact(&SoftmaxCols::maxima(blocks, rows, n));
+        for g in [1, 2, 6] {
+            check_exact(&SoftmaxCols::shifted(blocks, rows, n, 0.125, g));
+            check_exact(&SoftmaxCols::shifted(blocks, rows, n, 1.0, g));
+        }
     }
     for (kc, tb) in [(1, 1), (1, 7), (2, 3), (3, 13), (5, 46)] {
         check_exact(&TransposeBlocks::new(kc, tb));

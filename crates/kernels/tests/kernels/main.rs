@@ -9,6 +9,7 @@ mod layernorm;
 mod layouts;
 mod matmul;
 mod rearrange;
+mod recip_sum;
 mod scale_cols;
 mod scale_rows;
 mod softmax;

@@ -50,6 +50,8 @@ use tessera_kernels::{
 
 use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
+
+mod split_keys;
 use crate::ir::*;
 use crate::lower::ctx::Lowering;
 use crate::matmul::AMP_WIDTH;
@@ -421,6 +423,34 @@ pub(crate) fn attention(
                 "{name}: heads of {} dimensions read packed from the projections ({} columns a head, none of padding); each head's {} chunks from its 16-column boundary, the neighbouring heads' rows of Q^T zeroed",
                 op.d, op.stride, kc
             ));
+        }
+        let split = (!lw.opts.whole_keys)
+            .then(|| {
+                split_keys::split_geometry(
+                    &lw.machine.timing,
+                    tiles,
+                    (op.batch, op.heads, op.tq, op.t),
+                    (op.d, op.scale),
+                )
+            })
+            .flatten();
+        if let Some(sg) = split {
+            let [h1, h2] = sg.halves;
+            lw.plan.decisions.push(format!(
+                "{name}: {} images x {} heads, {} tiles each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} tiles with {} query blocks over keys {}..{}, {} tiles with {} over keys {}..{}; maxima exchanged, the second run's products merged on the first's tiles",
+                op.batch,
+                op.heads,
+                sg.group,
+                h1.tiles,
+                h1.qb,
+                h1.kb0 * AMP_WIDTH,
+                (h1.kb0 + h1.kbn) * AMP_WIDTH,
+                h2.tiles,
+                h2.qb,
+                h2.kb0 * AMP_WIDTH,
+                op.t
+            ));
+            return split_keys::lower(lw, op, sg);
         }
         lw.plan.decisions.push(format!(
             "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} value blocks; keys {} padded to {}; scores transposed (K Q^T)",
@@ -861,12 +891,22 @@ fn transposed(
     }
     lw.exchange(&format!("{name}.vt"), copies);
 
-    // `(e V)^T = V^T e^T`, each query's column scaled by its `1/sum`, back to the
-    // context's layout. Packed, a head's dimensions sit `lead` rows into its
-    // chunks, as they do in the projections.
-    let packed = op.stride != op.dp;
+    // `(e V)^T = V^T e^T`, then each query's column scaled by its `1/sum` and
+    // back to the context's layout.
     let step = lw.compute_step();
-    for w in &work {
+    let fin: Vec<Finish> = work
+        .iter()
+        .map(|w| Finish {
+            s: w.s,
+            nbq: w.nbq,
+            ev: w.ctxt,
+            recip: w.recip,
+            ctxs: w.ctxs,
+            ctx: w.ctx,
+        })
+        .collect();
+    finish(lw, op, step, &fin, &mut |lw, i| {
+        let w = &work[i];
         amp(
             lw,
             w.s.tile,
@@ -877,6 +917,37 @@ fn transposed(
             at(w.st),
             at(w.ctxt),
         );
+    })
+}
+
+/// A tile that finishes a run of query blocks: `(e V)^T` in `ev`, `[nbq][d][16]`,
+/// and each query's `1/sum` in `recip`; `ctxs` and `ctx` as [`ColWork`] has them.
+struct Finish {
+    s: Slot,
+    nbq: u32,
+    ev: BufId,
+    recip: BufId,
+    ctxs: BufId,
+    ctx: BufId,
+}
+
+/// Each query's column of `(e V)^T` scaled by its `1/sum` (in `step`, each tile's
+/// after what `produce` emits for it: the calls that make its `ev` and `recip`),
+/// back to the context's layout. Packed, a head's dimensions sit `lead` rows into
+/// its chunks, as they do in the projections.
+fn finish(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    step: Step,
+    work: &[Finish],
+    produce: &mut dyn FnMut(&mut Lowering<'_>, usize),
+) -> Result<DistTensor, PlanError> {
+    let name = op.name;
+    let kc = op.padded().0;
+    let at = |buf| Loc { buf, offset: 0 };
+    let packed = op.stride != op.dp;
+    for (i, w) in work.iter().enumerate() {
+        produce(lw, i);
         let lead = op.lead(w.s.h);
         if !packed {
             zero_rows(lw, (w.s.tile, step), w.nbq, w.ctxs, (op.d, op.dp));
@@ -895,7 +966,7 @@ fn transposed(
             step,
             ScaleCols::new(op.d, w.nbq).with_out_rows(op.dp),
             &[
-                ("in", at(w.ctxt)),
+                ("in", at(w.ev)),
                 (
                     "out",
                     Loc {
@@ -941,7 +1012,7 @@ fn transposed(
     }
     let step = if packed { lw.compute_step() } else { step };
     let mut out = Vec::new();
-    for w in &work {
+    for w in work {
         lw.call(
             w.s.tile,
             step,

@@ -71,6 +71,10 @@ pub struct LowerOptions {
     /// Lower every multi-query attention with scores `Q K^T` and the row softmax
     /// (for tests of that path), not only where the transposed one does not apply.
     pub row_attention: bool,
+    /// Give every transposed attention's tiles whole keys, also where its groups
+    /// are an odd number of tiles and the key cut would apply (for tests and
+    /// measurements that compare the two).
+    pub whole_keys: bool,
     /// Lower attentions with a constant query with their projections as they are
     /// (for tests that compare the absorbed lowering with it).
     pub unabsorbed: bool,
@@ -89,6 +93,7 @@ impl Default for LowerOptions {
             rearrange_inputs: false,
             even_rows: true,
             row_attention: false,
+            whole_keys: false,
             unabsorbed: false,
             choices: BTreeMap::new(),
         }

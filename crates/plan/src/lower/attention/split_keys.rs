@@ -1,0 +1,629 @@
+//! The transposed attention with each head's keys cut in two runs, for groups of
+//! an odd number of tiles. A group of whole-key tiles that does not fill whole bus
+//! pairs shares a pair with the next group, whose tiles receive other keys and
+//! values: that pair receives at the single-port rate and sets both big
+//! exchanges' time (So400m at batch 4: 23 tiles a head, 55.7k cycles where the
+//! paired rate would take 28k). Here a group takes an even number of tiles, whole
+//! bus pairs, and each half of it one run of the keys: every tile receives its
+//! run's keys and values at the paired rate, about half the bytes.
+//!
+//! Per tile of a half: `S^T = K_run Q^T` for its query blocks, the column maxima
+//! over its run (`softmax_cols` in its maxima form); the tiles holding the same
+//! queries in the two halves exchange those maxima, so both shift their
+//! exponentials by the maximum over all keys (`softmax_cols` in its shifted form,
+//! which leaves each column's sum), and their `V_run^T e^T` add up as they are.
+//! The tile of the first half merges: the other's product and sums come to it,
+//! it adds the two products (`add`), takes `1/(sum1 + sum2)`
+//! (`recip_sum`) and finishes as the whole-key path does.
+//!
+//! The halves' query blocks a tile and key runs are chosen so that the busiest
+//! tile's `S^T`, softmax and `V^T e^T` (each proportional to query blocks times
+//! key blocks) are as small as can be: the first half takes `ceil(P / 2)` of the
+//! group's `P` bus pairs.
+
+use tessera_kernels::{Add, AmpMatmul, RecipSum, SoftmaxCols, TransposeBlocks, ZeroFill};
+use tessera_machine::Timing;
+
+use super::{Attention, Finish, Run, ValueTransposer, amp, finish, transpose_run, zero_rows};
+use super::{Slot, geometry};
+use crate::PlanError;
+use crate::dist::{DistTensor, Part};
+use crate::ir::*;
+use crate::lower::ctx::Lowering;
+use crate::matmul::AMP_WIDTH;
+
+/// One half of a group: its tiles and its run of the keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Half {
+    /// Its first tile within the group and its tiles (an even count).
+    pub tile0: u32,
+    pub tiles: u32,
+    /// Its key blocks `kb0..kb0 + kbn` (16 keys each).
+    pub kb0: u32,
+    pub kbn: u32,
+    /// Query blocks a tile (the last tiles may hold fewer, or none).
+    pub qb: u32,
+}
+
+/// How the key cut lays out every (image, head) pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SplitGeometry {
+    /// Tiles of a pair's group, from tile `pair * group`: an even count.
+    pub group: u32,
+    pub halves: [Half; 2],
+}
+
+/// Smallest run of real keys a half may have: the column softmax's two rows a
+/// worker.
+const MIN_KEYS: u32 = 12;
+
+/// The key cut for these shapes, when the whole-key transposed path's groups are
+/// an odd number of tiles (more than one pair, so that groups share bus pairs) and
+/// the cut's cost, by [`cost`], is below the whole-key path's.
+pub(crate) fn split_geometry(
+    timing: &Timing,
+    tiles: u32,
+    (batch, heads, tq, t): (u32, u32, u32, u32),
+    (d, scale): (u32, f32),
+) -> Option<SplitGeometry> {
+    let pairs = batch * heads;
+    let (path, whole, rows_per, ..) = geometry(tiles, false, (batch, heads, tq, t), scale);
+    if path != super::Path::Transposed || pairs < 2 || whole % 2 == 0 {
+        return None;
+    }
+    let group = whole - 1;
+    let bus_pairs = group / 2;
+    if bus_pairs < 2 {
+        return None;
+    }
+    let (nb, tb) = (tq.div_ceil(AMP_WIDTH), t.div_ceil(AMP_WIDTH));
+    let t1 = 2 * bus_pairs.div_ceil(2);
+    let t2 = group - t1;
+    let (q1, q2) = (nb.div_ceil(t1), nb.div_ceil(t2));
+    // The first run's key blocks: the busiest tile's query-key block products as
+    // small as can be, each run with enough real keys.
+    let kb1 = (1..tb)
+        .filter(|&k| k * AMP_WIDTH >= MIN_KEYS && t.saturating_sub(k * AMP_WIDTH) >= MIN_KEYS)
+        .min_by_key(|&k| ((q1 * k).max(q2 * (tb - k)), k))?;
+    let sg = SplitGeometry {
+        group,
+        halves: [
+            Half {
+                tile0: 0,
+                tiles: t1,
+                kb0: 0,
+                kbn: kb1,
+                qb: q1,
+            },
+            Half {
+                tile0: t1,
+                tiles: t2,
+                kb0: kb1,
+                kbn: tb - kb1,
+                qb: q2,
+            },
+        ],
+    };
+    let whole_cost = cost(timing, (t, d, scale), None, rows_per.div_ceil(AMP_WIDTH));
+    let split_cost = cost(timing, (t, d, scale), Some(&sg), 0);
+    (split_cost < whole_cost).then_some(sg)
+}
+
+/// Estimated cycles of the busiest tile's kernels and of the exchanges that differ
+/// between the two paths: with whole keys (`sg` none, `nbq` query blocks a tile)
+/// the keys and values at the single-port rate (the shared bus pairs set the
+/// steps' time); with the cut, each half's busiest tile, its run at the paired
+/// rate, and the merge (its exchange, an exchange and a sync more, its kernels).
+fn cost(
+    timing: &Timing,
+    (t, d, scale): (u32, u32, f32),
+    sg: Option<&SplitGeometry>,
+    nbq: u32,
+) -> u64 {
+    let kc = d.div_ceil(AMP_WIDTH);
+    let tb = t.div_ceil(AMP_WIDTH);
+    let rate = u64::from(timing.exchange_bytes_per_cycle);
+    let est = |k: &dyn tessera_kernels::Kernel| k.estimate_cycles_with(timing);
+    // K and V^T of `kb` key blocks: `[kc][16 kb][16]` and `[kb][d][16]`.
+    let run_bytes = |kb: u32| u64::from(kb * AMP_WIDTH * (kc * AMP_WIDTH + d) * 2);
+    let tile = |kb: u32, q: u32, softmax: u64| {
+        est(&AmpMatmul::new(kb * AMP_WIDTH, kc, q))
+            + softmax
+            + est(&AmpMatmul::new(d, kb, q))
+            + 2 * est(&TransposeBlocks::new(kc, q))
+    };
+    let Some(sg) = sg else {
+        let softmax = est(&SoftmaxCols::new(nbq, tb * AMP_WIDTH, t, scale));
+        return tile(tb, nbq, softmax) + run_bytes(tb) / rate;
+    };
+    let per_half = sg.halves.map(|h| {
+        let kp = h.kbn * AMP_WIDTH;
+        let real = kp.min(t - h.kb0 * AMP_WIDTH);
+        let softmax = est(&SoftmaxCols::maxima(h.qb, kp, real))
+            + est(&SoftmaxCols::shifted(h.qb, kp, real, scale, 2));
+        (tile(h.kbn, h.qb, softmax), run_bytes(h.kbn) / (2 * rate))
+    });
+    let q = sg.halves[0].qb;
+    let merge = est(&Add::new(q * d * AMP_WIDTH))
+        + est(&RecipSum::new(q * AMP_WIDTH))
+        + u64::from(q * (d * 32 + 64)) / rate
+        + u64::from(timing.exchange_overhead_cycles + timing.sync_cycles);
+    per_half.iter().map(|p| p.0).max().unwrap_or(0)
+        + per_half.iter().map(|p| p.1).max().unwrap_or(0)
+        + merge
+}
+
+/// A tile of a half that holds query blocks `blk0..blk0 + nbq` of its pair.
+struct RunWork {
+    s: Slot,
+    half: usize,
+    blk0: u32,
+    nbq: u32,
+    q_amp: BufId,
+    qt: BufId,
+    /// Its run's keys, `[kc][16 kbn][16]`.
+    k: BufId,
+    /// `S^T`, `[nbq][16 kbn][16]`; then `e^T` in place.
+    st: BufId,
+    /// Column maxima `[2][nbq][16]` f16: its own, then the other half's.
+    maxes: BufId,
+    /// Each query's sum of `e` over the run, f32.
+    sums: BufId,
+    /// Its run's `V^T` rows, `[kbn][d][16]`.
+    vt: BufId,
+    /// `V_run^T e^T`, `[nbq][d][16]`; in the first half, followed by the other
+    /// half's.
+    ev: BufId,
+    /// The first half's merge: the other half's sums, the products' sum, `1/sum`,
+    /// and the finishing buffers.
+    merge: Option<Merge>,
+}
+
+struct Merge {
+    sums2: BufId,
+    evsum: BufId,
+    recip: BufId,
+    ctxs: BufId,
+    ctx: BufId,
+}
+
+pub(super) fn lower(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    sg: SplitGeometry,
+) -> Result<DistTensor, PlanError> {
+    let name = op.name;
+    let tiles = lw.machine.tiles;
+    let (kc, _, _) = op.padded();
+    let nb = op.tq.div_ceil(AMP_WIDTH);
+    let mut work: Vec<RunWork> = Vec::new();
+    let mut trans = Vec::new();
+    // Per pair and half, the index in `work` of its first tile.
+    let mut first = Vec::new();
+    for pair in 0..op.batch * op.heads {
+        let (b, h) = (pair / op.heads, pair % op.heads);
+        let base = pair * sg.group;
+        let mut firsts = [0usize; 2];
+        for (hi, half) in sg.halves.iter().enumerate() {
+            firsts[hi] = work.len();
+            let kp = half.kbn * AMP_WIDTH;
+            for i in 0..half.tiles {
+                let blk0 = i * half.qb;
+                if blk0 >= nb {
+                    break;
+                }
+                let nbq = half.qb.min(nb - blk0);
+                let r0 = blk0 * AMP_WIDTH;
+                let s = Slot {
+                    tile: (base + half.tile0 + i) % tiles,
+                    b,
+                    h,
+                    pair,
+                    r0,
+                    rows: (nbq * AMP_WIDTH).min(op.tq - r0),
+                };
+                let mut blk = |what: &str, bytes: u32| lw.activation(s.tile, name, what, bytes);
+                let evb = nbq * op.d * 32;
+                let merge = (hi == 0).then(|| Merge {
+                    sums2: blk("sums2", nbq * 64),
+                    evsum: blk("ev.sum", evb),
+                    recip: blk("recip", nbq * 64),
+                    ctxs: blk(
+                        "ctx.ts",
+                        nbq * op.dp * 32
+                            + if op.stride != op.dp {
+                                AMP_WIDTH * 32
+                            } else {
+                                0
+                            },
+                    ),
+                    ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
+                });
+                work.push(RunWork {
+                    s,
+                    half: hi,
+                    blk0,
+                    nbq,
+                    q_amp: blk("q", nbq * AMP_WIDTH * op.dp * 2),
+                    qt: blk("qt", nbq * kc * 512),
+                    k: blk("k", kp * op.dp * 2),
+                    st: blk("scores.t", nbq * kp * 32),
+                    maxes: blk("maxes", 2 * nbq * 32),
+                    sums: blk("sums", nbq * 64),
+                    vt: blk("vt", half.kbn * op.d * 32),
+                    ev: blk("ev", if hi == 0 { 2 * evb } else { evb }),
+                    merge,
+                });
+            }
+            let share = half.kbn.div_ceil(half.tiles);
+            for m in 0..half.kbn.div_ceil(share) {
+                let run = Run {
+                    tile: (base + half.tile0 + m) % tiles,
+                    b,
+                    h,
+                    pair,
+                    m,
+                    blk0: half.kb0 + m * share,
+                    nbk: share.min(half.kbn - m * share),
+                };
+                let mut blk = |what: &str, bytes: u32| {
+                    lw.buffer(
+                        run.tile,
+                        format!("{name}.{what}"),
+                        bytes,
+                        Category::Activation,
+                    )
+                };
+                trans.push((
+                    hi,
+                    ValueTransposer {
+                        run,
+                        vpart: blk("v.part", run.nbk * kc * 512),
+                        out: blk("vt.part", run.nbk * kc * 512),
+                    },
+                ));
+            }
+        }
+        first.push(firsts);
+    }
+    // The tile of `pair`'s half `hi` holding query block `j`.
+    let holder =
+        |pair: u32, hi: usize, j: u32| first[pair as usize][hi] + (j / sg.halves[hi].qb) as usize;
+
+    let (q_src, q_first) = op.q;
+    let (k_src, k_first) = op.k;
+    let (v_src, v_first) = op.v;
+    let at = |buf| Loc { buf, offset: 0 };
+
+    // Queries and the run's keys to the row tiles, value blocks to the
+    // transposers.
+    let mut q_parts = Vec::new();
+    let mut k_parts = Vec::new();
+    for w in &work {
+        let half = sg.halves[w.half];
+        let r = if op.shared_q { 0 } else { w.s.b * op.tq } + w.s.r0;
+        let key0 = half.kb0 * AMP_WIDTH;
+        let real = (half.kbn * AMP_WIDTH).min(op.t - key0);
+        let rk = w.s.b * op.t + key0;
+        for c in 0..kc {
+            q_parts.push(op.chunk(w.q_amp, c * w.nbq * 512, r..r + w.s.rows, q_first, w.s.h, c));
+            k_parts.push(op.chunk(
+                w.k,
+                c * half.kbn * AMP_WIDTH * 32,
+                rk..rk + real,
+                k_first,
+                w.s.h,
+                c,
+            ));
+        }
+    }
+    let v_parts: Vec<Part> = trans
+        .iter()
+        .flat_map(|(_, t)| op.run_parts(t.vpart, &t.run, v_first))
+        .collect();
+    let mut copies = op.gather(q_src, q_parts, "queries")?;
+    copies.extend(op.gather(k_src, k_parts, "keys")?);
+    copies.extend(op.gather(v_src, v_parts, "values")?);
+    lw.exchange(&format!("{name}.qkv"), copies);
+
+    // Value blocks transposed; per row tile `Q^T`, `S^T = K_run Q^T` and its
+    // column maxima.
+    let step = lw.compute_step();
+    for (_, t) in &trans {
+        transpose_run(lw, op, &t.run, step, t.vpart, at(t.out));
+    }
+    for w in &work {
+        let half = sg.halves[w.half];
+        let kp = half.kbn * AMP_WIDTH;
+        let real = kp.min(op.t - half.kb0 * AMP_WIDTH);
+        zero_rows(
+            lw,
+            (w.s.tile, step),
+            kc,
+            w.q_amp,
+            (w.s.rows, w.nbq * AMP_WIDTH),
+        );
+        zero_rows(lw, (w.s.tile, step), kc, w.k, (real, kp));
+        lw.call(
+            w.s.tile,
+            step,
+            TransposeBlocks::new(kc, w.nbq),
+            &[("in", at(w.q_amp)), ("out", at(w.qt))],
+        );
+        if op.stride != op.dp {
+            // As in the whole-key path: the neighbouring heads' rows of `Q^T`.
+            let lead = op.lead(w.s.h);
+            for (row0, rows) in [(0, lead), (lead + op.d, kc * AMP_WIDTH - lead - op.d)] {
+                if rows > 0 {
+                    lw.call(
+                        w.s.tile,
+                        step,
+                        ZeroFill::new(w.nbq, rows * 32, kc * 512),
+                        &[(
+                            "out",
+                            Loc {
+                                buf: w.qt,
+                                offset: row0 * 32,
+                            },
+                        )],
+                    );
+                }
+            }
+        }
+        amp(
+            lw,
+            w.s.tile,
+            step,
+            name,
+            (kp, kc, w.nbq),
+            at(w.k),
+            at(w.qt),
+            at(w.st),
+        );
+        lw.call(
+            w.s.tile,
+            step,
+            SoftmaxCols::maxima(w.nbq, kp, real),
+            &[("in", at(w.st)), ("max", at(w.maxes))],
+        );
+    }
+
+    // The run's `V^T` to the half's row tiles; each query block's maxima to the
+    // tile of the other half that holds it.
+    let mut copies = Vec::new();
+    let vt_block = op.d * 32;
+    for (hi, t) in &trans {
+        let kb0 = sg.halves[*hi].kb0;
+        let lead = op.lead(t.run.h);
+        let blocks = if op.d == op.dp {
+            vec![(0, t.run.nbk * kc * 512)]
+        } else {
+            (0..t.run.nbk).map(|j| (j, vt_block)).collect()
+        };
+        for (j, bytes) in blocks {
+            let dsts: Vec<Loc> = work
+                .iter()
+                .filter(|w| w.s.pair == t.run.pair && w.half == *hi)
+                .map(|w| Loc {
+                    buf: w.vt,
+                    offset: (t.run.blk0 - kb0 + j) * vt_block,
+                })
+                .collect();
+            if !dsts.is_empty() {
+                copies.push(Copy {
+                    src: Loc {
+                        buf: t.out,
+                        offset: j * kc * 512 + lead * 32,
+                    },
+                    bytes,
+                    dsts,
+                });
+            }
+        }
+    }
+    for w in &work {
+        for j in w.blk0..w.blk0 + w.nbq {
+            let o = &work[holder(w.s.pair, 1 - w.half, j)];
+            copies.push(Copy {
+                src: Loc {
+                    buf: w.maxes,
+                    offset: (j - w.blk0) * 32,
+                },
+                bytes: 32,
+                dsts: vec![Loc {
+                    buf: o.maxes,
+                    offset: (o.nbq + j - o.blk0) * 32,
+                }],
+            });
+        }
+    }
+    lw.exchange(&format!("{name}.vt"), copies);
+
+    // The exponentials shifted by the maxima over both runs, their sums, and
+    // `V_run^T e^T`.
+    let step = lw.compute_step();
+    for w in &work {
+        let half = sg.halves[w.half];
+        let kp = half.kbn * AMP_WIDTH;
+        let real = kp.min(op.t - half.kb0 * AMP_WIDTH);
+        lw.call(
+            w.s.tile,
+            step,
+            SoftmaxCols::shifted(w.nbq, kp, real, op.scale, 2),
+            &[
+                ("in", at(w.st)),
+                ("out", at(w.st)),
+                ("maxes", at(w.maxes)),
+                ("sum", at(w.sums)),
+            ],
+        );
+        amp(
+            lw,
+            w.s.tile,
+            step,
+            name,
+            (op.d, half.kbn, w.nbq),
+            at(w.vt),
+            at(w.st),
+            at(w.ev),
+        );
+    }
+
+    // The second half's products and sums to the first half's tile of each query
+    // block, a copy per run of blocks that stays on one tile.
+    let mut copies = Vec::new();
+    for w in work.iter().filter(|w| w.half == 1) {
+        let mut j = w.blk0;
+        while j < w.blk0 + w.nbq {
+            let o = &work[holder(w.s.pair, 0, j)];
+            let end = (o.blk0 + o.nbq).min(w.blk0 + w.nbq);
+            let n = end - j;
+            let m = o.merge.as_ref().expect("first-half tiles merge");
+            copies.push(Copy {
+                src: Loc {
+                    buf: w.ev,
+                    offset: (j - w.blk0) * vt_block,
+                },
+                bytes: n * vt_block,
+                dsts: vec![Loc {
+                    buf: o.ev,
+                    offset: (o.nbq + j - o.blk0) * vt_block,
+                }],
+            });
+            copies.push(Copy {
+                src: Loc {
+                    buf: w.sums,
+                    offset: (j - w.blk0) * 64,
+                },
+                bytes: n * 64,
+                dsts: vec![Loc {
+                    buf: m.sums2,
+                    offset: (j - o.blk0) * 64,
+                }],
+            });
+            j = end;
+        }
+    }
+    lw.exchange(&format!("{name}.merge"), copies);
+
+    // The merge, then the whole-key path's finish.
+    let step = lw.compute_step();
+    let mergers: Vec<&RunWork> = work.iter().filter(|w| w.merge.is_some()).collect();
+    fn merge(w: &RunWork) -> &Merge {
+        w.merge.as_ref().expect("a merging tile")
+    }
+    let fin: Vec<Finish> = mergers
+        .iter()
+        .map(|w| Finish {
+            s: w.s,
+            nbq: w.nbq,
+            ev: merge(w).evsum,
+            recip: merge(w).recip,
+            ctxs: merge(w).ctxs,
+            ctx: merge(w).ctx,
+        })
+        .collect();
+    finish(lw, op, step, &fin, &mut |lw, i| {
+        let w = mergers[i];
+        let m = merge(w);
+        let n = w.nbq * op.d * AMP_WIDTH;
+        lw.call(
+            w.s.tile,
+            step,
+            Add::new(n),
+            &[
+                ("a", at(w.ev)),
+                (
+                    "b",
+                    Loc {
+                        buf: w.ev,
+                        offset: n * 2,
+                    },
+                ),
+                ("out", at(m.evsum)),
+            ],
+        );
+        lw.call(
+            w.s.tile,
+            step,
+            RecipSum::new(w.nbq * AMP_WIDTH),
+            &[("a", at(w.sums)), ("b", at(m.sums2)), ("out", at(m.recip))],
+        );
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c600() -> Timing {
+        tessera_machine::Machine::c600().timing
+    }
+
+    #[test]
+    fn so400m_at_batch_4_cuts_its_keys_and_batch_2_does_not() {
+        // 23 tiles a head at batch 4: 22 of them, 12 on keys 0..416 with four
+        // query blocks each, 10 on keys 416..729 with five.
+        let sg = split_geometry(&c600(), 1472, (4, 16, 729, 729), (72, 1.0)).expect("cut");
+        assert_eq!(sg.group, 22);
+        assert_eq!(
+            sg.halves,
+            [
+                Half {
+                    tile0: 0,
+                    tiles: 12,
+                    kb0: 0,
+                    kbn: 26,
+                    qb: 4
+                },
+                Half {
+                    tile0: 12,
+                    tiles: 10,
+                    kb0: 26,
+                    kbn: 20,
+                    qb: 5
+                },
+            ]
+        );
+        // 46 tiles a head: whole bus pairs already.
+        assert_eq!(
+            split_geometry(&c600(), 1472, (2, 16, 729, 729), (72, 1.0)),
+            None
+        );
+        // One pair shares its bus pairs with nobody.
+        assert_eq!(
+            split_geometry(&c600(), 23, (1, 1, 729, 729), (72, 1.0)),
+            None
+        );
+    }
+
+    #[test]
+    fn every_run_has_enough_keys_and_tiles_cover_the_queries() {
+        let mut cuts = 0;
+        for tiles in [10u32, 14, 18, 22, 46, 70, 94, 1472] {
+            for (batch, heads, t) in [(1u32, 2u32, 81u32), (2, 2, 81), (1, 2, 49), (4, 16, 729)] {
+                let Some(sg) = split_geometry(&c600(), tiles, (batch, heads, t, t), (32, 1.0))
+                else {
+                    continue;
+                };
+                assert!(sg.group % 2 == 0 && sg.group * batch * heads <= tiles);
+                let nb = t.div_ceil(AMP_WIDTH);
+                let tb = nb;
+                let [a, b] = sg.halves;
+                assert_eq!(
+                    (a.tile0, b.tile0, a.tiles + b.tiles),
+                    (0, a.tiles, sg.group)
+                );
+                assert_eq!((a.kb0, b.kb0, a.kbn + b.kbn), (0, a.kbn, tb));
+                assert!(a.tiles % 2 == 0 && b.tiles % 2 == 0);
+                for h in [a, b] {
+                    assert!(h.qb * h.tiles >= nb);
+                    let real = (h.kbn * AMP_WIDTH).min(t - h.kb0 * AMP_WIDTH);
+                    assert!(real >= MIN_KEYS, "{tiles} {batch} {heads} {t}: {h:?}");
+                }
+                cuts += 1;
+            }
+        }
+        assert!(cuts >= 4, "{cuts}");
+    }
+}
