@@ -437,7 +437,7 @@ pub(crate) fn attention(
         if let Some(sg) = split {
             let [h1, h2] = sg.halves;
             lw.plan.decisions.push(format!(
-                "{name}: {} images x {} heads, {} tiles each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} tiles with {} query blocks over keys {}..{}, {} tiles with {} over keys {}..{}; maxima exchanged, the second run's products merged on the first's tiles",
+                "{name}: {} images x {} heads, {} tiles each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} tiles with {} query blocks over keys {}..{}, {} tiles with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
                 op.batch,
                 op.heads,
                 sg.group,
@@ -448,7 +448,8 @@ pub(crate) fn attention(
                 h2.tiles,
                 h2.qb,
                 h2.kb0 * AMP_WIDTH,
-                op.t
+                op.t,
+                split_keys::longest_merge(&sg, op.tq)
             ));
             return split_keys::lower(lw, op, sg);
         }

@@ -12,9 +12,10 @@
 //! queries in the two halves exchange those maxima, so both shift their
 //! exponentials by the maximum over all keys (`softmax_cols` in its shifted form,
 //! which leaves each column's sum), and their `V_run^T e^T` add up as they are.
-//! The tile of the first half merges: the other's product and sums come to it,
-//! it adds the two products (`add`), takes `1/(sum1 + sum2)`
-//! (`recip_sum`) and finishes as the whole-key path does.
+//! Each query block is merged by one of its two tiles, in runs spread over both
+//! halves ([`merge_runs`]): the other tile's products and sums come to it, it adds
+//! the two products (`add`), takes `1/(sum1 + sum2)` (`recip_sum`) and finishes
+//! as the whole-key path does.
 //!
 //! The halves' query blocks a tile and key runs are chosen so that the busiest
 //! tile's `S^T`, softmax and `V^T e^T` (each proportional to query blocks times
@@ -104,8 +105,13 @@ pub(crate) fn split_geometry(
             },
         ],
     };
-    let whole_cost = cost(timing, (t, d, scale), None, rows_per.div_ceil(AMP_WIDTH));
-    let split_cost = cost(timing, (t, d, scale), Some(&sg), 0);
+    let whole_cost = cost(
+        timing,
+        (tq, t, d, scale),
+        None,
+        rows_per.div_ceil(AMP_WIDTH),
+    );
+    let split_cost = cost(timing, (tq, t, d, scale), Some(&sg), 0);
     (split_cost < whole_cost).then_some(sg)
 }
 
@@ -116,7 +122,7 @@ pub(crate) fn split_geometry(
 /// rate, and the merge (its exchange, an exchange and a sync more, its kernels).
 fn cost(
     timing: &Timing,
-    (t, d, scale): (u32, u32, f32),
+    (tq, t, d, scale): (u32, u32, u32, f32),
     sg: Option<&SplitGeometry>,
     nbq: u32,
 ) -> u64 {
@@ -143,7 +149,7 @@ fn cost(
             + est(&SoftmaxCols::shifted(h.qb, kp, real, scale, 2));
         (tile(h.kbn, h.qb, softmax), run_bytes(h.kbn) / (2 * rate))
     });
-    let q = sg.halves[0].qb;
+    let q = longest_merge(sg, tq).max(1);
     let merge = est(&Add::new(q * d * AMP_WIDTH))
         + est(&RecipSum::new(q * AMP_WIDTH))
         + u64::from(q * (d * 32 + 64)) / rate
@@ -171,20 +177,99 @@ struct RunWork {
     sums: BufId,
     /// Its run's `V^T` rows, `[kbn][d][16]`.
     vt: BufId,
-    /// `V_run^T e^T`, `[nbq][d][16]`; in the first half, followed by the other
-    /// half's.
+    /// `V_run^T e^T`, `[nbq][d][16]`.
     ev: BufId,
-    /// The first half's merge: the other half's sums, the products' sum, `1/sum`,
-    /// and the finishing buffers.
+    /// The query blocks this tile merges, if any, with their buffers.
     merge: Option<Merge>,
 }
 
+/// A tile's merge of query blocks `blk0..blk0 + n` (within its own): the other
+/// half's products and sums, the products' sum, `1/sum`, and the finishing
+/// buffers.
 struct Merge {
+    blk0: u32,
+    n: u32,
+    ev2: BufId,
     sums2: BufId,
     evsum: BufId,
     recip: BufId,
     ctxs: BufId,
     ctx: BufId,
+}
+
+/// The most query blocks a tile merges.
+pub(crate) fn longest_merge(sg: &SplitGeometry, tq: u32) -> u32 {
+    merge_runs(sg, tq.div_ceil(AMP_WIDTH))
+        .iter()
+        .map(|r| r.3)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Which tile merges which query blocks: runs of blocks, each within one tile's
+/// blocks in either half, at most one run a tile, the longest run as short as can
+/// be (the merge, the scaling and the transposition back cost the busiest tile
+/// per block). As `(half, tile of the half, first block, blocks)`, in block order.
+fn merge_runs(sg: &SplitGeometry, nb: u32) -> Vec<(usize, u32, u32, u32)> {
+    let q = [sg.halves[0].qb, sg.halves[1].qb];
+    let lo = nb.div_ceil(sg.group).max(1);
+    for cap in lo..=q[0].max(q[1]) {
+        // From block `j`, with the holders of `j` already merging or not: the runs
+        // to the end, longest first, or none.
+        fn walk(
+            q: [u32; 2],
+            nb: u32,
+            cap: u32,
+            j: u32,
+            used: [bool; 2],
+            memo: &mut std::collections::HashMap<(u32, [bool; 2]), bool>,
+            out: &mut Vec<(usize, u32, u32, u32)>,
+        ) -> bool {
+            if j == nb {
+                return true;
+            }
+            if memo.get(&(j, used)) == Some(&false) {
+                return false;
+            }
+            let mut options = Vec::new();
+            for hi in 0..2 {
+                if used[hi] {
+                    continue;
+                }
+                let t = j / q[hi];
+                let end = ((t + 1) * q[hi]).min(nb).min(j + cap);
+                for e in (j + 1..=end).rev() {
+                    options.push((e, hi, t));
+                }
+            }
+            options.sort_by_key(|&(e, hi, _)| (std::cmp::Reverse(e), hi));
+            for (e, hi, t) in options {
+                // At `e`, a holder is in use if it is the same tile as at `j` and
+                // was in use, or took this run.
+                let mut next = [false; 2];
+                for (k, n) in next.iter_mut().enumerate() {
+                    let same = e < nb && e / q[k] == j / q[k];
+                    *n = same && (used[k] || k == hi);
+                }
+                out.push((hi, t, j, e - j));
+                if walk(q, nb, cap, e, next, memo, out) {
+                    return true;
+                }
+                out.pop();
+            }
+            memo.insert((j, used), false);
+            false
+        }
+        let mut out = Vec::new();
+        let mut memo = std::collections::HashMap::new();
+        if walk(q, nb, cap, 0, [false; 2], &mut memo, &mut out) {
+            return out;
+        }
+    }
+    // Each block merged by its first half's tile (always possible).
+    (0..nb.div_ceil(q[0]))
+        .map(|t| (0, t, t * q[0], q[0].min(nb - t * q[0])))
+        .collect()
 }
 
 pub(super) fn lower(
@@ -196,6 +281,7 @@ pub(super) fn lower(
     let tiles = lw.machine.tiles;
     let (kc, _, _) = op.padded();
     let nb = op.tq.div_ceil(AMP_WIDTH);
+    let runs = merge_runs(&sg, nb);
     let mut work: Vec<RunWork> = Vec::new();
     let mut trans = Vec::new();
     // Per pair and half, the index in `work` of its first tile.
@@ -223,22 +309,27 @@ pub(super) fn lower(
                     rows: (nbq * AMP_WIDTH).min(op.tq - r0),
                 };
                 let mut blk = |what: &str, bytes: u32| lw.activation(s.tile, name, what, bytes);
-                let evb = nbq * op.d * 32;
-                let merge = (hi == 0).then(|| Merge {
-                    sums2: blk("sums2", nbq * 64),
-                    evsum: blk("ev.sum", evb),
-                    recip: blk("recip", nbq * 64),
-                    ctxs: blk(
-                        "ctx.ts",
-                        nbq * op.dp * 32
-                            + if op.stride != op.dp {
-                                AMP_WIDTH * 32
-                            } else {
-                                0
-                            },
-                    ),
-                    ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
-                });
+                let merge = runs
+                    .iter()
+                    .find(|r| r.0 == hi && r.1 == i)
+                    .map(|&(_, _, m0, n)| Merge {
+                        blk0: m0,
+                        n,
+                        ev2: blk("ev2", n * op.d * 32),
+                        sums2: blk("sums2", n * 64),
+                        evsum: blk("ev.sum", n * op.d * 32),
+                        recip: blk("recip", n * 64),
+                        ctxs: blk(
+                            "ctx.ts",
+                            n * op.dp * 32
+                                + if op.stride != op.dp {
+                                    AMP_WIDTH * 32
+                                } else {
+                                    0
+                                },
+                        ),
+                        ctx: blk("ctx", n * AMP_WIDTH * op.dp * 2),
+                    });
                 work.push(RunWork {
                     s,
                     half: hi,
@@ -251,7 +342,7 @@ pub(super) fn lower(
                     maxes: blk("maxes", 2 * nbq * 32),
                     sums: blk("sums", nbq * 64),
                     vt: blk("vt", half.kbn * op.d * 32),
-                    ev: blk("ev", if hi == 0 { 2 * evb } else { evb }),
+                    ev: blk("ev", nbq * op.d * 32),
                     merge,
                 });
             }
@@ -469,36 +560,36 @@ pub(super) fn lower(
         );
     }
 
-    // The second half's products and sums to the first half's tile of each query
-    // block, a copy per run of blocks that stays on one tile.
+    // Each merged run's other products and sums to its tile, a copy per run of
+    // blocks the other half holds on one tile.
     let mut copies = Vec::new();
-    for w in work.iter().filter(|w| w.half == 1) {
-        let mut j = w.blk0;
-        while j < w.blk0 + w.nbq {
-            let o = &work[holder(w.s.pair, 0, j)];
-            let end = (o.blk0 + o.nbq).min(w.blk0 + w.nbq);
+    for w in &work {
+        let Some(m) = &w.merge else { continue };
+        let mut j = m.blk0;
+        while j < m.blk0 + m.n {
+            let o = &work[holder(w.s.pair, 1 - w.half, j)];
+            let end = (o.blk0 + o.nbq).min(m.blk0 + m.n);
             let n = end - j;
-            let m = o.merge.as_ref().expect("first-half tiles merge");
             copies.push(Copy {
                 src: Loc {
-                    buf: w.ev,
-                    offset: (j - w.blk0) * vt_block,
+                    buf: o.ev,
+                    offset: (j - o.blk0) * vt_block,
                 },
                 bytes: n * vt_block,
                 dsts: vec![Loc {
-                    buf: o.ev,
-                    offset: (o.nbq + j - o.blk0) * vt_block,
+                    buf: m.ev2,
+                    offset: (j - m.blk0) * vt_block,
                 }],
             });
             copies.push(Copy {
                 src: Loc {
-                    buf: w.sums,
-                    offset: (j - w.blk0) * 64,
+                    buf: o.sums,
+                    offset: (j - o.blk0) * 64,
                 },
                 bytes: n * 64,
                 dsts: vec![Loc {
                     buf: m.sums2,
-                    offset: (j - o.blk0) * 64,
+                    offset: (j - m.blk0) * 64,
                 }],
             });
             j = end;
@@ -515,8 +606,12 @@ pub(super) fn lower(
     let fin: Vec<Finish> = mergers
         .iter()
         .map(|w| Finish {
-            s: w.s,
-            nbq: w.nbq,
+            s: Slot {
+                r0: merge(w).blk0 * AMP_WIDTH,
+                rows: (merge(w).n * AMP_WIDTH).min(op.tq - merge(w).blk0 * AMP_WIDTH),
+                ..w.s
+            },
+            nbq: merge(w).n,
             ev: merge(w).evsum,
             recip: merge(w).recip,
             ctxs: merge(w).ctxs,
@@ -526,28 +621,38 @@ pub(super) fn lower(
     finish(lw, op, step, &fin, &mut |lw, i| {
         let w = mergers[i];
         let m = merge(w);
-        let n = w.nbq * op.d * AMP_WIDTH;
+        let off = m.blk0 - w.blk0;
         lw.call(
             w.s.tile,
             step,
-            Add::new(n),
+            Add::new(m.n * op.d * AMP_WIDTH),
             &[
-                ("a", at(w.ev)),
                 (
-                    "b",
+                    "a",
                     Loc {
                         buf: w.ev,
-                        offset: n * 2,
+                        offset: off * vt_block,
                     },
                 ),
+                ("b", at(m.ev2)),
                 ("out", at(m.evsum)),
             ],
         );
         lw.call(
             w.s.tile,
             step,
-            RecipSum::new(w.nbq * AMP_WIDTH),
-            &[("a", at(w.sums)), ("b", at(m.sums2)), ("out", at(m.recip))],
+            RecipSum::new(m.n * AMP_WIDTH),
+            &[
+                (
+                    "a",
+                    Loc {
+                        buf: w.sums,
+                        offset: off * 64,
+                    },
+                ),
+                ("b", at(m.sums2)),
+                ("out", at(m.recip)),
+            ],
         );
     })
 }
@@ -595,6 +700,32 @@ mod tests {
             split_geometry(&c600(), 23, (1, 1, 729, 729), (72, 1.0)),
             None
         );
+    }
+
+    #[test]
+    fn merges_spread_over_both_halves_one_run_a_tile() {
+        for (tiles, batch, heads, t, longest) in
+            [(1472u32, 4u32, 16u32, 729u32, 3u32), (10, 1, 2, 81, 2)]
+        {
+            let sg = split_geometry(&c600(), tiles, (batch, heads, t, t), (72, 1.0)).expect("cut");
+            let nb = t.div_ceil(AMP_WIDTH);
+            let runs = merge_runs(&sg, nb);
+            let mut next = 0;
+            let mut seen = std::collections::BTreeSet::new();
+            for &(hi, tile, m0, n) in &runs {
+                assert_eq!(m0, next, "{runs:?}");
+                let q = sg.halves[hi].qb;
+                assert!(
+                    n >= 1 && m0 / q == tile && (m0 + n - 1) / q == tile,
+                    "{runs:?}"
+                );
+                assert!(seen.insert((hi, tile)), "two runs on one tile: {runs:?}");
+                next = m0 + n;
+            }
+            assert_eq!(next, nb);
+            assert_eq!(runs.iter().map(|r| r.3).max(), Some(longest), "{runs:?}");
+            assert_eq!(longest_merge(&sg, t), longest);
+        }
     }
 
     #[test]
