@@ -143,6 +143,17 @@ impl Attention<'_> {
         (self.dp / AMP_WIDTH, tp, tp / AMP_WIDTH)
     }
 
+    /// Bytes of `nbq` query blocks of the scaled `(e V)^T`, `[nbq][dp][16]`: packed,
+    /// the scaled rows start `lead` rows in, so a block's worth more.
+    fn ctxs_bytes(&self, nbq: u32) -> u32 {
+        nbq * self.dp * 32
+            + if self.stride != self.dp {
+                AMP_WIDTH * 32
+            } else {
+                0
+            }
+    }
+
     /// Columns of the head before head `h`'s first chunk that its chunks hold
     /// (0 unless packed).
     fn lead(&self, h: u32) -> u32 {
@@ -740,16 +751,7 @@ fn transposed(
                 recip: blk("recip", nbq * 64),
                 vt: blk("vt", tb * op.d * 32),
                 ctxt: blk("ctx.t", nbq * op.d * 32),
-                // Packed, the scaled rows start `lead` rows in.
-                ctxs: blk(
-                    "ctx.ts",
-                    nbq * op.dp * 32
-                        + if op.stride != op.dp {
-                            AMP_WIDTH * 32
-                        } else {
-                            0
-                        },
-                ),
+                ctxs: blk("ctx.ts", op.ctxs_bytes(nbq)),
                 ctx: blk("ctx", nbq * AMP_WIDTH * op.dp * 2),
             });
         }
@@ -803,50 +805,13 @@ fn transposed(
         transpose_run(lw, op, &t.run, step, t.vpart, at(t.out));
     }
     for w in &work {
-        zero_rows(
+        scores(
             lw,
-            (w.s.tile, step),
-            kc,
-            w.q_amp,
-            (w.s.rows, w.nbq * AMP_WIDTH),
-        );
-        zero_rows(lw, (w.s.tile, step), kc, w.k, (op.t, tp));
-        lw.call(
-            w.s.tile,
+            op,
             step,
-            TransposeBlocks::new(kc, w.nbq),
-            &[("in", at(w.q_amp)), ("out", at(w.qt))],
-        );
-        if op.stride != op.dp {
-            // A packed head's chunks hold its neighbours' columns: their rows of
-            // `Q^T` are zeroed, so they add nothing to `S^T`.
-            let lead = op.lead(w.s.h);
-            for (row0, rows) in [(0, lead), (lead + op.d, kc * AMP_WIDTH - lead - op.d)] {
-                if rows > 0 {
-                    lw.call(
-                        w.s.tile,
-                        step,
-                        ZeroFill::new(w.nbq, rows * 32, kc * 512),
-                        &[(
-                            "out",
-                            Loc {
-                                buf: w.qt,
-                                offset: row0 * 32,
-                            },
-                        )],
-                    );
-                }
-            }
-        }
-        amp(
-            lw,
-            w.s.tile,
-            step,
-            name,
-            (tp, kc, w.nbq),
-            at(w.k),
-            at(w.qt),
-            at(w.st),
+            (&w.s, w.nbq),
+            [w.q_amp, w.qt, w.k, w.st],
+            (op.t, tp),
         );
         lw.call(
             w.s.tile,
@@ -860,35 +825,13 @@ fn transposed(
     // of each block, the rows of the head's `d` real dimensions (the padding
     // dimensions are zeros, and `V^T e^T` leaves them out).
     let mut copies = Vec::new();
-    let vt_block = op.d * 32;
     for t in &trans {
-        let lead = op.lead(t.run.h);
-        let blocks = if op.d == op.dp {
-            // Whole blocks are contiguous: one copy.
-            vec![(0, t.run.nbk * kc * 512)]
-        } else {
-            (0..t.run.nbk).map(|j| (j, vt_block)).collect()
-        };
-        for (j, bytes) in blocks {
-            let dsts: Vec<Loc> = work
-                .iter()
-                .filter(|w| w.s.pair == t.run.pair)
-                .map(|w| Loc {
-                    buf: w.vt,
-                    offset: (t.run.blk0 + j) * vt_block,
-                })
-                .collect();
-            if !dsts.is_empty() {
-                copies.push(Copy {
-                    src: Loc {
-                        buf: t.out,
-                        offset: j * kc * 512 + lead * 32,
-                    },
-                    bytes,
-                    dsts,
-                });
-            }
-        }
+        let dsts: Vec<BufId> = work
+            .iter()
+            .filter(|w| w.s.pair == t.run.pair)
+            .map(|w| w.vt)
+            .collect();
+        copies.extend(vt_copies(op, t, 0, &dsts));
     }
     lw.exchange(&format!("{name}.vt"), copies);
 
@@ -1286,6 +1229,96 @@ fn single_query(
         }
     }
     Ok(op.context(out))
+}
+
+/// A row tile's `S^T = K Q^T` in `step`: the padding of its `nbq` query blocks
+/// (`bufs`: queries, `Q^T`, keys, scores) and of its `kp` stored keys past the
+/// `real` ones zeroed, the queries transposed into the AMP weight layout, and, for
+/// packed heads, the neighbouring heads' rows of `Q^T` zeroed (their columns in
+/// the head's chunks then add nothing to `S^T`).
+fn scores(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    step: Step,
+    (s, nbq): (&Slot, u32),
+    [q_amp, qt, k, st]: [BufId; 4],
+    (real, kp): (u32, u32),
+) {
+    let kc = op.padded().0;
+    let at = |buf| Loc { buf, offset: 0 };
+    zero_rows(lw, (s.tile, step), kc, q_amp, (s.rows, nbq * AMP_WIDTH));
+    zero_rows(lw, (s.tile, step), kc, k, (real, kp));
+    lw.call(
+        s.tile,
+        step,
+        TransposeBlocks::new(kc, nbq),
+        &[("in", at(q_amp)), ("out", at(qt))],
+    );
+    if op.stride != op.dp {
+        let lead = op.lead(s.h);
+        for (row0, rows) in [(0, lead), (lead + op.d, kc * AMP_WIDTH - lead - op.d)] {
+            if rows > 0 {
+                lw.call(
+                    s.tile,
+                    step,
+                    ZeroFill::new(nbq, rows * 32, kc * 512),
+                    &[(
+                        "out",
+                        Loc {
+                            buf: qt,
+                            offset: row0 * 32,
+                        },
+                    )],
+                );
+            }
+        }
+    }
+    amp(
+        lw,
+        s.tile,
+        step,
+        op.name,
+        (kp, kc, nbq),
+        at(k),
+        at(qt),
+        at(st),
+    );
+}
+
+/// The copies of a transposer's blocks of `V^T` (its run from key block
+/// `t.run.blk0`) to `dsts`, each the `vt` buffer of a row tile whose blocks start
+/// at key block `kb0`: of each block the rows of the head's `d` real dimensions
+/// (the padding dimensions are zeros, and `V^T e^T` leaves them out).
+fn vt_copies(op: &Attention<'_>, t: &ValueTransposer, kb0: u32, dsts: &[BufId]) -> Vec<Copy> {
+    if dsts.is_empty() {
+        return Vec::new();
+    }
+    let kc = op.padded().0;
+    let vt_block = op.d * 32;
+    let lead = op.lead(t.run.h);
+    let blocks = if op.d == op.dp {
+        // Whole blocks are contiguous: one copy.
+        vec![(0, t.run.nbk * kc * 512)]
+    } else {
+        (0..t.run.nbk).map(|j| (j, vt_block)).collect()
+    };
+    blocks
+        .into_iter()
+        .map(|(j, bytes)| Copy {
+            src: Loc {
+                buf: t.out,
+                offset: j * kc * 512 + lead * 32,
+            },
+            bytes,
+            dsts: dsts
+                .iter()
+                .map(|&buf| Loc {
+                    buf,
+                    offset: (t.run.blk0 - kb0 + j) * vt_block,
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// One AMP product `(rows, kc, nb)` with its ping-pong partial buffers.

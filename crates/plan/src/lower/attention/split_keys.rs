@@ -22,10 +22,12 @@
 //! key blocks) are as small as can be: the first half takes `ceil(P / 2)` of the
 //! group's `P` bus pairs.
 
-use tessera_kernels::{Add, AmpMatmul, RecipSum, SoftmaxCols, TransposeBlocks, ZeroFill};
+use tessera_kernels::{Add, AmpMatmul, RecipSum, SoftmaxCols, TransposeBlocks};
 use tessera_machine::Timing;
 
-use super::{Attention, Finish, Run, ValueTransposer, amp, finish, transpose_run, zero_rows};
+use super::{
+    Attention, Finish, Run, ValueTransposer, amp, finish, scores, transpose_run, vt_copies,
+};
 use super::{Slot, geometry};
 use crate::PlanError;
 use crate::dist::{DistTensor, Part};
@@ -319,15 +321,7 @@ pub(super) fn lower(
                         sums2: blk("sums2", n * 64),
                         evsum: blk("ev.sum", n * op.d * 32),
                         recip: blk("recip", n * 64),
-                        ctxs: blk(
-                            "ctx.ts",
-                            n * op.dp * 32
-                                + if op.stride != op.dp {
-                                    AMP_WIDTH * 32
-                                } else {
-                                    0
-                                },
-                        ),
+                        ctxs: blk("ctx.ts", op.ctxs_bytes(n)),
                         ctx: blk("ctx", n * AMP_WIDTH * op.dp * 2),
                     });
                 work.push(RunWork {
@@ -427,49 +421,13 @@ pub(super) fn lower(
         let half = sg.halves[w.half];
         let kp = half.kbn * AMP_WIDTH;
         let real = kp.min(op.t - half.kb0 * AMP_WIDTH);
-        zero_rows(
+        scores(
             lw,
-            (w.s.tile, step),
-            kc,
-            w.q_amp,
-            (w.s.rows, w.nbq * AMP_WIDTH),
-        );
-        zero_rows(lw, (w.s.tile, step), kc, w.k, (real, kp));
-        lw.call(
-            w.s.tile,
+            op,
             step,
-            TransposeBlocks::new(kc, w.nbq),
-            &[("in", at(w.q_amp)), ("out", at(w.qt))],
-        );
-        if op.stride != op.dp {
-            // As in the whole-key path: the neighbouring heads' rows of `Q^T`.
-            let lead = op.lead(w.s.h);
-            for (row0, rows) in [(0, lead), (lead + op.d, kc * AMP_WIDTH - lead - op.d)] {
-                if rows > 0 {
-                    lw.call(
-                        w.s.tile,
-                        step,
-                        ZeroFill::new(w.nbq, rows * 32, kc * 512),
-                        &[(
-                            "out",
-                            Loc {
-                                buf: w.qt,
-                                offset: row0 * 32,
-                            },
-                        )],
-                    );
-                }
-            }
-        }
-        amp(
-            lw,
-            w.s.tile,
-            step,
-            name,
-            (kp, kc, w.nbq),
-            at(w.k),
-            at(w.qt),
-            at(w.st),
+            (&w.s, w.nbq),
+            [w.q_amp, w.qt, w.k, w.st],
+            (real, kp),
         );
         lw.call(
             w.s.tile,
@@ -484,33 +442,12 @@ pub(super) fn lower(
     let mut copies = Vec::new();
     let vt_block = op.d * 32;
     for (hi, t) in &trans {
-        let kb0 = sg.halves[*hi].kb0;
-        let lead = op.lead(t.run.h);
-        let blocks = if op.d == op.dp {
-            vec![(0, t.run.nbk * kc * 512)]
-        } else {
-            (0..t.run.nbk).map(|j| (j, vt_block)).collect()
-        };
-        for (j, bytes) in blocks {
-            let dsts: Vec<Loc> = work
-                .iter()
-                .filter(|w| w.s.pair == t.run.pair && w.half == *hi)
-                .map(|w| Loc {
-                    buf: w.vt,
-                    offset: (t.run.blk0 - kb0 + j) * vt_block,
-                })
-                .collect();
-            if !dsts.is_empty() {
-                copies.push(Copy {
-                    src: Loc {
-                        buf: t.out,
-                        offset: j * kc * 512 + lead * 32,
-                    },
-                    bytes,
-                    dsts,
-                });
-            }
-        }
+        let dsts: Vec<BufId> = work
+            .iter()
+            .filter(|w| w.s.pair == t.run.pair && w.half == *hi)
+            .map(|w| w.vt)
+            .collect();
+        copies.extend(vt_copies(op, t, sg.halves[*hi].kb0, &dsts));
     }
     for w in &work {
         for j in w.blk0..w.blk0 + w.nbq {
