@@ -464,7 +464,7 @@ impl LayerNorm {
     }
 
     fn split_cycles(&self, t: &Timing) -> u64 {
-        let words = split_snippet(0, 0, [0, 4, 8], SPLIT_STRIDE);
+        let words = split_snippet(0, 0, &[0, 4, 8], SPLIT_STRIDE);
         crate::supervisor_cycles(t, &words, |launch| {
             split(self.groups())
                 .into_iter()
@@ -474,9 +474,10 @@ impl LayerNorm {
     }
 }
 
-/// The column split's supervisor snippet: three launches, each waited for, the
-/// workers of one reading what the previous one's wrote.
-pub(crate) fn split_snippet(entry: u32, state: u32, entries: [u32; 3], stride: u16) -> Vec<Word> {
+/// The column split's supervisor snippet: one launch an entry (the column split
+/// has three, `softmax_cols` two or three), each waited for, the workers of one
+/// reading what the previous one's wrote.
+pub(crate) fn split_snippet(entry: u32, state: u32, entries: &[u32], stride: u16) -> Vec<Word> {
     let run = [
         Word::Single(Inst::RunAll {
             entry: m(0),
@@ -616,7 +617,7 @@ impl Kernel for LayerNorm {
         Ok(split_snippet(
             call.entry,
             call.state + st.runall_offset,
-            self.split_entries(),
+            &self.split_entries(),
             st.stride,
         ))
     }

@@ -208,20 +208,6 @@ fn column_max(ptr: MReg, rows: u32, stride: u32) -> Vec<Issue> {
     v
 }
 
-/// The supervisor snippet of `entries.len()` launches (two or three).
-fn snippet(entry: u32, state: u32, entries: &[u32]) -> Vec<Word> {
-    match *entries {
-        [e0, e1, e2] => split_snippet(entry, state, [e0, e1, e2], STRIDE),
-        [e0, e1] => {
-            // The three-launch snippet without its last `setzi`, `runall`, `sync`.
-            let mut w = split_snippet(entry, state, [e0, e1, e1], STRIDE);
-            w.truncate(w.len() - 3);
-            w
-        }
-        _ => unreachable!("a column softmax runs two or three launches"),
-    }
-}
-
 impl SoftmaxCols {
     pub const NAME: &'static str = "softmax_cols_f16";
 
@@ -649,7 +635,12 @@ impl Kernel for SoftmaxCols {
             ],
         };
         let mut c = simple_contract(self, operands, self.state_bytes());
-        c.supervisor_bytes = code_bytes(&snippet(0, 0, &[0; 3][..self.launches().len()]));
+        c.supervisor_bytes = code_bytes(&split_snippet(
+            0,
+            0,
+            &[0; 3][..self.launches().len()],
+            STRIDE,
+        ));
         c
     }
 
@@ -731,17 +722,18 @@ impl Kernel for SoftmaxCols {
         // entries lie inside the same code.
         crate::runall_snippet(&self.symbol(), call, &st)?;
         let launches = self.launches().len();
-        Ok(snippet(
+        Ok(split_snippet(
             call.entry,
             call.state + st.runall_offset,
             &self.tally().entries[..launches],
+            st.stride,
         ))
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
         let tl = self.tally();
         let launches = self.launches();
-        let words = snippet(0, 0, &tl.entries[..launches.len()]);
+        let words = split_snippet(0, 0, &tl.entries[..launches.len()], STRIDE);
         crate::supervisor_cycles(t, &words, |i| self.launch_slots(t, &tl, launches[i]))
     }
 }

@@ -22,7 +22,7 @@
 //! key blocks) are as small as can be: the first half takes `ceil(P / 2)` of the
 //! group's `P` bus pairs.
 
-use tessera_kernels::{Add, AmpMatmul, RecipSum, SoftmaxCols, TransposeBlocks};
+use tessera_kernels::{Add, AmpMatmul, Kernel, RecipSum, SoftmaxCols, TransposeBlocks};
 use tessera_machine::Timing;
 
 use super::{
@@ -48,6 +48,15 @@ pub(crate) struct Half {
     pub qb: u32,
 }
 
+impl Half {
+    /// Its stored keys (whole blocks) and, of those, the real ones before the last
+    /// of `t` tokens.
+    fn keys(&self, t: u32) -> (u32, u32) {
+        let kp = self.kbn * AMP_WIDTH;
+        (kp, kp.min(t - self.kb0 * AMP_WIDTH))
+    }
+}
+
 /// How the key cut lays out every (image, head) pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SplitGeometry {
@@ -62,7 +71,7 @@ const MIN_KEYS: u32 = 12;
 
 /// The key cut for these shapes, when the whole-key transposed path's groups are
 /// an odd number of tiles (more than one pair, so that groups share bus pairs) and
-/// the cut's cost, by [`cost`], is below the whole-key path's.
+/// the cut's cost ([`cut_cost`]) is below the whole-key path's ([`whole_cost`]).
 pub(crate) fn split_geometry(
     timing: &Timing,
     tiles: u32,
@@ -107,49 +116,35 @@ pub(crate) fn split_geometry(
             },
         ],
     };
-    let whole_cost = cost(
-        timing,
-        (tq, t, d, scale),
-        None,
-        rows_per.div_ceil(AMP_WIDTH),
-    );
-    let split_cost = cost(timing, (tq, t, d, scale), Some(&sg), 0);
-    (split_cost < whole_cost).then_some(sg)
+    let whole = whole_cost(timing, (t, d, scale), rows_per.div_ceil(AMP_WIDTH));
+    (cut_cost(timing, (tq, t, d, scale), &sg) < whole).then_some(sg)
 }
 
-/// Estimated cycles of the busiest tile's kernels and of the exchanges that differ
-/// between the two paths: with whole keys (`sg` none, `nbq` query blocks a tile)
-/// the keys and values at the single-port rate (the shared bus pairs set the
-/// steps' time); with the cut, each half's busiest tile, its run at the paired
-/// rate, and the merge (its exchange, an exchange and a sync more, its kernels).
-fn cost(
-    timing: &Timing,
-    (tq, t, d, scale): (u32, u32, u32, f32),
-    sg: Option<&SplitGeometry>,
-    nbq: u32,
-) -> u64 {
-    let kc = d.div_ceil(AMP_WIDTH);
+/// Estimated cycles of what differs between the two paths, with whole keys and
+/// `nbq` query blocks a tile: the busiest tile's kernels ([`tile_cost`]) and the
+/// keys and values at the single-port rate (the shared bus pairs set the steps'
+/// time).
+fn whole_cost(timing: &Timing, (t, d, scale): (u32, u32, f32), nbq: u32) -> u64 {
     let tb = t.div_ceil(AMP_WIDTH);
+    let softmax = SoftmaxCols::new(nbq, tb * AMP_WIDTH, t, scale).estimate_cycles_with(timing);
+    tile_cost(timing, d, (tb, nbq), softmax)
+        + run_bytes(d, tb) / u64::from(timing.exchange_bytes_per_cycle)
+}
+
+/// The same with the key cut: each half's busiest tile and its run at the paired
+/// rate, the busier of the two, and the merge (its exchange, an exchange and a
+/// sync more, its kernels on the tile that merges the most blocks).
+fn cut_cost(timing: &Timing, (tq, t, d, scale): (u32, u32, u32, f32), sg: &SplitGeometry) -> u64 {
     let rate = u64::from(timing.exchange_bytes_per_cycle);
-    let est = |k: &dyn tessera_kernels::Kernel| k.estimate_cycles_with(timing);
-    // K and V^T of `kb` key blocks: `[kc][16 kb][16]` and `[kb][d][16]`.
-    let run_bytes = |kb: u32| u64::from(kb * AMP_WIDTH * (kc * AMP_WIDTH + d) * 2);
-    let tile = |kb: u32, q: u32, softmax: u64| {
-        est(&AmpMatmul::new(kb * AMP_WIDTH, kc, q))
-            + softmax
-            + est(&AmpMatmul::new(d, kb, q))
-            + 2 * est(&TransposeBlocks::new(kc, q))
-    };
-    let Some(sg) = sg else {
-        let softmax = est(&SoftmaxCols::new(nbq, tb * AMP_WIDTH, t, scale));
-        return tile(tb, nbq, softmax) + run_bytes(tb) / rate;
-    };
+    let est = |k: &dyn Kernel| k.estimate_cycles_with(timing);
     let per_half = sg.halves.map(|h| {
-        let kp = h.kbn * AMP_WIDTH;
-        let real = kp.min(t - h.kb0 * AMP_WIDTH);
+        let (kp, real) = h.keys(t);
         let softmax = est(&SoftmaxCols::maxima(h.qb, kp, real))
             + est(&SoftmaxCols::shifted(h.qb, kp, real, scale, 2));
-        (tile(h.kbn, h.qb, softmax), run_bytes(h.kbn) / (2 * rate))
+        (
+            tile_cost(timing, d, (h.kbn, h.qb), softmax),
+            run_bytes(d, h.kbn) / (2 * rate),
+        )
     });
     let q = longest_merge(sg, tq).max(1);
     let merge = est(&Add::new(q * d * AMP_WIDTH))
@@ -159,6 +154,22 @@ fn cost(
     per_half.iter().map(|p| p.0).max().unwrap_or(0)
         + per_half.iter().map(|p| p.1).max().unwrap_or(0)
         + merge
+}
+
+/// A tile's `S^T`, softmax (`softmax` cycles), `V^T e^T` and its two transposes of
+/// `q` query blocks, against `kb` key blocks.
+fn tile_cost(timing: &Timing, d: u32, (kb, q): (u32, u32), softmax: u64) -> u64 {
+    let kc = d.div_ceil(AMP_WIDTH);
+    let est = |k: &dyn Kernel| k.estimate_cycles_with(timing);
+    est(&AmpMatmul::new(kb * AMP_WIDTH, kc, q))
+        + softmax
+        + est(&AmpMatmul::new(d, kb, q))
+        + 2 * est(&TransposeBlocks::new(kc, q))
+}
+
+/// Bytes of `K` and `V^T` for `kb` key blocks: `[kc][16 kb][16]` and `[kb][d][16]`.
+fn run_bytes(d: u32, kb: u32) -> u64 {
+    u64::from(kb * AMP_WIDTH * (d.div_ceil(AMP_WIDTH) * AMP_WIDTH + d) * 2)
 }
 
 /// A tile of a half that holds query blocks `blk0..blk0 + nbq` of its pair.
@@ -215,63 +226,58 @@ pub(crate) fn longest_merge(sg: &SplitGeometry, tq: u32) -> u32 {
 fn merge_runs(sg: &SplitGeometry, nb: u32) -> Vec<(usize, u32, u32, u32)> {
     let q = [sg.halves[0].qb, sg.halves[1].qb];
     let lo = nb.div_ceil(sg.group).max(1);
-    for cap in lo..=q[0].max(q[1]) {
-        // From block `j`, with the holders of `j` already merging or not: the runs
-        // to the end, longest first, or none.
-        fn walk(
-            q: [u32; 2],
-            nb: u32,
-            cap: u32,
-            j: u32,
-            used: [bool; 2],
-            memo: &mut std::collections::HashMap<(u32, [bool; 2]), bool>,
-            out: &mut Vec<(usize, u32, u32, u32)>,
-        ) -> bool {
-            if j == nb {
-                return true;
-            }
-            if memo.get(&(j, used)) == Some(&false) {
-                return false;
-            }
-            let mut options = Vec::new();
-            for hi in 0..2 {
-                if used[hi] {
-                    continue;
-                }
-                let t = j / q[hi];
-                let end = ((t + 1) * q[hi]).min(nb).min(j + cap);
-                for e in (j + 1..=end).rev() {
-                    options.push((e, hi, t));
-                }
-            }
-            options.sort_by_key(|&(e, hi, _)| (std::cmp::Reverse(e), hi));
-            for (e, hi, t) in options {
-                // At `e`, a holder is in use if it is the same tile as at `j` and
-                // was in use, or took this run.
-                let mut next = [false; 2];
-                for (k, n) in next.iter_mut().enumerate() {
-                    let same = e < nb && e / q[k] == j / q[k];
-                    *n = same && (used[k] || k == hi);
-                }
-                out.push((hi, t, j, e - j));
-                if walk(q, nb, cap, e, next, memo, out) {
-                    return true;
-                }
-                out.pop();
-            }
-            memo.insert((j, used), false);
-            false
-        }
-        let mut out = Vec::new();
-        let mut memo = std::collections::HashMap::new();
-        if walk(q, nb, cap, 0, [false; 2], &mut memo, &mut out) {
-            return out;
-        }
+    // At a cap of the first half's query blocks a tile its tiles can merge all of
+    // theirs, so the search succeeds there at the latest; the default is that
+    // answer, for an empty range.
+    (lo..=q[0])
+        .find_map(|cap| {
+            let mut out = Vec::new();
+            let mut dead = std::collections::HashSet::new();
+            merge_walk((q, nb, cap), 0, [false; 2], &mut dead, &mut out).then_some(out)
+        })
+        .unwrap_or_else(|| {
+            (0..nb.div_ceil(q[0]))
+                .map(|t| (0, t, t * q[0], q[0].min(nb - t * q[0])))
+                .collect()
+        })
+}
+
+/// [`merge_runs`]' search from block `j`, with the tiles of either half that hold
+/// `j` already merging (`used`) or not: pushes the runs to the end onto `out`,
+/// longest first, and says whether it found them; `dead` keeps the states known to
+/// fail.
+fn merge_walk(
+    (q, nb, cap): ([u32; 2], u32, u32),
+    j: u32,
+    used: [bool; 2],
+    dead: &mut std::collections::HashSet<(u32, [bool; 2])>,
+    out: &mut Vec<(usize, u32, u32, u32)>,
+) -> bool {
+    if j == nb {
+        return true;
     }
-    // Each block merged by its first half's tile (always possible).
-    (0..nb.div_ceil(q[0]))
-        .map(|t| (0, t, t * q[0], q[0].min(nb - t * q[0])))
-        .collect()
+    if dead.contains(&(j, used)) {
+        return false;
+    }
+    let mut options = Vec::new();
+    for hi in (0..2).filter(|&hi| !used[hi]) {
+        let t = j / q[hi];
+        let end = ((t + 1) * q[hi]).min(nb).min(j + cap);
+        options.extend((j + 1..=end).map(|e| (e, hi, t)));
+    }
+    options.sort_by_key(|&(e, hi, _)| (std::cmp::Reverse(e), hi));
+    for (e, hi, t) in options {
+        // At `e`, a holder is in use if it is the same tile as at `j` and was in
+        // use, or took this run.
+        let next = [0, 1].map(|k| e < nb && e / q[k] == j / q[k] && (used[k] || k == hi));
+        out.push((hi, t, j, e - j));
+        if merge_walk((q, nb, cap), e, next, dead, out) {
+            return true;
+        }
+        out.pop();
+    }
+    dead.insert((j, used));
+    false
 }
 
 pub(super) fn lower(
@@ -387,19 +393,11 @@ pub(super) fn lower(
     for w in &work {
         let half = sg.halves[w.half];
         let r = if op.shared_q { 0 } else { w.s.b * op.tq } + w.s.r0;
-        let key0 = half.kb0 * AMP_WIDTH;
-        let real = (half.kbn * AMP_WIDTH).min(op.t - key0);
-        let rk = w.s.b * op.t + key0;
+        let (kp, real) = half.keys(op.t);
+        let rk = w.s.b * op.t + half.kb0 * AMP_WIDTH;
         for c in 0..kc {
             q_parts.push(op.chunk(w.q_amp, c * w.nbq * 512, r..r + w.s.rows, q_first, w.s.h, c));
-            k_parts.push(op.chunk(
-                w.k,
-                c * half.kbn * AMP_WIDTH * 32,
-                rk..rk + real,
-                k_first,
-                w.s.h,
-                c,
-            ));
+            k_parts.push(op.chunk(w.k, c * kp * 32, rk..rk + real, k_first, w.s.h, c));
         }
     }
     let v_parts: Vec<Part> = trans
@@ -419,8 +417,7 @@ pub(super) fn lower(
     }
     for w in &work {
         let half = sg.halves[w.half];
-        let kp = half.kbn * AMP_WIDTH;
-        let real = kp.min(op.t - half.kb0 * AMP_WIDTH);
+        let (kp, real) = half.keys(op.t);
         scores(
             lw,
             op,
@@ -472,8 +469,7 @@ pub(super) fn lower(
     let step = lw.compute_step();
     for w in &work {
         let half = sg.halves[w.half];
-        let kp = half.kbn * AMP_WIDTH;
-        let real = kp.min(op.t - half.kb0 * AMP_WIDTH);
+        let (kp, real) = half.keys(op.t);
         lw.call(
             w.s.tile,
             step,
@@ -536,28 +532,27 @@ pub(super) fn lower(
 
     // The merge, then the whole-key path's finish.
     let step = lw.compute_step();
-    let mergers: Vec<&RunWork> = work.iter().filter(|w| w.merge.is_some()).collect();
-    fn merge(w: &RunWork) -> &Merge {
-        w.merge.as_ref().expect("a merging tile")
-    }
+    let mergers: Vec<(&RunWork, &Merge)> = work
+        .iter()
+        .filter_map(|w| w.merge.as_ref().map(|m| (w, m)))
+        .collect();
     let fin: Vec<Finish> = mergers
         .iter()
-        .map(|w| Finish {
+        .map(|&(w, m)| Finish {
             s: Slot {
-                r0: merge(w).blk0 * AMP_WIDTH,
-                rows: (merge(w).n * AMP_WIDTH).min(op.tq - merge(w).blk0 * AMP_WIDTH),
+                r0: m.blk0 * AMP_WIDTH,
+                rows: (m.n * AMP_WIDTH).min(op.tq - m.blk0 * AMP_WIDTH),
                 ..w.s
             },
-            nbq: merge(w).n,
-            ev: merge(w).evsum,
-            recip: merge(w).recip,
-            ctxs: merge(w).ctxs,
-            ctx: merge(w).ctx,
+            nbq: m.n,
+            ev: m.evsum,
+            recip: m.recip,
+            ctxs: m.ctxs,
+            ctx: m.ctx,
         })
         .collect();
     finish(lw, op, step, &fin, &mut |lw, i| {
-        let w = mergers[i];
-        let m = merge(w);
+        let (w, m) = mergers[i];
         let off = m.blk0 - w.blk0;
         lw.call(
             w.s.tile,
