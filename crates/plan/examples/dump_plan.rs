@@ -1,12 +1,15 @@
-//! Prints a layer's plan, or with `stats`, the busiest tile's live bytes by buffer
-//! name at its worst step, or with `cands`, each linear's strategies (estimate,
-//! bytes, passes) and the one chosen:
+//! Prints a layer's plan, or with `stats`, the plan's estimate, its weight budget
+//! and the busiest tile's live bytes by buffer name and memory class at its worst
+//! step, or with `cands`, each linear's strategies (estimate, bytes, passes) and
+//! the one chosen:
 //! `cargo run -p tessera-plan --example dump_plan -- so400m 2 c600 stats`.
+//! `CHOICE=layers.0.attn.q=6` lowers with that strategy at the fitted budgets
+//! without the fit loop (to see how far it is from fitting).
 use std::collections::BTreeMap;
 
 use tessera_graph::{EncoderLayerConfig, encoder_layer, init_weights};
 use tessera_machine::Machine;
-use tessera_plan::{LowerOptions, busiest, lower};
+use tessera_plan::{LowerOptions, busiest, lower_exact, lower_fitted};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -35,10 +38,24 @@ fn main() {
     if let Some(v) = kib("TB") {
         opts.slab_bias_bytes = v as u32;
     }
-    let plan = match lower(&machine, &graph, &weights, &opts) {
-        Ok(plan) => plan,
+    let (mut plan, mut fitted) = match lower_fitted(&machine, &graph, &weights, &opts) {
+        Ok(x) => x,
         Err(e) => return eprintln!("{e}"),
     };
+    // `CHOICE=op=index,...`: those strategies at the fitted budgets, unfitted (how
+    // far a strategy is from fitting).
+    if let Ok(v) = std::env::var("CHOICE") {
+        for c in v.split(',') {
+            let (op, i) = c.split_once('=').expect("op=index");
+            fitted
+                .choices
+                .insert(op.to_string(), i.parse().expect("index"));
+        }
+        plan = match lower_exact(&machine, &graph, &weights, &fitted) {
+            Ok(plan) => plan,
+            Err(e) => return eprintln!("{e}"),
+        };
+    }
     if args.get(4).map(String::as_str) == Some("cands") {
         for c in &plan.candidates {
             println!("{} chosen {}", c.op, c.chosen);
@@ -60,13 +77,18 @@ fn main() {
         "busiest: tile {tile} step {step} ({}): {bytes} bytes live",
         plan.step_ops[step]
     );
+    println!(
+        "estimate {} cycles, weight budget {} KiB",
+        tessera_plan::estimate(&machine, &plan).cycles,
+        fitted.weight_bytes / 1024
+    );
     let mut by: BTreeMap<String, (u64, u32)> = BTreeMap::new();
     for b in plan
         .buffers
         .iter()
         .filter(|b| b.tile as usize == tile && b.first as usize <= step && step <= b.last as usize)
     {
-        let e = by.entry(b.name.clone()).or_default();
+        let e = by.entry(format!("{} {:?}", b.name, b.class)).or_default();
         e.0 += u64::from(b.bytes);
         e.1 += 1;
     }
