@@ -43,7 +43,8 @@ pub struct FinalistReport {
     /// default (the fit loop's growth phase's choices included).
     pub choices: BTreeMap<String, usize>,
     pub feasible: bool,
-    /// Tiles placement could not fit (0 when feasible).
+    /// Tiles placement refused (0 when feasible; it stops after
+    /// `STOP_AFTER_REFUSALS`, so a few more than that at most).
     pub failing_tiles: usize,
     /// The out-of-memory report's missing bytes for its worst tile.
     pub missing_bytes: Option<u64>,
@@ -382,7 +383,7 @@ fn report(
             r.estimated_cycles = Some(c.report.estimated.cycles);
         }
         Err(CompileError::DoesNotFit(d)) => {
-            r.failing_tiles = d.len();
+            r.failing_tiles = d.iter().filter(|d| !d.not_attempted).count();
             r.missing_bytes = d.iter().filter_map(|d| d.missing_bytes).max();
         }
         Err(e @ CompileError::OverFitLimit { live, limit, .. }) => {

@@ -30,7 +30,9 @@ pub use requests::tile_problems;
 pub enum CompileError {
     #[error(transparent)]
     Plan(#[from] PlanError),
-    #[error("{} tile(s) do not fit:\n{}", .0.len(), summaries(.0))]
+    /// The refused tiles, and those placement did not try after enough refusals
+    /// (`not_attempted`, see [`CompileOptions`]).
+    #[error("{}", does_not_fit(.0))]
     DoesNotFit(Vec<Diagnosis>),
     /// A finalist whose busiest tile holds more live bytes than the fit loop's
     /// bound: not placed (placement's search proves such a tile infeasible only
@@ -59,11 +61,22 @@ pub enum CompileError {
     Package(String),
 }
 
-fn summaries(d: &[Diagnosis]) -> String {
-    d.iter()
-        .map(|d| format!("  {}", shortfall(d)))
-        .collect::<Vec<_>>()
-        .join("\n")
+fn does_not_fit(d: &[Diagnosis]) -> String {
+    let (tried, skipped): (Vec<&Diagnosis>, Vec<&Diagnosis>) =
+        d.iter().partition(|d| !d.not_attempted);
+    let mut out = format!("{} tile(s) do not fit", tried.len());
+    if !skipped.is_empty() {
+        out += &format!(
+            " ({} more not attempted: placement stops after {} refused tiles)",
+            skipped.len(),
+            tried.len()
+        );
+    }
+    out += ":";
+    for d in tried {
+        out += &format!("\n  {}", shortfall(d));
+    }
+    out
 }
 
 /// One line per tile: the bytes missing for the whole tile (the host descriptor
@@ -125,8 +138,12 @@ impl Default for CompileOptions {
             // A whole chip can have hundreds of tiles that do not fit; the search
             // rescues near misses only, so a compile keeps its budget small and
             // reports the shortfall in seconds rather than minutes.
+            // It also stops after a few refused tiles: each costs a search and a
+            // diagnosis, and one refusal already decides that the plan does not
+            // fit (the retry and the finalist search need no more).
             place: PlaceOptions {
                 node_budget: 50_000,
+                stop_after_refusals: Some(STOP_AFTER_REFUSALS),
                 ..PlaceOptions::default()
             },
             exploit_declared_alignment: false,
@@ -134,6 +151,9 @@ impl Default for CompileOptions {
         }
     }
 }
+
+/// Refused tiles after which a compile's placement stops trying the others.
+pub const STOP_AFTER_REFUSALS: usize = 8;
 
 /// Lowerings a compile retries after placement refuses one, each with an eighth
 /// less weight budget: a plan the fit loop let through misses by a few elements,

@@ -47,6 +47,28 @@ pub struct Diagnosis {
     pub search: Option<SearchVerdict>,
     /// The one-line summary.
     pub summary: String,
+    /// The tile was not tried: placement had stopped after enough refusals
+    /// (`Options::stop_after_refusals`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_attempted: bool,
+}
+
+/// The diagnosis of a tile not tried after `after` refusals.
+pub(crate) fn not_attempted(tile: u32, after: usize) -> Diagnosis {
+    Diagnosis {
+        tile,
+        missing_bytes: None,
+        live_bound_missing: 0,
+        worst_step: 0,
+        worst_live: 0,
+        capacity: 0,
+        first_failure: None,
+        search: None,
+        summary: format!(
+            "tile {tile}: not attempted (placement stopped after {after} refused tiles)"
+        ),
+        not_attempted: true,
+    }
 }
 
 fn live_at(inst: &Instance, step: i64) -> Vec<CategoryBytes> {
@@ -149,6 +171,7 @@ pub(crate) fn diagnose(
         first_failure,
         search: run.verdict,
         summary,
+        not_attempted: false,
     }
 }
 

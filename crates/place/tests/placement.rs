@@ -586,3 +586,76 @@ fn svg_draws_every_buffer_and_reservation() {
         svg.matches("</title>").count()
     );
 }
+
+/// With `stop_after_refusals`, placement stops starting tiles once that many were
+/// refused: the rest come back refused as not attempted (no search, no diagnosis),
+/// and tiles that fit are unaffected when nothing is refused.
+#[test]
+fn placement_stops_after_enough_refused_tiles() {
+    let m = Machine::c600();
+    let tile = |tile: u32, size: u64| TileProblem {
+        tile,
+        requests: ["a", "b"]
+            .into_iter()
+            .map(|name| Request {
+                name: name.into(),
+                size,
+                align: 8,
+                end_round: 8,
+                first: 0,
+                last: 1,
+                class: MemClass::Any,
+                tail: 0,
+                loaded: false,
+                category: None,
+            })
+            .collect(),
+        ..TileProblem::default()
+    };
+    // Two 400 KB buffers live together on a 624 KB tile: refused, each tile.
+    let refusing: Vec<TileProblem> = (0..40).map(|t| tile(t, 400 * 1024)).collect();
+    let opts = Options {
+        node_budget: 2_000,
+        stop_after_refusals: Some(3),
+        ..Options::default()
+    };
+    let out: Vec<_> = place_tiles(&m, &refusing, &opts)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(out.iter().all(|o| !o.fits && o.placement.is_none()));
+    let skipped = out
+        .iter()
+        .filter(|o| o.diagnosis.as_ref().is_some_and(|d| d.not_attempted))
+        .count();
+    let tried = out.len() - skipped;
+    // Tiles already started when the third refusal lands still finish.
+    assert!(
+        (3..3 + rayon::current_num_threads()).contains(&tried),
+        "{tried} tried"
+    );
+    let d = out
+        .iter()
+        .find_map(|o| o.diagnosis.as_ref().filter(|d| d.not_attempted));
+    assert!(d.unwrap().summary.contains("not attempted"));
+    // Without the option every tile is tried and diagnosed.
+    let all = place_tiles(
+        &m,
+        &refusing,
+        &Options {
+            stop_after_refusals: None,
+            ..opts
+        },
+    );
+    assert!(all.iter().all(|o| {
+        let o = o.as_ref().unwrap();
+        !o.fits && o.diagnosis.as_ref().is_some_and(|d| !d.not_attempted)
+    }));
+    // Tiles that fit place as they would without it.
+    let fitting: Vec<TileProblem> = (0..20).map(|t| tile(t, 100 * 1024)).collect();
+    assert!(
+        place_tiles(&m, &fitting, &opts)
+            .iter()
+            .all(|o| o.as_ref().unwrap().fits)
+    );
+}

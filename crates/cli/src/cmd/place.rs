@@ -66,6 +66,7 @@ fn options(a: &PlaceArgs) -> Options {
         capacity: a.capacity,
         node_budget: a.node_budget,
         diagnose: true,
+        stop_after_refusals: None,
     }
 }
 
