@@ -106,6 +106,20 @@ fn check_columns(name: &str, rows: u32, n: u32) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// The contract of `out = a op b` over `bytes` each, 8-byte aligned, with worker
+/// records of `stride` bytes.
+pub(crate) fn binary_contract<K: Kernel + ?Sized>(k: &K, bytes: u32, stride: u16) -> Contract {
+    simple_contract(
+        k,
+        vec![
+            Operand::new("a", Role::Input, bytes, 8),
+            Operand::new("b", Role::Input, bytes, 8),
+            Operand::new("out", Role::Output, bytes, 8),
+        ],
+        u32::from(stride) * WORKERS,
+    )
+}
+
 /// Worker code shared by `add` and `add_bias`: the broadcast is only a different row
 /// step for `b` in the state.
 fn binary_code(code_base: u32) -> Vec<Word> {
@@ -180,16 +194,7 @@ impl Kernel for Add {
         crate::single_entry(self, code_base, || binary_code(code_base))
     }
     fn contract(&self) -> Contract {
-        let bytes = self.n * 2;
-        simple_contract(
-            self,
-            vec![
-                Operand::new("a", Role::Input, bytes, 8),
-                Operand::new("b", Role::Input, bytes, 8),
-                Operand::new("out", Role::Output, bytes, 8),
-            ],
-            u32::from(STRIDE) * WORKERS,
-        )
+        binary_contract(self, self.n * 2, STRIDE)
     }
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
         self.validate()?;

@@ -14,8 +14,8 @@ use tessera_isa::{FBinOp, FUnOp, FVec, Inst, Word};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, ld32, ld32m, m};
-use crate::contract::{Contract, Operand, Role};
-use crate::layernorm::{fbin, fun, ld64s, simple_contract, st64s};
+use crate::contract::Contract;
+use crate::layernorm::{fbin, fun, ld64s, st64s};
 use crate::softmax::{End, ai, bi, block, mi};
 use crate::{
     Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
@@ -188,16 +188,7 @@ impl Kernel for RecipSum {
     }
 
     fn contract(&self) -> Contract {
-        let bytes = 4 * self.n;
-        simple_contract(
-            self,
-            vec![
-                Operand::new("a", Role::Input, bytes, 8),
-                Operand::new("b", Role::Input, bytes, 8),
-                Operand::new("out", Role::Output, bytes, 8),
-            ],
-            u32::from(self.stride()) * WORKERS,
-        )
+        crate::elementwise::binary_contract(self, 4 * self.n, self.stride())
     }
 
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {

@@ -217,6 +217,19 @@ impl Attention<'_> {
         })
     }
 
+    /// The queries, keys and values the parts name, as one exchange's copies.
+    fn gather_qkv(
+        &self,
+        q_parts: Vec<Part>,
+        k_parts: Vec<Part>,
+        v_parts: Vec<Part>,
+    ) -> Result<Vec<Copy>, PlanError> {
+        let mut copies = self.gather(self.q.0, q_parts, "queries")?;
+        copies.extend(self.gather(self.k.0, k_parts, "keys")?);
+        copies.extend(self.gather(self.v.0, v_parts, "values")?);
+        Ok(copies)
+    }
+
     /// The `kc` chunks of a run's keys (or values) before the last token, stored
     /// `[kc][16 nbk][16]` in `buf`, from a tensor whose head columns start at
     /// `first`.
@@ -717,6 +730,26 @@ struct ValueTransposer {
     out: BufId,
 }
 
+impl ValueTransposer {
+    /// `run`'s transposer with its two buffers (`kc` chunks of the head).
+    fn new(lw: &mut Lowering<'_>, name: &str, run: Run, kc: u32) -> ValueTransposer {
+        let bytes = run.nbk * kc * 512;
+        let mut blk = |what: &str| {
+            lw.buffer(
+                run.tile,
+                format!("{name}.{what}"),
+                bytes,
+                Category::Activation,
+            )
+        };
+        ValueTransposer {
+            run,
+            vpart: blk("v.part"),
+            out: blk("vt.part"),
+        }
+    }
+}
+
 /// The attention with the keys on the AMP's rows: per tile, `S^T = K Q^T` takes
 /// `kc` calls of `tp` rows against `Q^T` (`kc nbq` 16x16 blocks) where `Q K^T` took
 /// `kc tb` calls of the tile's few query rows against `K^T`; the softmax runs
@@ -756,24 +789,10 @@ fn transposed(
             });
         }
         for run in op.runs(tiles, group, pair, share) {
-            let mut blk = |what: &str, bytes: u32| {
-                lw.buffer(
-                    run.tile,
-                    format!("{name}.{what}"),
-                    bytes,
-                    Category::Activation,
-                )
-            };
-            trans.push(ValueTransposer {
-                run,
-                vpart: blk("v.part", run.nbk * kc * 512),
-                out: blk("vt.part", run.nbk * kc * 512),
-            });
+            trans.push(ValueTransposer::new(lw, name, run, kc));
         }
     }
-    let (q_src, q_first) = op.q;
-    let (k_src, k_first) = op.k;
-    let (v_src, v_first) = op.v;
+    let (q_first, k_first, v_first) = (op.q.1, op.k.1, op.v.1);
 
     // Queries and the head's keys to the row tiles, value blocks to the
     // transposers, all in one exchange.
@@ -791,10 +810,10 @@ fn transposed(
         .iter()
         .flat_map(|t| op.run_parts(t.vpart, &t.run, v_first))
         .collect();
-    let mut copies = op.gather(q_src, q_parts, "queries")?;
-    copies.extend(op.gather(k_src, k_parts, "keys")?);
-    copies.extend(op.gather(v_src, v_parts, "values")?);
-    lw.exchange(&format!("{name}.qkv"), copies);
+    lw.exchange(
+        &format!("{name}.qkv"),
+        op.gather_qkv(q_parts, k_parts, v_parts)?,
+    );
 
     // Value blocks transposed (rows past the last token zeroed first: the key
     // dimension is padded to 16); per row tile, `Q^T`, `S^T = K Q^T` and the
@@ -1084,9 +1103,7 @@ fn single_query(
             });
         }
     }
-    let (q_src, q_first) = op.q;
-    let (k_src, k_first) = op.k;
-    let (v_src, v_first) = op.v;
+    let (q_first, k_first, v_first) = (op.q.1, op.k.1, op.v.1);
     let (mut q_parts, mut k_parts, mut v_parts) = (Vec::new(), Vec::new(), Vec::new());
     for r in &runs {
         let qr = if op.shared_q { 0 } else { r.run.b * op.tq };
@@ -1096,10 +1113,10 @@ fn single_query(
         k_parts.extend(op.run_parts(r.kpart, &r.run, k_first));
         v_parts.extend(op.run_parts(r.vpart, &r.run, v_first));
     }
-    let mut copies = op.gather(q_src, q_parts, "queries")?;
-    copies.extend(op.gather(k_src, k_parts, "keys")?);
-    copies.extend(op.gather(v_src, v_parts, "values")?);
-    lw.exchange(&format!("{name}.qkv"), copies);
+    lw.exchange(
+        &format!("{name}.qkv"),
+        op.gather_qkv(q_parts, k_parts, v_parts)?,
+    );
 
     // Scores of each run (zero key and value rows past the last token) and their
     // maximum.

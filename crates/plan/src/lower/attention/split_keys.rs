@@ -357,22 +357,7 @@ pub(super) fn lower(
                     blk0: half.kb0 + m * share,
                     nbk: share.min(half.kbn - m * share),
                 };
-                let mut blk = |what: &str, bytes: u32| {
-                    lw.buffer(
-                        run.tile,
-                        format!("{name}.{what}"),
-                        bytes,
-                        Category::Activation,
-                    )
-                };
-                trans.push((
-                    hi,
-                    ValueTransposer {
-                        run,
-                        vpart: blk("v.part", run.nbk * kc * 512),
-                        out: blk("vt.part", run.nbk * kc * 512),
-                    },
-                ));
+                trans.push((hi, ValueTransposer::new(lw, name, run, kc)));
             }
         }
         first.push(firsts);
@@ -381,9 +366,7 @@ pub(super) fn lower(
     let holder =
         |pair: u32, hi: usize, j: u32| first[pair as usize][hi] + (j / sg.halves[hi].qb) as usize;
 
-    let (q_src, q_first) = op.q;
-    let (k_src, k_first) = op.k;
-    let (v_src, v_first) = op.v;
+    let (q_first, k_first, v_first) = (op.q.1, op.k.1, op.v.1);
     let at = |buf| Loc { buf, offset: 0 };
 
     // Queries and the run's keys to the row tiles, value blocks to the
@@ -404,10 +387,10 @@ pub(super) fn lower(
         .iter()
         .flat_map(|(_, t)| op.run_parts(t.vpart, &t.run, v_first))
         .collect();
-    let mut copies = op.gather(q_src, q_parts, "queries")?;
-    copies.extend(op.gather(k_src, k_parts, "keys")?);
-    copies.extend(op.gather(v_src, v_parts, "values")?);
-    lw.exchange(&format!("{name}.qkv"), copies);
+    lw.exchange(
+        &format!("{name}.qkv"),
+        op.gather_qkv(q_parts, k_parts, v_parts)?,
+    );
 
     // Value blocks transposed; per row tile `Q^T`, `S^T = K_run Q^T` and its
     // column maxima.
