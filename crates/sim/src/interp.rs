@@ -52,6 +52,7 @@ impl Amp {
 }
 
 /// What a context shares with the rest of its tile.
+#[derive(Clone)]
 pub(crate) struct Shared {
     pub mem: Vec<u8>,
     pub prog: Arc<Program>,
@@ -283,7 +284,33 @@ fn uses_areg(i: &Inst) -> bool {
 }
 
 /// Runs context `ctx` until it stops. `SUP` selects the supervisor's rules.
+///
+/// On an x86-64 host with AVX2 and F16C the same loop runs compiled for them
+/// (the AMP's sixteen f32 lanes in two registers instead of four); its results
+/// are the same bit for bit: Rust contracts no multiply and add into a fused one,
+/// and every conversion is written out or goes through `half`.
 pub(crate) fn run<const SUP: bool>(
+    sh: &mut Shared,
+    ctx: &mut Ctx,
+    amp: &mut Amp,
+    env: &Env,
+) -> Stop {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the features the function is compiled for were detected.
+        return unsafe { run_avx2::<SUP>(sh, ctx, amp, env) };
+    }
+    run_portable::<SUP>(sh, ctx, amp, env)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn run_avx2<const SUP: bool>(sh: &mut Shared, ctx: &mut Ctx, amp: &mut Amp, env: &Env) -> Stop {
+    run_portable::<SUP>(sh, ctx, amp, env)
+}
+
+#[inline(always)]
+pub(crate) fn run_portable<const SUP: bool>(
     sh: &mut Shared,
     ctx: &mut Ctx,
     amp: &mut Amp,

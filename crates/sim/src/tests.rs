@@ -133,12 +133,25 @@ fn exec_env<const SUP: bool>(
     };
     tweak(&mut env);
     let mut amp = Amp::default();
+    // The loop as compiled for the host's vector features and as compiled for any
+    // x86-64 must agree on everything (`interp::run` picks one at run time).
+    let (mut sh2, mut ctx2, mut amp2) = (sh.clone(), ctx.clone(), amp.clone());
     let stop = loop {
         match interp::run::<SUP>(&mut sh, &mut ctx, &mut amp, &env) {
             Stop::Mark { .. } => continue,
             s => break s,
         }
     };
+    let stop2 = loop {
+        match interp::run_portable::<SUP>(&mut sh2, &mut ctx2, &mut amp2, &env) {
+            Stop::Mark { .. } => continue,
+            s => break s,
+        }
+    };
+    assert_eq!(format!("{stop:?}"), format!("{stop2:?}"));
+    assert_eq!(format!("{ctx:?}"), format!("{ctx2:?}"));
+    assert_eq!(format!("{amp:?}"), format!("{amp2:?}"));
+    assert!(sh.mem == sh2.mem, "memory differs between the two loops");
     Run {
         ctx,
         sh,
