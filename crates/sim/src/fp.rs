@@ -158,7 +158,7 @@ mod tests {
         }
         // Every f16 in every lane position, NaN payloads included.
         for bits in 0..=u16::MAX {
-            let v = u64::from(bits) * 0x0001_0001_0001_0001 ^ 0x0000_8000_0000_8000;
+            let v = (u64::from(bits) * 0x0001_0001_0001_0001) ^ 0x0000_8000_0000_8000;
             let (want, got) = (unpack4_portable(v), unsafe { f16c::unpack4(v) });
             assert_eq!(want.map(f32::to_bits), got.map(f32::to_bits), "{v:#x}");
         }
