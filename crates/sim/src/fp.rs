@@ -150,6 +150,17 @@ mod f16c {
 mod tests {
     use super::*;
 
+    /// `n` xorshift draws from `seed`, every other one mapped by `near`.
+    fn draws(seed: u32, n: u32, near: impl Fn(u32) -> u32) -> impl Iterator<Item = (u32, u32)> {
+        let mut x = seed;
+        (0..n).map(move |i| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (i, if i % 2 == 0 { x } else { near(x) })
+        })
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn conversions_agree_with_f16c() {
@@ -162,18 +173,12 @@ mod tests {
             let (want, got) = (unpack4_portable(v), unsafe { f16c::unpack4(v) });
             assert_eq!(want.map(f32::to_bits), got.map(f32::to_bits), "{v:#x}");
         }
-        let mut x: u32 = 0x1234_5678;
         let mut lanes = [0f32; 4];
-        for i in 0..4_000_000u32 {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            // Half the draws near the f16 range, where rounding and overflow are.
-            let bits = if i % 2 == 0 {
-                x
-            } else {
-                (x & 0x8000_0000) | (0x3000_0000 + (x % 0x1800_0000))
-            };
+        // Half the draws near the f16 range (either sign), where rounding and
+        // overflow are.
+        for (i, bits) in draws(0x1234_5678, 4_000_000, |x| {
+            (x & 0x8000_0000) | (0x3000_0000 + (x % 0x1800_0000))
+        }) {
             lanes[(i % 4) as usize] = f32::from_bits(bits);
             let (want, got) = (pack4_portable(&lanes), unsafe { f16c::pack4(&lanes) });
             assert_eq!(want, got, "{lanes:?}");
@@ -195,16 +200,7 @@ mod tests {
     #[test]
     fn narrowing_matches_half() {
         // Every f16 boundary region densely, then a sweep of all exponents.
-        let mut x: u32 = 0x2545_f491;
-        for i in 0..2_000_000u32 {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            let bits = if i % 2 == 0 {
-                x
-            } else {
-                0x3800_0000 + (x % 0x1000_0000)
-            };
+        for (_, bits) in draws(0x2545_f491, 2_000_000, |x| 0x3800_0000 + (x % 0x1000_0000)) {
             let v = f32::from_bits(bits);
             let want = f16::from_f32(v).to_bits();
             let got = f32_to_f16(v);
