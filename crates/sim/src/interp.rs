@@ -288,7 +288,8 @@ fn uses_areg(i: &Inst) -> bool {
 /// On an x86-64 host with AVX2 and F16C the same loop runs compiled for them
 /// (the AMP's sixteen f32 lanes in two registers instead of four); its results
 /// are the same bit for bit: Rust contracts no multiply and add into a fused one,
-/// and every conversion is written out or goes through `half`.
+/// and every f16 conversion is IEEE (exact, or rounded to nearest even) in
+/// whichever form it takes (`fp`).
 pub(crate) fn run<const SUP: bool>(
     sh: &mut Shared,
     ctx: &mut Ctx,
@@ -309,6 +310,8 @@ fn run_avx2<const SUP: bool>(sh: &mut Shared, ctx: &mut Ctx, amp: &mut Amp, env:
     run_portable::<SUP>(sh, ctx, amp, env)
 }
 
+/// The loop itself, as [`run`] calls it on a host without AVX2 and F16C (and the
+/// tests, to compare it with the other copy).
 #[inline(always)]
 pub(crate) fn run_portable<const SUP: bool>(
     sh: &mut Shared,
