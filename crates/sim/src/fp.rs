@@ -57,15 +57,16 @@ pub(crate) fn f64_to_f16(x: f64) -> u16 {
 /// Four f16 lanes (lane 0 in the low bits) widened to f32.
 ///
 /// The AMP converts eight lanes in and four out per issue, so on a host with F16C
-/// (checked at run time: the build stays portable) the conversions take one
-/// instruction each. IEEE conversions are exact or correctly rounded, so both
-/// forms give the same bits; `conversions_agree_with_f16c` checks every f16 and
-/// millions of f32.
+/// the conversions take one instruction each: `F16C` is true only where the
+/// interpreter found the feature at run time (`interp::run`; the build stays
+/// portable). IEEE conversions are exact or correctly rounded, so both forms give
+/// the same bits; `conversions_agree_with_f16c` checks every f16 and millions of
+/// f32.
 #[inline(always)]
-pub(crate) fn unpack4(v: u64) -> [f32; 4] {
+pub(crate) fn unpack4<const F16C: bool>(v: u64) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: F16C was detected.
+    if F16C {
+        // SAFETY: `F16C` is true only on a host with F16C (see above).
         return unsafe { f16c::unpack4(v) };
     }
     unpack4_portable(v)
@@ -104,10 +105,10 @@ fn unpack4_portable(v: u64) -> [f32; 4] {
 
 /// Four f32 rounded to f16 lanes (lane 0 in the low bits); see [`unpack4`].
 #[inline(always)]
-pub(crate) fn pack4(x: &[f32]) -> u64 {
+pub(crate) fn pack4<const F16C: bool>(x: &[f32]) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: F16C was detected.
+    if F16C {
+        // SAFETY: `F16C` is true only on a host with F16C (see `unpack4`).
         return unsafe { f16c::pack4(x) };
     }
     pack4_portable(x)

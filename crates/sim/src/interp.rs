@@ -286,10 +286,11 @@ fn uses_areg(i: &Inst) -> bool {
 /// Runs context `ctx` until it stops. `SUP` selects the supervisor's rules.
 ///
 /// On an x86-64 host with AVX2 and F16C the same loop runs compiled for them
-/// (the AMP's sixteen f32 lanes in two registers instead of four); its results
-/// are the same bit for bit: Rust contracts no multiply and add into a fused one,
-/// and every f16 conversion is IEEE (exact, or rounded to nearest even) in
-/// whichever form it takes (`fp`).
+/// (the AMP's sixteen f32 lanes in two registers instead of four), its f16
+/// conversions by F16C; its results are the same bit for bit: Rust contracts no
+/// multiply and add into a fused one, and every f16 conversion is IEEE (exact, or
+/// rounded to nearest even) in either form (`fp`). The features are checked here,
+/// once a call, not on every conversion.
 pub(crate) fn run<const SUP: bool>(
     sh: &mut Shared,
     ctx: &mut Ctx,
@@ -301,19 +302,21 @@ pub(crate) fn run<const SUP: bool>(
         // SAFETY: the features the function is compiled for were detected.
         return unsafe { run_avx2::<SUP>(sh, ctx, amp, env) };
     }
-    run_portable::<SUP>(sh, ctx, amp, env)
+    run_portable::<SUP, false>(sh, ctx, amp, env)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 fn run_avx2<const SUP: bool>(sh: &mut Shared, ctx: &mut Ctx, amp: &mut Amp, env: &Env) -> Stop {
-    run_portable::<SUP>(sh, ctx, amp, env)
+    // The one instantiation with `F16C` true: the feature was detected.
+    run_portable::<SUP, true>(sh, ctx, amp, env)
 }
 
 /// The loop itself, as [`run`] calls it on a host without AVX2 and F16C (and the
-/// tests, to compare it with the other copy).
+/// tests, to compare it with the other copy). `F16C` selects the conversions'
+/// form (`fp::unpack4`): true only where the host has F16C.
 #[inline(always)]
-pub(crate) fn run_portable<const SUP: bool>(
+pub(crate) fn run_portable<const SUP: bool, const F16C: bool>(
     sh: &mut Shared,
     ctx: &mut Ctx,
     amp: &mut Amp,
@@ -373,7 +376,7 @@ pub(crate) fn run_portable<const SUP: bool>(
         if let Word::Bundle(m, a) = word
             && !SUP
             && pc.is_multiple_of(8)
-            && feeder_bundle(sh, ctx, amp, env, m, a)
+            && feeder_bundle::<F16C>(sh, ctx, amp, env, m, a)
         {
             ctx.m[15] = 0;
             ctx.a[15] = 0;
@@ -392,13 +395,13 @@ pub(crate) fn run_portable<const SUP: bool>(
                     if SUP {
                         Err(sup_aux())
                     } else {
-                        exec_aux(ctx, amp, sh, env, i).map(|out| {
+                        exec_aux::<F16C>(ctx, amp, sh, env, i).map(|out| {
                             apply(ctx, out);
                             Flow::Next
                         })
                     }
                 } else {
-                    exec_main::<SUP>(sh, ctx, env, i, pc, len)
+                    exec_main::<SUP, F16C>(sh, ctx, env, i, pc, len)
                 }
             }
             Word::Bundle(m, a) => {
@@ -415,8 +418,8 @@ pub(crate) fn run_portable<const SUP: bool>(
                 } else {
                     // Both pipes read before either writes: the aux result waits
                     // until the main instruction has executed.
-                    match exec_aux(ctx, amp, sh, env, a) {
-                        Ok(out) => exec_main::<SUP>(sh, ctx, env, m, pc, len).inspect(|_| {
+                    match exec_aux::<F16C>(ctx, amp, sh, env, a) {
+                        Ok(out) => exec_main::<SUP, F16C>(sh, ctx, env, m, pc, len).inspect(|_| {
                             apply(ctx, out);
                         }),
                         Err(e) => Err(e),
@@ -626,7 +629,7 @@ fn check_target(t: u32) -> Res<Flow> {
 }
 
 #[inline(always)]
-fn exec_main<const SUP: bool>(
+fn exec_main<const SUP: bool, const F16C: bool>(
     sh: &mut Shared,
     ctx: &mut Ctx,
     env: &Env,
@@ -772,8 +775,8 @@ fn exec_main<const SUP: bool>(
             let row = (quad as usize / 2) & 15;
             let col = (quad as usize % 2) * 8;
             let w = &mut sh.weights[row][col..col + 8];
-            w[..4].copy_from_slice(&fp::unpack4(rd64(&sh.mem, off)));
-            w[4..].copy_from_slice(&fp::unpack4(rd64(&sh.mem, off + 8)));
+            w[..4].copy_from_slice(&fp::unpack4::<F16C>(rd64(&sh.mem, off)));
+            w[4..].copy_from_slice(&fp::unpack4::<F16C>(rd64(&sh.mem, off + 8)));
             set_m(ctx, base, next);
         }
         Inst::Br { a } => return check_target(mr(ctx, a)),
@@ -950,11 +953,17 @@ fn f16v2_map(x: u32, f: fn(f32) -> f32) -> u32 {
 /// One AMP step (docs/isa.md, "AMP"): returns the previous row's output quarter as
 /// four f16 lanes and accumulates 64 products plus four partials.
 #[inline(always)]
-fn amp_step(amp: &mut Amp, weights: &[[f32; 16]; 16], inp: u64, pin: u64, phase: u8) -> u64 {
+fn amp_step<const F16C: bool>(
+    amp: &mut Amp,
+    weights: &[[f32; 16]; 16],
+    inp: u64,
+    pin: u64,
+    phase: u8,
+) -> u64 {
     let p = (phase & 3) as usize;
-    let x = fp::unpack4(inp);
-    let partial = fp::unpack4(pin);
-    let result = fp::pack4(&amp.latch[4 * p..4 * p + 4]);
+    let x = fp::unpack4::<F16C>(inp);
+    let partial = fp::unpack4::<F16C>(pin);
+    let result = fp::pack4::<F16C>(&amp.latch[4 * p..4 * p + 4]);
     // Accumulate in a local copy (registers) rather than through `amp`: the same
     // operations in the same order, without a store per step.
     let mut acc = amp.acc;
@@ -1075,7 +1084,7 @@ fn ld2xst64(
 /// and raises the fault. Same operations and order as the general path (operands
 /// read first, the aux result written last).
 #[inline(always)]
-fn feeder_bundle(
+fn feeder_bundle<const F16C: bool>(
     sh: &mut Shared,
     ctx: &mut Ctx,
     amp: &mut Amp,
@@ -1128,7 +1137,7 @@ fn feeder_bundle(
         return false;
     }
     let sv = ar2(ctx, s);
-    let result = amp_step(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
+    let result = amp_step::<F16C>(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
     ctx.clock += env.amp_extra;
     let v0 = rd64(&sh.mem, (a0 - lo) as usize);
     let v1 = rd64(&sh.mem, (a1 - lo) as usize);
@@ -1146,7 +1155,13 @@ fn feeder_bundle(
 #[inline(always)]
 /// Executes an aux-pipe instruction and returns its register result, which the
 /// caller writes back once the main pipe has read its operands.
-fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> Res<AuxOut> {
+fn exec_aux<const F16C: bool>(
+    ctx: &mut Ctx,
+    amp: &mut Amp,
+    sh: &Shared,
+    env: &Env,
+    i: &Inst,
+) -> Res<AuxOut> {
     let out = match *i {
         Inst::Amp {
             out,
@@ -1154,7 +1169,7 @@ fn exec_aux(ctx: &mut Ctx, amp: &mut Amp, sh: &Shared, env: &Env, i: &Inst) -> R
             pin,
             phase,
         } => {
-            let result = amp_step(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
+            let result = amp_step::<F16C>(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
             ctx.clock += env.amp_extra;
             two(out, result)
         }

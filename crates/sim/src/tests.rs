@@ -133,8 +133,9 @@ fn exec_env<const SUP: bool>(
     };
     tweak(&mut env);
     let mut amp = Amp::default();
-    // The loop as compiled for the host's vector features and as compiled for any
-    // x86-64 must agree on everything (`interp::run` picks one at run time).
+    // The loop as compiled for the host's vector features (with F16C conversions)
+    // and as compiled for any x86-64 (with written-out ones) must agree on
+    // everything (`interp::run` picks one at run time).
     let (mut sh2, mut ctx2, mut amp2) = (sh.clone(), ctx.clone(), amp.clone());
     let stop = loop {
         match interp::run::<SUP>(&mut sh, &mut ctx, &mut amp, &env) {
@@ -143,7 +144,7 @@ fn exec_env<const SUP: bool>(
         }
     };
     let stop2 = loop {
-        match interp::run_portable::<SUP>(&mut sh2, &mut ctx2, &mut amp2, &env) {
+        match interp::run_portable::<SUP, false>(&mut sh2, &mut ctx2, &mut amp2, &env) {
             Stop::Mark { .. } => continue,
             s => break s,
         }
