@@ -66,10 +66,12 @@ fn does_not_fit(d: &[Diagnosis]) -> String {
         d.iter().partition(|d| !d.not_attempted);
     let mut out = format!("{} tile(s) do not fit", tried.len());
     if !skipped.is_empty() {
+        // Tiles already started when the limit was reached still finish, so
+        // `tried` can exceed the limit; the limit itself is in each skipped
+        // tile's summary.
         out += &format!(
-            " ({} more not attempted: placement stops after {} refused tiles)",
-            skipped.len(),
-            tried.len()
+            " ({} more not attempted: placement stopped starting tiles once enough were refused)",
+            skipped.len()
         );
     }
     out += ":";
