@@ -960,6 +960,12 @@ fn amp_step<const F16C: bool>(
     pin: u64,
     phase: u8,
 ) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if F16C {
+        // SAFETY: `F16C` is true only in `run_avx2`'s copy of the loop, which runs
+        // once AVX2 and F16C were detected.
+        return unsafe { avx2::amp_step(amp, weights, inp, pin, phase) };
+    }
     let p = (phase & 3) as usize;
     let x = fp::unpack4::<F16C>(inp);
     let partial = fp::unpack4::<F16C>(pin);
@@ -983,6 +989,76 @@ fn amp_step<const F16C: bool>(
         amp.acc = acc;
     }
     result
+}
+
+/// [`amp_step`] on 256-bit vectors, for `run_avx2`'s copy of the loop. The scalar
+/// form keeps the accumulators in registers through the products, but adds the
+/// partials by index into its stack copy; that 16-byte store inside a 32-byte one
+/// defeats store forwarding twice a step. Here the partials go in as a half-vector
+/// with -0.0 in the lanes outside their quarter: `x + -0.0` is `x` for every
+/// value the accumulators can hold (zeros of either sign, and arithmetic's quiet
+/// NaNs), so each lane sees the same additions in the same order, with the same
+/// roundings.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Amp;
+    use std::arch::x86_64::{
+        _MM_FROUND_TO_NEAREST_INT, _mm_cvtph_ps, _mm_cvtps_ph, _mm_cvtsi64_si128,
+        _mm_cvtsi128_si64, _mm_loadu_ps, _mm_set1_ps, _mm256_add_ps, _mm256_loadu_ps,
+        _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set_m128, _mm256_setzero_ps,
+        _mm256_set1_epi32, _mm256_castps128_ps256, _mm256_storeu_ps,
+    };
+
+    #[target_feature(enable = "avx2,f16c")]
+    #[inline]
+    pub(super) fn amp_step(
+        amp: &mut Amp,
+        weights: &[[f32; 16]; 16],
+        inp: u64,
+        pin: u64,
+        phase: u8,
+    ) -> u64 {
+        let p = (phase & 3) as usize;
+        let x = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128(inp as i64)));
+        let partial = _mm_cvtph_ps(_mm_cvtsi64_si128(pin as i64));
+        let quarter: &[f32; 4] = amp.latch[4 * p..4 * p + 4].try_into().expect("4 lanes");
+        // SAFETY: every pointer below is to 4, 8 or 16 f32 inside a borrowed array
+        // (unaligned loads and stores).
+        unsafe {
+            let result = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_loadu_ps(quarter.as_ptr()));
+            let mut lo = _mm256_loadu_ps(amp.acc.as_ptr());
+            let mut hi = _mm256_loadu_ps(amp.acc.as_ptr().add(8));
+            let rows = &weights[4 * p..4 * p + 4];
+            for (k, w) in rows.iter().enumerate() {
+                let xk = _mm256_permutevar8x32_ps(x, _mm256_set1_epi32(k as i32));
+                lo = _mm256_add_ps(lo, _mm256_mul_ps(xk, _mm256_loadu_ps(w.as_ptr())));
+                hi = _mm256_add_ps(hi, _mm256_mul_ps(xk, _mm256_loadu_ps(w.as_ptr().add(8))));
+            }
+            let neg = _mm_set1_ps(-0.0);
+            let add = if p % 2 == 0 {
+                _mm256_set_m128(neg, partial)
+            } else {
+                _mm256_set_m128(partial, neg)
+            };
+            if p < 2 {
+                lo = _mm256_add_ps(lo, add);
+            } else {
+                hi = _mm256_add_ps(hi, add);
+            }
+            let (dst, zero) = if p == 3 {
+                (&mut amp.latch, true)
+            } else {
+                (&mut amp.acc, false)
+            };
+            _mm256_storeu_ps(dst.as_mut_ptr(), lo);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(8), hi);
+            if zero {
+                _mm256_storeu_ps(amp.acc.as_mut_ptr(), _mm256_setzero_ps());
+                _mm256_storeu_ps(amp.acc.as_mut_ptr().add(8), _mm256_setzero_ps());
+            }
+            _mm_cvtsi128_si64(result) as u64
+        }
+    }
 }
 
 /// The byte increment a strided access takes from `$mStride`: a signed count of
