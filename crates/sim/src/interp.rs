@@ -1004,9 +1004,9 @@ mod avx2 {
     use super::Amp;
     use std::arch::x86_64::{
         _MM_FROUND_TO_NEAREST_INT, _mm_cvtph_ps, _mm_cvtps_ph, _mm_cvtsi64_si128,
-        _mm_cvtsi128_si64, _mm_loadu_ps, _mm_set1_ps, _mm256_add_ps, _mm256_loadu_ps,
-        _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set_m128, _mm256_setzero_ps,
-        _mm256_set1_epi32, _mm256_castps128_ps256, _mm256_storeu_ps,
+        _mm_cvtsi128_si64, _mm_loadu_ps, _mm_set1_ps, _mm256_add_ps, _mm256_castps128_ps256,
+        _mm256_loadu_ps, _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set_m128,
+        _mm256_set1_epi32, _mm256_setzero_ps, _mm256_storeu_ps,
     };
 
     #[target_feature(enable = "avx2,f16c")]
