@@ -1035,7 +1035,7 @@ mod avx2 {
                 hi = _mm256_add_ps(hi, _mm256_mul_ps(xk, _mm256_loadu_ps(w.as_ptr().add(8))));
             }
             let neg = _mm_set1_ps(-0.0);
-            let add = if p % 2 == 0 {
+            let add = if p.is_multiple_of(2) {
                 _mm256_set_m128(neg, partial)
             } else {
                 _mm256_set_m128(partial, neg)
