@@ -103,47 +103,44 @@ fn unpack4_portable(v: u64) -> [f32; 4] {
     ]
 }
 
-/// Four f32 rounded to f16 lanes (lane 0 in the low bits); see [`unpack4`].
+/// Four f32 rounded to f16 lanes (lane 0 in the low bits), written out: the
+/// scalar AMP step's form; the vector step narrows with [`f16c::narrow`].
 #[inline(always)]
-pub(crate) fn pack4<const F16C: bool>(x: &[f32]) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if F16C {
-        // SAFETY: `F16C` is true only on a host with F16C (see `unpack4`).
-        return unsafe { f16c::pack4(x) };
-    }
-    pack4_portable(x)
-}
-
-#[inline(always)]
-fn pack4_portable(x: &[f32]) -> u64 {
+pub(crate) fn pack4(x: &[f32]) -> u64 {
     u64::from(f32_to_f16(x[0]))
         | (u64::from(f32_to_f16(x[1])) << 16)
         | (u64::from(f32_to_f16(x[2])) << 32)
         | (u64::from(f32_to_f16(x[3])) << 48)
 }
 
+/// The F16C forms of the conversions, on the vector registers the AVX2 loop
+/// keeps its lanes in. Callers must have detected F16C.
 #[cfg(target_arch = "x86_64")]
-mod f16c {
+pub(crate) mod f16c {
     use std::arch::x86_64::{
         __m128, _MM_FROUND_TO_NEAREST_INT, _mm_cvtph_ps, _mm_cvtps_ph, _mm_cvtsi64_si128,
-        _mm_cvtsi128_si64, _mm_loadu_ps,
+        _mm_cvtsi128_si64,
     };
 
+    /// Four f16 lanes widened to f32 (exact).
     #[target_feature(enable = "f16c")]
     #[inline]
-    pub(super) fn unpack4(v: u64) -> [f32; 4] {
-        let wide: __m128 = _mm_cvtph_ps(_mm_cvtsi64_si128(v as i64));
-        // SAFETY: `__m128` and `[f32; 4]` have the same size, lane 0 first.
-        unsafe { std::mem::transmute::<__m128, [f32; 4]>(wide) }
+    pub(crate) fn widen(v: u64) -> __m128 {
+        _mm_cvtph_ps(_mm_cvtsi64_si128(v as i64))
+    }
+
+    /// Four f32 lanes rounded to f16, to nearest even.
+    #[target_feature(enable = "f16c")]
+    #[inline]
+    pub(crate) fn narrow(x: __m128) -> u64 {
+        _mm_cvtsi128_si64(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) as u64
     }
 
     #[target_feature(enable = "f16c")]
     #[inline]
-    pub(super) fn pack4(x: &[f32]) -> u64 {
-        let x: &[f32; 4] = x[..4].try_into().expect("four lanes");
-        // SAFETY: `x` holds four f32 (an unaligned load).
-        let v = unsafe { _mm_loadu_ps(x.as_ptr()) };
-        _mm_cvtsi128_si64(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) as u64
+    pub(super) fn unpack4(v: u64) -> [f32; 4] {
+        // SAFETY: `__m128` and `[f32; 4]` have the same size, lane 0 first.
+        unsafe { std::mem::transmute::<__m128, [f32; 4]>(widen(v)) }
     }
 }
 
@@ -181,7 +178,9 @@ mod tests {
             (x & 0x8000_0000) | (0x3000_0000 + (x % 0x1800_0000))
         }) {
             lanes[(i % 4) as usize] = f32::from_bits(bits);
-            let (want, got) = (pack4_portable(&lanes), unsafe { f16c::pack4(&lanes) });
+            // SAFETY: F16C was detected above; `lanes` holds four f32.
+            let got = unsafe { f16c::narrow(std::arch::x86_64::_mm_loadu_ps(lanes.as_ptr())) };
+            let want = pack4(&lanes);
             assert_eq!(want, got, "{lanes:?}");
         }
     }

@@ -286,10 +286,10 @@ fn uses_areg(i: &Inst) -> bool {
 /// Runs context `ctx` until it stops. `SUP` selects the supervisor's rules.
 ///
 /// On an x86-64 host with AVX2 and F16C the same loop runs compiled for them
-/// (the AMP's sixteen f32 lanes in two registers instead of four), its f16
-/// conversions by F16C; its results are the same bit for bit: Rust contracts no
-/// multiply and add into a fused one, and every f16 conversion is IEEE (exact, or
-/// rounded to nearest even) in either form (`fp`). The features are checked here,
+/// (the AMP step on 256-bit vectors, its f16 conversions by F16C); its results
+/// are the same bit for bit: Rust contracts no multiply and add into a fused one,
+/// and every f16 conversion is IEEE (exact, or rounded to nearest even) in either
+/// form (`fp`). The features are checked here,
 /// once a call, not on every conversion.
 pub(crate) fn run<const SUP: bool>(
     sh: &mut Shared,
@@ -967,9 +967,11 @@ fn amp_step<const F16C: bool>(
         return unsafe { avx2::amp_step(amp, weights, inp, pin, phase) };
     }
     let p = (phase & 3) as usize;
-    let x = fp::unpack4::<F16C>(inp);
-    let partial = fp::unpack4::<F16C>(pin);
-    let result = fp::pack4::<F16C>(&amp.latch[4 * p..4 * p + 4]);
+    // Only the portable copy gets here: its written-out conversions are what the
+    // two-copy tests compare the vector step's with.
+    let x = fp::unpack4::<false>(inp);
+    let partial = fp::unpack4::<false>(pin);
+    let result = fp::pack4(&amp.latch[4 * p..4 * p + 4]);
     // Accumulate in a local copy (registers) rather than through `amp`: the same
     // operations in the same order, without a store per step.
     let mut acc = amp.acc;
@@ -1002,11 +1004,11 @@ fn amp_step<const F16C: bool>(
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::Amp;
+    use crate::fp::f16c::{narrow, widen};
     use std::arch::x86_64::{
-        _MM_FROUND_TO_NEAREST_INT, _mm_cvtph_ps, _mm_cvtps_ph, _mm_cvtsi64_si128,
-        _mm_cvtsi128_si64, _mm_loadu_ps, _mm_set1_ps, _mm256_add_ps, _mm256_castps128_ps256,
-        _mm256_loadu_ps, _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set_m128,
-        _mm256_set1_epi32, _mm256_setzero_ps, _mm256_storeu_ps,
+        _mm_loadu_ps, _mm_set1_ps, _mm256_add_ps, _mm256_castps128_ps256, _mm256_loadu_ps,
+        _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set_m128, _mm256_set1_epi32,
+        _mm256_setzero_ps, _mm256_storeu_ps,
     };
 
     #[target_feature(enable = "avx2,f16c")]
@@ -1019,13 +1021,13 @@ mod avx2 {
         phase: u8,
     ) -> u64 {
         let p = (phase & 3) as usize;
-        let x = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128(inp as i64)));
-        let partial = _mm_cvtph_ps(_mm_cvtsi64_si128(pin as i64));
+        let x = _mm256_castps128_ps256(widen(inp));
+        let partial = widen(pin);
         let quarter: &[f32; 4] = amp.latch[4 * p..4 * p + 4].try_into().expect("4 lanes");
         // SAFETY: every pointer below is to 4, 8 or 16 f32 inside a borrowed array
         // (unaligned loads and stores).
         unsafe {
-            let result = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_loadu_ps(quarter.as_ptr()));
+            let result = narrow(_mm_loadu_ps(quarter.as_ptr()));
             let mut lo = _mm256_loadu_ps(amp.acc.as_ptr());
             let mut hi = _mm256_loadu_ps(amp.acc.as_ptr().add(8));
             let rows = &weights[4 * p..4 * p + 4];
@@ -1056,7 +1058,7 @@ mod avx2 {
                 _mm256_storeu_ps(amp.acc.as_mut_ptr(), _mm256_setzero_ps());
                 _mm256_storeu_ps(amp.acc.as_mut_ptr().add(8), _mm256_setzero_ps());
             }
-            _mm_cvtsi128_si64(result) as u64
+            result
         }
     }
 }
