@@ -10,7 +10,7 @@
 use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, MReg, Word};
 use tessera_machine::Timing;
 
-use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
+use crate::asm::{Asm, a, int, inti, ld32m, m, mov, setzi};
 use crate::contract::{Contract, MemClass, Operand, Role};
 use crate::layernorm::{fbin, ld64s, simple_contract, st64s, to_f16};
 use crate::softmax::{End, Issue, ai, bi, block, mi};
@@ -348,8 +348,28 @@ const UNROLL_MAX: u32 = 64;
 /// partial's octet at an immediate `ld128` offset (12 bits of 16 bytes) from the
 /// first one's, so a partial costs one issue (`{ ld128; f16v8acc }`) instead of two.
 fn unrolled(k: u32, n: u32) -> bool {
-    wide(n) && k <= UNROLL_MAX && (k - 1) * (n * 2 / 16) < 1 << 12
+    wide(n) && k <= UNROLL_MAX && k <= per_base(n)
 }
+
+/// Partials one base register reaches at `ld128` immediates (12 bits of 16-byte
+/// atoms) when partial `j`'s octet is `j * n * 2 / 16` atoms on. Only for `wide(n)`.
+fn per_base(n: u32) -> u32 {
+    4095 / (n * 2 / 16) + 1
+}
+
+/// Whether the software-pipelined loop ([`pipelined_octets`]) serves `k` partials of
+/// `n` columns: those one base register reaches, and up to as many again from a
+/// second (`FAR`), re-formed beside every octet's drain. Without it, a wide
+/// reduction whose partials are spread too far for the immediates (the So400m
+/// `fc2`'s 18 partials of 2,448 columns: 83 KB) falls back to the rolled loop at
+/// twice the issues an octet.
+fn pipelined(k: u32, n: u32) -> bool {
+    wide(n) && k <= UNROLL_MAX && k <= 2 * per_base(n)
+}
+
+/// The second base of [`pipelined_octets`], and the distance it keeps from `$m4`.
+const FAR: MReg = MReg(5);
+const FAR_DISTANCE: MReg = MReg(14);
 
 fn reduce_input(k: u32, n: u32) -> Operand {
     let op = Operand::new("in", Role::Input, k * n * 2, 8);
@@ -423,7 +443,8 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
     let setup = if addends > 0 { 2 } else { 0 };
     // An addend is read like one more partial.
     let per_input = if wide(n) { 2 } else { 3 };
-    let pipelined = unrolled(k, n) && !norm;
+    let pipelined = pipelined(k, n) && !norm;
+    let far = pipelined && k > per_base(n);
     // Unscaled, the drain reads the accumulators as f16 (`f16v2gina`): four
     // conversions an octet fewer, two in the tail.
     let converts = if norm { 4 } else { 0 };
@@ -446,8 +467,20 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
             };
             // The pipelined loop's setup: the addends' addresses, the first load,
             // the count, the `rpt`.
-            let pre = if pipelined && o > 0 { b + 3 } else { 0 };
-            8 + prologue + setup + pre + u64::from(o) * (per_octet + 4 * scaled) + tail
+            // The second base: its distance and first address in the setup, and
+            // its address again beside every drain but the last, one issue more
+            // where the drain has no aux slot left for it.
+            let pre = if pipelined && o > 0 {
+                b + 3 + 2 * u64::from(far)
+            } else {
+                0
+            };
+            let refar = if far {
+                u64::from(o.saturating_sub(1)) * pipelined_far_extra(addends)
+            } else {
+                0
+            };
+            8 + prologue + setup + pre + u64::from(o) * (per_octet + 4 * scaled) + refar + tail
         }),
     )
 }
@@ -469,15 +502,29 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
 /// one's accumulation, the addends' addresses and the next octet's first load are
 /// formed during the drain (four `f16v2gina`, two stores), so an octet costs
 /// `k + b + 5` issues (`b` addends) against `k + 2b + 8` rolled the plain way.
-/// The last octet is peeled: it loads nothing past its own.
+/// Partials past the immediates' reach come from a second base (`FAR`), formed
+/// there too: one issue more an octet when both addends already take the drain's
+/// free slots, against `2 (k + b) + 10` for the rolled loop they would otherwise
+/// need. The last octet is peeled: it loads nothing past its own.
 /// Expects `$m8` = octets (at least one), `$m4` at partial 0 of the first octet,
 /// `$m3` at the output; leaves both past the last octet, as the rolled loop does.
 fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
-    let at = |j: u32| Inst::Ld128 {
-        d: a(0),
-        base: m(4),
-        imm: (j * n * 2 / 16) as u16,
+    let reach = per_base(n);
+    let far = k > reach;
+    // Partials past the first base's reach go from `FAR`, `reach` partials on.
+    let at = |j: u32| {
+        let (base, j) = if j < reach {
+            (m(4), j)
+        } else {
+            (FAR, j - reach)
+        };
+        Inst::Ld128 {
+            d: a(0),
+            base,
+            imm: (j * n * 2 / 16) as u16,
+        }
     };
+    let far_form = int(IntOp::Add, FAR, m(4), FAR_DISTANCE);
     let acc8 = Inst::F16Acc {
         a: a(0),
         quad: true,
@@ -488,6 +535,10 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
     let addr = &addr[..distances.len()];
     let form = |i: usize| int(IntOp::Add, addr[i], m(4), distances[i]);
     let mut pre: Vec<Issue> = (0..distances.len()).map(|i| mi(form(i))).collect();
+    if far {
+        pre.push(mi(setzi(FAR_DISTANCE, reach * n * 2)));
+        pre.push(mi(far_form));
+    }
     pre.push(mi(at(0)));
     pre.push(mi(inti(IntOp::Sub, m(8), m(8), 1)));
     block(s, &pre, End::BeforeRpt);
@@ -505,6 +556,10 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
         if !last {
             beside.push(at(0));
             beside.extend((0..addr.len()).map(form));
+            // After the step of `$m4` above, before the next octet's far loads.
+            if far {
+                beside.push(far_form);
+            }
         }
         let mut beside = beside.into_iter();
         let mut with = |aux: Inst, v: &mut Vec<Issue>| {
@@ -518,6 +573,8 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
         v.push(bi(st64s(10, 3), gina16(12)));
         with(gina16(13), &mut v);
         v.push(mi(st64s(12, 3)));
+        // What found no aux slot in the drain goes alone.
+        v.extend(beside.map(mi));
         v
     };
     let body = octet(false);
@@ -528,6 +585,13 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
 /// Issues of one octet of [`pipelined_octets`], in its repeat body and peeled alike.
 fn pipelined_octet_issues(k: u32, addends: u8) -> u64 {
     u64::from(k) + u64::from(addends) + 5
+}
+
+/// Issues the second base's address adds to an octet that is not the last: the
+/// drain's three aux slots without a partner take the next octet's first load and
+/// the addends' addresses first.
+fn pipelined_far_extra(addends: u8) -> u64 {
+    u64::from(1 + addends + 1).saturating_sub(3)
 }
 
 /// `reduce_add` worker code. The accumulators (`f16v8acc`, `f32v2gina`) widen and
@@ -546,6 +610,7 @@ fn pipelined_octet_issues(k: u32, addends: u8) -> u64 {
 /// ([`unrolled`]).
 fn reduce_code(code_base: u32, norm: Option<u32>, (k, n): (u32, u32), addends: u8) -> Vec<Word> {
     let unroll = unrolled(k, n);
+    let pipelined = pipelined(k, n) && norm.is_none();
     let wide = wide(n);
     // `$m12` and `$m13` hold the addends' distances from `in` (`b`, `c`).
     let distances = [m(12), m(13)];
@@ -629,7 +694,7 @@ fn reduce_code(code_base: u32, norm: Option<u32>, (k, n): (u32, u32), addends: u
         }
     };
     s.brz(m(8), tail);
-    if unroll && norm.is_none() {
+    if pipelined {
         pipelined_octets(&mut s, k, n, distances);
     } else {
         s.bind(octet);

@@ -72,7 +72,9 @@ fn add_bias_matches_reference() {
 /// With addends, `b` and then `c` go into the same f32 sum after the partials: one
 /// rounding, bit-exact against that order, on the wide (n % 8 == 0) and narrow paths
 /// and with the last worker's trailing group of 4; the wide shapes are unrolled and
-/// software-pipelined, among them the So400m layer's (8 x 3888, 9 x 2592).
+/// software-pipelined, among them the So400m layer's (8 x 3888, 9 x 2592), and those
+/// whose partials lie past one base register's immediates (18 x 2448, batch 4's
+/// `fc2`; 24 x 1600) take the later ones from a second base.
 #[test]
 fn reduce_add_with_addends_matches_reference() {
     for (seed, &(kk, n)) in [
@@ -84,6 +86,8 @@ fn reduce_add_with_addends_matches_reference() {
         (8, 12),
         (8, 3888),
         (9, 2592),
+        (18, 2448),
+        (24, 1600),
     ]
     .iter()
     .enumerate()
@@ -120,9 +124,16 @@ fn reduce_add_with_addends_matches_reference() {
 
 #[test]
 fn reduce_add_matches_reference() {
-    for (seed, &(kk, n)) in [(2u32, 4u32), (3, 28), (5, 1152), (8, 100), (17, 12)]
-        .iter()
-        .enumerate()
+    for (seed, &(kk, n)) in [
+        (2u32, 4u32),
+        (3, 28),
+        (5, 1152),
+        (8, 100),
+        (17, 12),
+        (20, 2400),
+    ]
+    .iter()
+    .enumerate()
     {
         let k = ReduceAdd::new(kk, n);
         let mut r = rng(600 + seed as u64);

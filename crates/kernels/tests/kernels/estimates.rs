@@ -106,7 +106,16 @@ fn estimates_track_simulation() {
     for (r, n) in [(2, 24), (5, 100)] {
         check(&AddBias::new(r, n));
     }
-    for (k, n) in [(2, 8), (2, 4), (3, 100), (6, 96), (17, 2224), (9, 3344)] {
+    for (k, n) in [
+        (2, 8),
+        (2, 4),
+        (3, 100),
+        (6, 96),
+        (17, 2224),
+        (9, 3344),
+        (18, 2448),
+        (40, 2048),
+    ] {
         check_exact(&ReduceAdd::new(k, n));
         check_exact(&ReduceAdd::new(k, n).with_addend());
         check_exact(&ReduceAdd::new(k, n).with_addends());
