@@ -11,7 +11,7 @@ use tessera_isa::{FBinOp, FUnOp, FVec, Inst, IntOp, MReg, Word};
 use tessera_machine::Timing;
 
 use crate::asm::{Asm, a, int, inti, ld32m, m, mov, setzi};
-use crate::contract::{Contract, MemClass, Operand, Role};
+use crate::contract::{Contract, MemClass, Operand, Role, separate_all};
 use crate::layernorm::{fbin, ld64s, simple_contract, st64s, to_f16};
 use crate::softmax::{End, Issue, ai, bi, block, mi};
 use crate::{
@@ -25,6 +25,9 @@ const STRIDE: u16 = 32;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Add {
     pub n: u32,
+    /// `a`, `b` and `out` in three different memory elements (the contract asks
+    /// for it): see [`Add::apart`].
+    pub apart: bool,
 }
 
 /// `out[r] = a[r] + bias` for `rows` rows of `n` f16.
@@ -57,7 +60,15 @@ pub struct ReduceNorm {
 impl Add {
     pub const NAME: &'static str = "add_f16";
     pub fn new(n: u32) -> Add {
-        Add { n }
+        Add { n, apart: false }
+    }
+
+    /// The same sum where `out` is neither `a` nor shares an element with `a` or
+    /// `b`: one issue a group of four (`{ ld2xst64pace ; f16v4add }`, the store two
+    /// groups behind the loads) instead of three. The attention's merge adds two
+    /// tiles' products this way.
+    pub fn apart(n: u32) -> Add {
+        Add { n, apart: true }
     }
 }
 impl AddBias {
@@ -158,6 +169,63 @@ fn binary_code(code_base: u32) -> Vec<Word> {
     s.finish()
 }
 
+/// Worker code of [`Add::apart`]: one issue a group once the pipeline is full.
+/// Issue t loads group t, adds group t-1 and stores group t-2; in a bundle both
+/// pipes read before either writes, so the load and the add each see the previous
+/// issue's registers. Three streams in one issue need three elements: the contract
+/// keeps `a`, `b` and `out` apart.
+fn apart_code(code_base: u32) -> Vec<Word> {
+    let mut s = Asm::new(code_base);
+    let done = s.label();
+    let one = s.label();
+    let add = fbin(FBinOp::Add, FVec::F16V4, 4, 0, 2);
+    let load = Inst::Ld2x64Pace {
+        d0: a(0),
+        d1: a(2),
+        p0: m(10),
+        p1: m(11),
+    };
+    let load_store = Inst::Ld2xSt64Pace {
+        d0: a(0),
+        d1: a(2),
+        s: a(4),
+        p0: m(10),
+        p1: m(11),
+        ps: m(12),
+    };
+    s.i(ld32m(m(5), m(0), 3)); // groups
+    s.brz(m(5), done);
+    s.i(ld32m(m(10), m(0), 0)); // a
+    s.i(ld32m(m(11), m(0), 1)); // b
+    s.i(ld32m(m(12), m(0), 2)); // out
+    s.i(inti(IntOp::Sub, m(9), m(5), 1));
+    s.brz(m(9), one);
+    block(
+        &mut s,
+        &[mi(load), bi(load, add), mi(inti(IntOp::Sub, m(9), m(9), 1))],
+        End::BeforeRpt,
+    );
+    s.rpt(m(9), |b| block(b, &[bi(load_store, add)], End::Aligned));
+    block(&mut s, &[bi(st64s(4, 12), add), mi(st64s(4, 12))], End::Any);
+    s.i(Inst::Exit);
+    s.bind(one);
+    s.i(load);
+    s.i(add);
+    s.i(st64s(4, 12));
+    s.bind(done);
+    s.i(Inst::Exit);
+    s.finish()
+}
+
+/// Worker issues of [`apart_code`] with `g` groups.
+fn apart_issues(g: u64) -> u64 {
+    match g {
+        0 => 3,
+        1 => 11,
+        g => g + 12,
+    }
+}
+
 fn binary_state(rows: u32, n: u32, a: u32, b: u32, out: u32, broadcast: bool) -> VertexState {
     let mut buf = StateBuf::default();
     for (i, (g0, g)) in split(n / 4).into_iter().enumerate() {
@@ -185,16 +253,25 @@ fn binary_cycles(t: &Timing, rows: u32, n: u32) -> u64 {
 
 impl Kernel for Add {
     fn symbol(&self) -> String {
-        format!("{}_n{}", Self::NAME, self.n)
+        let apart = if self.apart { "_apart" } else { "" };
+        format!("{}_n{}{apart}", Self::NAME, self.n)
     }
     fn validate(&self) -> Result<(), KernelError> {
         check_columns(&self.symbol(), 1, self.n)
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
-        crate::single_entry(self, code_base, || binary_code(code_base))
+        if self.apart {
+            crate::single_entry(self, code_base, || apart_code(code_base))
+        } else {
+            crate::single_entry(self, code_base, || binary_code(code_base))
+        }
     }
     fn contract(&self) -> Contract {
-        binary_contract(self, self.n * 2, STRIDE)
+        let mut c = binary_contract(self, self.n * 2, STRIDE);
+        if self.apart {
+            separate_all(&mut c.operands, &["a", "b", "out"]);
+        }
+        c
     }
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
         self.validate()?;
@@ -209,7 +286,16 @@ impl Kernel for Add {
         ))
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        binary_cycles(t, 1, self.n)
+        if self.apart {
+            crate::single_shot_cycles(
+                t,
+                split(self.n / 4)
+                    .into_iter()
+                    .map(|(_, g)| apart_issues(u64::from(g))),
+            )
+        } else {
+            binary_cycles(t, 1, self.n)
+        }
     }
 }
 

@@ -7,10 +7,17 @@ fn add_f16(a: f16, b: f16) -> f16 {
     f16::from_f32(a.to_f32() + b.to_f32())
 }
 
+/// Both forms: the general one and `apart` (one issue a group), the latter with
+/// workers of no, one, two and many groups (n = 4: five idle workers; 28: one
+/// group each but the first; 3456: the attention merge's).
 #[test]
 fn add_matches_reference() {
-    for (seed, &n) in [4u32, 28, 100, 1152].iter().enumerate() {
-        let k = Add::new(n);
+    let cases = [4u32, 28, 48, 100, 1152]
+        .into_iter()
+        .map(Add::new)
+        .chain([4u32, 28, 48, 100, 1152, 3456].into_iter().map(Add::apart));
+    for (seed, k) in cases.enumerate() {
+        let n = k.n;
         let mut r = rng(400 + seed as u64);
         let a = random_f16(&mut r, n as usize, 100.0);
         let b = random_f16(&mut r, n as usize, 1.0);
@@ -22,7 +29,7 @@ fn add_matches_reference() {
         out.assert_ok();
         assert!(out.violations.is_empty(), "{:?}", out.violations);
         let want: Vec<f16> = a.iter().zip(&b).map(|(x, y)| add_f16(*x, *y)).collect();
-        assert_eq!(out.read_f16("out", n as usize), want, "n {n}");
+        assert_eq!(out.read_f16("out", n as usize), want, "{}", k.symbol());
     }
 }
 

@@ -103,6 +103,9 @@ fn estimates_track_simulation() {
     for n in [8, 96, 1000] {
         check(&Add::new(n));
     }
+    for n in [4, 28, 48, 1000, 3456] {
+        check_exact(&Add::apart(n));
+    }
     for (r, n) in [(2, 24), (5, 100)] {
         check(&AddBias::new(r, n));
     }

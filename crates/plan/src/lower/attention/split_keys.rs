@@ -147,7 +147,7 @@ fn cut_cost(timing: &Timing, (tq, t, d, scale): (u32, u32, u32, f32), sg: &Split
         )
     });
     let q = longest_merge(sg, tq).max(1);
-    let merge = est(&Add::new(q * d * AMP_WIDTH))
+    let merge = est(&Add::apart(q * d * AMP_WIDTH))
         + est(&RecipSum::new(q * AMP_WIDTH))
         + u64::from(q * (d * 32 + 64)) / rate
         + u64::from(timing.exchange_overhead_cycles + timing.sync_cycles);
@@ -540,7 +540,7 @@ pub(super) fn lower(
         lw.call(
             w.s.tile,
             step,
-            Add::new(m.n * op.d * AMP_WIDTH),
+            Add::apart(m.n * op.d * AMP_WIDTH),
             &[
                 (
                     "a",
