@@ -5,8 +5,11 @@
 //! X = Q computes K·Qᵀ (the attention's transposed scores).
 //!
 //! Every 16×16 input block (512 contiguous bytes) becomes one transposed output
-//! block. Workers own contiguous ranges of input blocks, taken in input order so the
-//! input pointer is linear; the output block steps by `kc` blocks and jumps back to
+//! block. Workers own contiguous ranges of row groups (four input rows of a
+//! block), taken in input order so the input pointer is linear: a range may start
+//! and end inside a block, so `kc · tb` blocks spread over the six workers to
+//! within one row group (twenty blocks: 14 row groups on the busiest worker, where
+//! whole blocks gave 16). The output block steps by `kc` blocks and jumps back to
 //! the next column of blocks after the `tb`-th. A 4×4 sub-block is four `ld64` (a
 //! row's four elements each), eight `sort4x16lo/hi` (each pairs the same half of two
 //! rows' words: the 2×2 transposes) and four `st64` (an output row's four elements):
@@ -19,7 +22,7 @@
 use tessera_isa::{Inst, IntOp};
 use tessera_machine::Timing;
 
-use crate::asm::{Asm, MZ, a, int, inti, ld32m, m, mov};
+use crate::asm::{Asm, a, int, inti, ld32m, m, mov};
 use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
 use crate::softmax::{End, Issue, ai, bi, block, ld64, mi};
 use crate::{
@@ -35,7 +38,10 @@ pub struct TransposeBlocks {
     pub tb: u32,
 }
 
-const STRIDE: u16 = 32;
+/// A worker record: nine words (see [`Kernel::state`]), 8-byte aligned.
+const STRIDE: u16 = 40;
+/// Row groups in a block.
+const GROUPS: u32 = 4;
 const BLOCK: u32 = 512;
 
 impl TransposeBlocks {
@@ -50,17 +56,43 @@ impl TransposeBlocks {
         self.kc * self.tb * BLOCK
     }
 
-    /// Issues of the worker with `n` blocks from input block `v0`, with `body`
-    /// issues in a row group ([`rows_body`]).
-    fn worker_issues(&self, v0: u32, n: u32, body: u64) -> u64 {
+    /// A worker's range of row groups from `u0`, `n` of them, as its first
+    /// block's groups (to the end of that block, or of the range), then whole
+    /// blocks, then the groups of a last, partial block.
+    fn worker_range(u0: u32, n: u32) -> (u32, u32, u32) {
+        let first = n.min(GROUPS - u0 % GROUPS);
+        let rest = n - first;
+        (first, rest / GROUPS, rest % GROUPS)
+    }
+
+    /// Issues of the worker with `n` row groups from `u0`, with `body` issues in
+    /// a row group ([`rows_body`]).
+    fn worker_issues(&self, u0: u32, n: u32, body: u64) -> u64 {
         if n == 0 {
             return 5;
         }
-        // Column-of-blocks changes inside the range, each a 3-issue output jump.
-        let wraps = (v0 + n - 1) / self.tb - v0 / self.tb;
-        // Setup, then per block the repeat, four row groups and the block's
-        // bookkeeping (the last one's cut short by the exit).
-        7 + u64::from(n) * (6 + 4 * body) + 3 * u64::from(wraps)
+        let (first, whole, last) = Self::worker_range(u0, n);
+        // Output jumps to the next column of blocks (two issues each): after every
+        // block but a last partial one that ends a column.
+        let v0 = u0 / GROUPS;
+        let wraps = (v0 + whole + 1) / self.tb - v0 / self.tb;
+        // Setup (nine loads and the test); the first block's repeat, its
+        // bookkeeping and the test for whole blocks; per whole block the count,
+        // the repeat, four row groups, the bookkeeping and the branch back; the
+        // test for a last block, its repeat; the exit.
+        let last = if last > 0 {
+            1 + u64::from(last) * body
+        } else {
+            0
+        };
+        10 + 1
+            + u64::from(first) * body
+            + 4
+            + u64::from(whole) * (6 + 4 * body)
+            + 2 * u64::from(wraps)
+            + 1
+            + last
+            + 1
     }
 }
 
@@ -138,31 +170,47 @@ impl Kernel for TransposeBlocks {
         let mut s = Asm::new(code_base);
         let done = s.label();
         let blk = s.label();
-        s.i(ld32m(m(2), m(0), 0)); // input block, linear
-        s.i(ld32m(m(3), m(0), 1)); // output block
-        s.i(ld32m(m(4), m(0), 2)); // blocks left
+        let last = s.label();
+        s.i(ld32m(m(2), m(0), 0)); // input row group, linear
+        s.i(ld32m(m(3), m(0), 1)); // its output columns
+        s.i(ld32m(m(4), m(0), 2)); // row groups of the first block
         s.brz(m(4), done);
         block(
             &mut s,
             &[
-                mi(ld32m(m(5), m(0), 3)), // blocks left in this column of blocks
-                mi(ld32m(m(6), m(0), 4)), // tb
-                mi(ld32m(m(7), m(0), 5)), // output step to the next row of blocks
-                mi(ld32m(m(8), m(0), 6)), // output jump to the next column of blocks
+                mi(ld32m(m(5), m(0), 3)),  // blocks left in this column of blocks
+                mi(ld32m(m(6), m(0), 4)),  // tb
+                mi(ld32m(m(7), m(0), 5)),  // output step to the next row of blocks
+                mi(ld32m(m(8), m(0), 6)),  // output jump to the next column of blocks
+                mi(ld32m(m(9), m(0), 7)),  // whole blocks after the first
+                mi(ld32m(m(10), m(0), 8)), // row groups of a last, partial block
             ],
             End::BeforeRpt,
         );
-        s.bind(blk);
         let body = rows_body();
-        s.rpti(4, |b| block(b, &body, End::Aligned));
-        s.i(int(IntOp::Add, m(3), m(3), m(7)));
-        s.i(inti(IntOp::Sub, m(4), m(4), 1));
-        s.brz(m(4), done);
-        s.i(inti(IntOp::Sub, m(5), m(5), 1));
-        s.brnz(m(5), blk);
-        s.i(int(IntOp::Add, m(3), m(3), m(8)));
-        s.i(mov(m(5), m(6)));
-        s.brz(MZ, blk);
+        // Every block but the worker's last ends at its fourth row group, whatever
+        // group it started at, so the step to the next block is the same for all.
+        let next_block = |s: &mut Asm| {
+            let same_column = s.label();
+            s.i(int(IntOp::Add, m(3), m(3), m(7)));
+            s.i(inti(IntOp::Sub, m(5), m(5), 1));
+            s.brnz(m(5), same_column);
+            s.i(int(IntOp::Add, m(3), m(3), m(8)));
+            s.i(mov(m(5), m(6)));
+            s.bind(same_column);
+        };
+        s.rpt(m(4), |b| block(b, &body, End::Aligned));
+        next_block(&mut s);
+        s.brz(m(9), last);
+        // Word parity below: the count's decrement puts each `rpt` at 4 mod 8.
+        s.bind(blk);
+        s.i(inti(IntOp::Sub, m(9), m(9), 1));
+        s.rpti(GROUPS as u16, |b| block(b, &body, End::Aligned));
+        next_block(&mut s);
+        s.brnz(m(9), blk);
+        s.bind(last);
+        s.brz(m(10), done);
+        s.rpt(m(10), |b| block(b, &body, End::Aligned));
         s.bind(done);
         s.i(Inst::Exit);
         Ok(KernelCode {
@@ -196,17 +244,22 @@ impl Kernel for TransposeBlocks {
         let inp = operand(addrs, &name, "in")?;
         let out = operand(addrs, &name, "out")?;
         let mut buf = StateBuf::default();
-        for (i, (v0, n)) in split(self.kc * self.tb).into_iter().enumerate() {
+        for (i, (u0, n)) in split(GROUPS * self.kc * self.tb).into_iter().enumerate() {
+            let (v0, r0) = (u0 / GROUPS, u0 % GROUPS);
             let (c0, b0) = (v0 / self.tb, v0 % self.tb);
-            buf.u32(inp + v0 * BLOCK)
-                .u32(out + (b0 * self.kc + c0) * BLOCK)
-                .u32(n)
+            let (first, whole, last) = Self::worker_range(u0, n);
+            // A row group is 128 input bytes and 8 bytes of every output row.
+            buf.u32(inp + v0 * BLOCK + r0 * 128)
+                .u32(out + (b0 * self.kc + c0) * BLOCK + r0 * 8)
+                .u32(first)
                 .u32(self.tb - b0)
                 .u32(self.tb)
                 .u32(self.kc * BLOCK - 32)
                 // From past the last row of blocks back to the next column of blocks
                 // (wrapping: the jump is negative).
                 .u32(BLOCK.wrapping_sub(self.bytes()))
+                .u32(whole)
+                .u32(last)
                 .pad_to((i + 1) * usize::from(STRIDE));
         }
         Ok(buf.finish(STRIDE))
@@ -216,9 +269,9 @@ impl Kernel for TransposeBlocks {
         let body = rows_body().len() as u64;
         crate::single_shot_cycles(
             t,
-            split(self.kc * self.tb)
+            split(GROUPS * self.kc * self.tb)
                 .into_iter()
-                .map(|(v0, n)| self.worker_issues(v0, n, body)),
+                .map(|(u0, n)| self.worker_issues(u0, n, body)),
         )
     }
 }

@@ -205,7 +205,20 @@ fn estimates_track_simulation() {
             check_exact(&SoftmaxCols::shifted(blocks, rows, n, 1.0, g));
         }
     }
-    for (kc, tb) in [(1, 1), (1, 7), (2, 3), (3, 13), (5, 46)] {
+    // Ranges of row groups that start inside a block, cross columns of blocks
+    // within whole blocks and end in partial ones (the attention's 5 x 3, 4, 5).
+    for (kc, tb) in [
+        (1, 1),
+        (1, 7),
+        (2, 3),
+        (3, 13),
+        (5, 46),
+        (5, 3),
+        (5, 4),
+        (3, 5),
+        (4, 1),
+        (2, 2),
+    ] {
         check_exact(&TransposeBlocks::new(kc, tb));
     }
     for (runs, bytes, stride) in [

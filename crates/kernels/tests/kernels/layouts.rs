@@ -110,6 +110,9 @@ fn transpose_blocks_gives_the_weight_layout_of_the_transpose() {
         (5, 7),
         (5, 46),
         (8, 48),
+        (5, 3),
+        (5, 4),
+        (4, 1),
     ]
     .iter()
     .enumerate()
