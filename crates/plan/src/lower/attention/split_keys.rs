@@ -222,7 +222,13 @@ pub(crate) fn longest_merge(sg: &SplitGeometry, tq: u32) -> u32 {
 /// Which tile merges which query blocks: runs of blocks, each within one tile's
 /// blocks in either half, at most one run a tile, the longest run as short as can
 /// be (the merge, the scaling and the transposition back cost the busiest tile
-/// per block). As `(half, tile of the half, first block, blocks)`, in block order.
+/// per block), and then the most blocks a tile sends as few as can be (a tile
+/// sends its products of every block it holds and does not merge, and the merge
+/// exchange takes as long as the busiest tile's sending or receiving: with the
+/// longest runs taken first, the second half's tiles of So400m at batch 4 merged
+/// none of their five blocks and sent all of them, 3,060 cycles where three a
+/// tile each way take 1,876). As `(half, tile of the half, first block, blocks)`,
+/// in block order.
 fn merge_runs(sg: &SplitGeometry, nb: u32) -> Vec<(usize, u32, u32, u32)> {
     let q = [sg.halves[0].qb, sg.halves[1].qb];
     let lo = nb.div_ceil(sg.group).max(1);
@@ -231,9 +237,12 @@ fn merge_runs(sg: &SplitGeometry, nb: u32) -> Vec<(usize, u32, u32, u32)> {
     // answer, for an empty range.
     (lo..=q[0])
         .find_map(|cap| {
-            let mut out = Vec::new();
-            let mut dead = std::collections::HashSet::new();
-            merge_walk((q, nb, cap), 0, [false; 2], &mut dead, &mut out).then_some(out)
+            (0..=q[0].max(q[1])).find_map(|send| {
+                let mut out = Vec::new();
+                let mut dead = std::collections::HashSet::new();
+                let walk = Walk { q, nb, cap, send };
+                walk.from(0, [None; 2], &mut dead, &mut out).then_some(out)
+            })
         })
         .unwrap_or_else(|| {
             (0..nb.div_ceil(q[0]))
@@ -242,42 +251,82 @@ fn merge_runs(sg: &SplitGeometry, nb: u32) -> Vec<(usize, u32, u32, u32)> {
         })
 }
 
-/// [`merge_runs`]' search from block `j`, with the tiles of either half that hold
-/// `j` already merging (`used`) or not: pushes the runs to the end onto `out`,
-/// longest first, and says whether it found them; `dead` keeps the states known to
-/// fail.
-fn merge_walk(
-    (q, nb, cap): ([u32; 2], u32, u32),
-    j: u32,
-    used: [bool; 2],
-    dead: &mut std::collections::HashSet<(u32, [bool; 2])>,
-    out: &mut Vec<(usize, u32, u32, u32)>,
-) -> bool {
-    if j == nb {
-        return true;
+/// [`merge_runs`]' search: query blocks a tile holds in each half (`q`), blocks
+/// (`nb`), the longest run (`cap`) and the most blocks a tile may send (`send`).
+struct Walk {
+    q: [u32; 2],
+    nb: u32,
+    cap: u32,
+    send: u32,
+}
+
+impl Walk {
+    /// Blocks tile `t` of half `k` holds (the last tile's may be fewer).
+    fn held(&self, k: usize, t: u32) -> u32 {
+        ((t + 1) * self.q[k]).min(self.nb) - t * self.q[k]
     }
-    if dead.contains(&(j, used)) {
-        return false;
+
+    /// Whether every tile of half `k` whose blocks end in `j..e` (blocks the run
+    /// `j..e` of the other half, or of this tile, passes) sends few enough:
+    /// `merged` blocks merged by the tile holding `j`, none by those after it.
+    fn sends_ok(&self, k: usize, j: u32, e: u32, merged: u32) -> bool {
+        let (q, t0) = (self.q[k], j / self.q[k]);
+        let last = if e == self.nb { e } else { e - e % q };
+        (t0..last.div_ceil(q).max(t0)).all(|t| {
+            if (t + 1) * q > last && e != self.nb {
+                return true;
+            }
+            let m = if t == t0 { merged } else { 0 };
+            self.held(k, t) - m <= self.send
+        })
     }
-    let mut options = Vec::new();
-    for hi in (0..2).filter(|&hi| !used[hi]) {
-        let t = j / q[hi];
-        let end = ((t + 1) * q[hi]).min(nb).min(j + cap);
-        options.extend((j + 1..=end).map(|e| (e, hi, t)));
-    }
-    options.sort_by_key(|&(e, hi, _)| (std::cmp::Reverse(e), hi));
-    for (e, hi, t) in options {
-        // At `e`, a holder is in use if it is the same tile as at `j` and was in
-        // use, or took this run.
-        let next = [0, 1].map(|k| e < nb && e / q[k] == j / q[k] && (used[k] || k == hi));
-        out.push((hi, t, j, e - j));
-        if merge_walk((q, nb, cap), e, next, dead, out) {
+
+    /// From block `j`, with the tiles of either half that hold `j` already
+    /// merging `merged[k]` blocks (`None`: not merging): pushes the runs to the
+    /// end onto `out`, longest first, and says whether it found them; `dead`
+    /// keeps the states known to fail.
+    fn from(
+        &self,
+        j: u32,
+        merged: [Option<u32>; 2],
+        dead: &mut std::collections::HashSet<(u32, [Option<u32>; 2])>,
+        out: &mut Vec<(usize, u32, u32, u32)>,
+    ) -> bool {
+        if j == self.nb {
             return true;
         }
-        out.pop();
+        if dead.contains(&(j, merged)) {
+            return false;
+        }
+        let q = self.q;
+        let mut options = Vec::new();
+        for hi in (0..2).filter(|&hi| merged[hi].is_none()) {
+            let t = j / q[hi];
+            let end = ((t + 1) * q[hi]).min(self.nb).min(j + self.cap);
+            options.extend((j + 1..=end).map(|e| (e, hi, t)));
+        }
+        options.sort_by_key(|&(e, hi, _)| (std::cmp::Reverse(e), hi));
+        for (e, hi, t) in options {
+            let n = e - j;
+            let now = [0, 1].map(|k| merged[k].unwrap_or(0) + if k == hi { n } else { 0 });
+            if !(0..2).all(|k| self.sends_ok(k, j, e, now[k])) {
+                continue;
+            }
+            // At `e`, a holder is in use if it is the same tile as at `j` and was
+            // in use, or took this run.
+            let next = [0, 1].map(|k| {
+                (e < self.nb && e / q[k] == j / q[k] && (merged[k].is_some() || k == hi))
+                    .then_some(now[k])
+            });
+            out.push((hi, t, j, n));
+            if self.from(e, next, dead, out) {
+                return true;
+            }
+            out.pop();
+        }
+        dead.insert((j, merged));
+        false
     }
-    dead.insert((j, used));
-    false
 }
 
 pub(super) fn lower(
@@ -617,11 +666,15 @@ mod tests {
         );
     }
 
+    /// Runs cover the blocks in order, one a tile, the longest as short as can
+    /// be and then the most blocks a tile sends (So400m at batch 4: three, where
+    /// the longest runs first left a second-half tile sending all five).
     #[test]
     fn merges_spread_over_both_halves_one_run_a_tile() {
-        for (tiles, batch, heads, t, longest) in
-            [(1472u32, 4u32, 16u32, 729u32, 3u32), (10, 1, 2, 81, 2)]
-        {
+        for (tiles, batch, heads, t, longest, most_sent) in [
+            (1472u32, 4u32, 16u32, 729u32, 3u32, 3u32),
+            (10, 1, 2, 81, 2, 2),
+        ] {
             let sg = split_geometry(&c600(), tiles, (batch, heads, t, t), (72, 1.0)).expect("cut");
             let nb = t.div_ceil(AMP_WIDTH);
             let runs = merge_runs(&sg, nb);
@@ -640,6 +693,23 @@ mod tests {
             assert_eq!(next, nb);
             assert_eq!(runs.iter().map(|r| r.3).max(), Some(longest), "{runs:?}");
             assert_eq!(longest_merge(&sg, t), longest);
+            // A tile sends the blocks it holds and does not merge.
+            let sent = (0..2)
+                .flat_map(|hi| {
+                    let q = sg.halves[hi].qb;
+                    let runs = &runs;
+                    (0..nb.div_ceil(q)).map(move |tile| {
+                        let held = ((tile + 1) * q).min(nb) - tile * q;
+                        let merged: u32 = runs
+                            .iter()
+                            .filter(|r| (r.0, r.1) == (hi, tile))
+                            .map(|r| r.3)
+                            .sum();
+                        held - merged
+                    })
+                })
+                .max();
+            assert_eq!(sent, Some(most_sent), "{runs:?}");
         }
     }
 
