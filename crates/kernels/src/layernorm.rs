@@ -30,6 +30,7 @@ use tessera_machine::{Machine, Timing};
 
 use crate::asm::{Asm, Label, MZ, a, int, inti, ld32, ld32m, m, mov, setzi};
 use crate::contract::{CodeRequirement, Contract, MemClass, Operand, Role};
+use crate::softmax::{End, Issue, ai, bi, block, mi};
 use crate::{
     Call, Kernel, KernelCode, KernelError, OperandAddrs, RPT_MAX, StateBuf, VertexState, WORKERS,
     invalid, operand, split,
@@ -251,7 +252,6 @@ impl LayerNorm {
     /// product is exact in f32), beside the next group's load: two issues a
     /// group, against five squaring in f32 registers.
     fn deviation_pass(s: &mut Asm) {
-        use crate::softmax::{End, ai, block, mi};
         use FBinOp::*;
         let sub = fbin(Sub, FVec::F16V4, 2, 0, 6);
         let cmac = Inst::F16v4Cmac { a: a(2), b: a(2) };
@@ -329,18 +329,41 @@ impl LayerNorm {
         s.i(Inst::Exit);
     }
 
+    /// The six f32 partials of a row at `$m{base}` (8-byte aligned) summed into
+    /// `$a{d}` in worker order, `((p0 + p1) + p2) + ...` as every worker adds them:
+    /// three `ld64` pairs into `$a8:9` and `$a10:11`, each beside an add, so six
+    /// issues where a load and an add a partial took eleven. `with` goes beside
+    /// the fourth add.
+    fn sum_partials(base: u8, d: u8, with: Option<Inst>) -> Vec<Issue> {
+        use FBinOp::Add;
+        let ld = |r: u8, imm: u16| Inst::Ld64 {
+            d: a(r),
+            base: m(base),
+            imm,
+        };
+        let add = |x: u8, y: u8| fbin(Add, FVec::F32, d, x, y);
+        let fourth = match with {
+            Some(main) => bi(main, add(d, 11)),
+            None => ai(add(d, 11)),
+        };
+        vec![
+            mi(ld(8, 0)),
+            bi(ld(10, 1), add(8, 9)),
+            bi(ld(8, 2), add(d, 10)),
+            fourth,
+            ai(add(d, 8)),
+            ai(add(d, 9)),
+        ]
+    }
+
     /// The mean pair `$a12:13` from the six sum partials of a row at `$m13`, added
     /// in worker order by every worker alike.
     fn combine_mean(s: &mut Asm) {
         use FBinOp::*;
-        s.i(ld32(a(6), m(13), 0));
-        for k in 1..WORKERS as u16 {
-            s.i(ld32(a(14), m(13), k));
-            s.i(fbin(Add, FVec::F32, 6, 6, 14));
-        }
-        s.i(ld32(a(14), m(0), 6)); // 1 / width
-        s.i(fbin(Mul, FVec::F32, 6, 6, 14));
-        s.i(bcast2(12, 6));
+        let mut v = Self::sum_partials(13, 6, Some(ld32(a(14), m(0), 6))); // 1 / width
+        v.push(ai(fbin(Mul, FVec::F32, 6, 6, 14)));
+        v.push(ai(bcast2(12, 6)));
+        block(s, &v, End::Any);
     }
 
     /// Common prologue of a column-split launch: x chunk of row 0 in `$m2`, rows in
@@ -415,11 +438,7 @@ impl LayerNorm {
         s.i(inti(IntOp::Sub, m(10), m(7), 1));
         s.bind(row);
         Self::combine_mean(s);
-        s.i(ld32(a(14), m(14), 0));
-        for k in 1..WORKERS as u16 {
-            s.i(ld32(a(6), m(14), k));
-            s.i(fbin(FBinOp::Add, FVec::F32, 14, 14, 6));
-        }
+        block(s, &Self::sum_partials(14, 14, None), End::Any);
         Self::rstd(s);
         s.i(mov(m(4), m(2)));
         s.i(mov(m(3), m(5)));
@@ -458,8 +477,8 @@ impl LayerNorm {
         let (r, g) = (u64::from(self.rows), u64::from(g));
         match launch {
             0 => 11 + r * (g + 16),
-            1 => 11 + r * (2 * g + 30),
-            _ => crate::issue_slots(t, 12 + r * (7 * g + 60), r),
+            1 => 11 + r * (2 * g + 24),
+            _ => crate::issue_slots(t, 12 + r * (7 * g + 48), r),
         }
     }
 
