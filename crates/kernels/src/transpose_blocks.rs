@@ -80,7 +80,7 @@ impl TransposeBlocks {
         // bookkeeping and the test for whole blocks; per whole block the count,
         // the repeat, four row groups, the bookkeeping and the branch back; the
         // test for a last block, its repeat; the exit.
-        let last = if last > 0 {
+        let last_block = if last > 0 {
             1 + u64::from(last) * body
         } else {
             0
@@ -91,7 +91,7 @@ impl TransposeBlocks {
             + u64::from(whole) * (6 + 4 * body)
             + 2 * u64::from(wraps)
             + 1
-            + last
+            + last_block
             + 1
     }
 }

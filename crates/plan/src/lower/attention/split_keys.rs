@@ -271,11 +271,9 @@ impl Walk {
     /// `merged` blocks merged by the tile holding `j`, none by those after it.
     fn sends_ok(&self, k: usize, j: u32, e: u32, merged: u32) -> bool {
         let (q, t0) = (self.q[k], j / self.q[k]);
-        let last = if e == self.nb { e } else { e - e % q };
-        (t0..last.div_ceil(q).max(t0)).all(|t| {
-            if (t + 1) * q > last && e != self.nb {
-                return true;
-            }
+        // Tiles ending by `e` (the last one's at `nb` whatever its size).
+        let finished = if e == self.nb { e.div_ceil(q) } else { e / q };
+        (t0..finished.max(t0)).all(|t| {
             let m = if t == t0 { merged } else { 0 };
             self.held(k, t) - m <= self.send
         })
