@@ -17,7 +17,9 @@
 //!    into the query projection), two `f16v2exp`, and `f16v4acc`, which adds the
 //!    four `e` to f32 lane sums in the worker's accumulators (the load of the
 //!    next row and the store of `e` ride in two of them); the sums go to the state
-//!    by `f32v2gina`. The
+//!    by `f32v2gina`. Unscaled, two groups go together (eight columns, 16 bytes of
+//!    a row): seven issues a row where two groups alone take eight, one
+//!    `f16v8acc` summing both (see `exp_pairs`). The
 //!    argument is an f16, so `e` is within `2^-11 + 1.25 * 2^-10 |a|` (relative)
 //!    of `exp(a)`: the f32 argument and `f32exp` of the row softmax cost 16 issue
 //!    slots a row instead of 5. The worker with the last rows zeroes the padding
@@ -128,6 +130,8 @@ const E: u8 = W;
 const SCV: u8 = D1;
 /// The group's column maxima (f16).
 const MV: u8 = SC;
+/// Zeros for the padding rows of [`SoftmaxCols::exp_pairs`], set once a launch.
+const PAIRS_ZERO: u8 = 12;
 
 /// `ld64step`/`st64step` increment down a column: one 32-byte row.
 const ROW_STEP: i8 = 4;
@@ -192,19 +196,24 @@ fn group_start() -> [Issue; 3] {
 /// `MV` = the lane maxima of `rows` f16 quads `stride` words (of 8 bytes) apart
 /// from `ptr` (`X` clobbered), and `ptr` advanced to the next group's.
 fn column_max(ptr: MReg, rows: u32, stride: u32) -> Vec<Issue> {
+    column_max_into(MV, X, ptr, rows, stride)
+}
+
+/// [`column_max`] into `dst`, with `tmp` clobbered.
+fn column_max_into(dst: u8, tmp: u8, ptr: MReg, rows: u32, stride: u32) -> Vec<Issue> {
     if rows == 1 {
         return vec![mi(Inst::Ld64Step {
-            d: a(MV),
+            d: a(dst),
             base: ptr,
             inc: 1,
         })];
     }
-    let at = |k: u32| ld64(X, ptr, (k * stride) as u16);
-    let mut v = vec![mi(ld64(MV, ptr, 0)), mi(at(1))];
+    let at = |k: u32| ld64(tmp, ptr, (k * stride) as u16);
+    let mut v = vec![mi(ld64(dst, ptr, 0)), mi(at(1))];
     for k in 2..rows {
-        v.push(bi(at(k), max4(MV, MV, X)));
+        v.push(bi(at(k), max4(dst, dst, tmp)));
     }
-    v.push(bi(inti(IntOp::Add, ptr, ptr, 8), max4(MV, MV, X)));
+    v.push(bi(inti(IntOp::Add, ptr, ptr, 8), max4(dst, dst, tmp)));
     v
 }
 
@@ -332,6 +341,7 @@ impl SoftmaxCols {
     fn exp_launch(&self, s: &mut Asm, t: &mut Tally) {
         let g4 = self.groups();
         let (maxima, own) = self.exp_maxima();
+        let wide = self.wide();
         let n0 = s.len();
         let mut setup = vec![
             mi(ld32m(BASE, m(0), 0)),
@@ -349,11 +359,19 @@ impl SoftmaxCols {
             mi(int(IntOp::Add, SW, SW, m(0))),
             mi(ld32m(PADN, m(0), 6)),
             mi(ld32(a(SCV), m(0), 7)),
-            bi(setzi(GI, g4), bcast4(SCV, SCV)),
+            if wide {
+                // The padding rows' zeros (see `exp_pairs`).
+                bi(setzi(GI, g4 / 2), bcast2(PAIRS_ZERO, AZ))
+            } else {
+                bi(setzi(GI, g4), bcast4(SCV, SCV))
+            },
             // Last: it overwrites the record pointer.
             mi(ld32m(BASE_OUT, m(0), 11)),
         ]);
         block(s, &setup, End::Any);
+        if wide {
+            return Self::exp_pairs(s, t, (maxima, g4), n0);
+        }
         let lp = s.label();
         s.bind(lp);
         let n1 = s.len();
@@ -422,6 +440,115 @@ impl SoftmaxCols {
             End::BeforeRpt,
         );
         repeat(s, PADN, &[mi(step_st(X))]);
+        s.brnz(GI, lp);
+        t.exp_group = (s.len() - n1) as u64;
+        s.i(Inst::Exit);
+        t.exp_setup = (n1 - n0) as u64 + EXIT_ISSUES;
+    }
+
+    /// Launch 2 of an unscaled softmax, two groups (eight columns, 16 bytes of a
+    /// row) at a time: a row is seven issues where two groups take eight, since
+    /// one `f16v8acc` sums both groups' exponentials (the arithmetic is otherwise
+    /// the same, so are the results). Besides the four exponentials and the two
+    /// subtractions, the main pipe loads and stores each group through its own
+    /// stepping pointer; the loop is rotated by one issue so that a row's second
+    /// store goes beside the next row's first subtraction.
+    fn exp_pairs(s: &mut Asm, t: &mut Tally, (maxima, g4): (u32, u32), n0: usize) {
+        // `$a` quads and pairs: the scores, the pairs' maxima, the exponentials
+        // (`E8` a quad, as `f16v8acc` reads it); the sums leave through the first
+        // four pairs.
+        const X0: u8 = 0;
+        const MV0: u8 = 2;
+        const X1: u8 = 4;
+        const MV1: u8 = 6;
+        const E8: u8 = 8;
+        const RD1: MReg = MReg(12);
+        const WR1: MReg = MReg(13);
+        let ld = |d: u8, base: MReg| Inst::Ld64Step {
+            d: a(d),
+            base,
+            inc: ROW_STEP,
+        };
+        let st = |r: u8, base: MReg| Inst::St64Step {
+            s: a(r),
+            base,
+            inc: ROW_STEP,
+        };
+        let sub = |x: u8, mv: u8| fbin(FBinOp::Sub, FVec::F16V4, x, x, mv);
+        let acc8 = Inst::F16Acc {
+            a: a(E8),
+            quad: true,
+        };
+        let lp = s.label();
+        s.bind(lp);
+        let n1 = s.len();
+        // The pair's first group's offset (the table lists every group), its row
+        // pointers, both groups' column maxima, the first row's loads and its
+        // first subtraction.
+        // (A single word last: the `rpt` must follow at 4 mod 8.)
+        let mut head = vec![
+            mi(ld32m(OFF, TAB, 0)),
+            mi(inti(IntOp::Add, TAB, TAB, 8)),
+            mi(int(IntOp::Add, RD, BASE, OFF)),
+            mi(int(IntOp::Add, WR, BASE_OUT, OFF)),
+            mi(inti(IntOp::Add, RD1, RD, 8)),
+        ];
+        head.extend(column_max_into(MV0, E8, MX, maxima, g4));
+        head.push(mi(ld(X0, RD)));
+        head.extend(column_max_into(MV1, E8, MX, maxima, g4));
+        head.extend([
+            bi(ld(X1, RD1), sub(X0, MV0)),
+            mi(inti(IntOp::Add, WR1, WR, 8)),
+        ]);
+        block(s, &head, End::BeforeRpt);
+        // A row from its first exponential to the next row's first subtraction.
+        let row = [
+            ai(exp16(E8, X0)),
+            ai(exp16(E8 + 1, X0 + 1)),
+            bi(ld(X0, RD), sub(X1, MV1)),
+            bi(st(E8, WR), exp16(E8 + 2, X1)),
+            ai(exp16(E8 + 3, X1 + 1)),
+            bi(ld(X1, RD1), acc8),
+            bi(st(E8 + 2, WR1), sub(X0, MV0)),
+        ];
+        t.exp_row = row.len() as u64;
+        repeat(s, CNT, &row);
+        // The last row, without loads; the sums out of the accumulators (which
+        // leaves them zero for the next pair) and stored; a zero pair for the
+        // padding rows, which the last worker stores (a repeat of none on the
+        // others).
+        let gina = |d: u8| Inst::F32v2Gina { d: a(d) };
+        let sums = |r: u8, aux: Inst| {
+            let st = Inst::St64Step {
+                s: a(r),
+                base: SW,
+                inc: 1,
+            };
+            bi(st, aux)
+        };
+        let last = [
+            bi(inti(IntOp::Sub, GI, GI, 1), exp16(E8, X0)),
+            ai(exp16(E8 + 1, X0 + 1)),
+            ai(sub(X1, MV1)),
+            bi(st(E8, WR), exp16(E8 + 2, X1)),
+            ai(exp16(E8 + 3, X1 + 1)),
+            ai(acc8),
+            bi(st(E8 + 2, WR1), gina(X0)),
+            sums(X0, gina(MV0)),
+            sums(MV0, gina(X1)),
+            sums(X1, gina(MV1)),
+            mi(Inst::St64Step {
+                s: a(MV1),
+                base: SW,
+                inc: 1,
+            }),
+        ];
+        block(s, &last, End::BeforeRpt);
+        repeat(
+            s,
+            PADN,
+            &[mi(st(PAIRS_ZERO, WR)), mi(st(PAIRS_ZERO, WR1))],
+        );
         s.brnz(GI, lp);
         t.exp_group = (s.len() - n1) as u64;
         s.i(Inst::Exit);
@@ -541,6 +668,14 @@ impl SoftmaxCols {
                     // The emitted group holds the row body once and the padding
                     // store once; the body runs r - 1 times, the store `pad`.
                     // Two `f16v2exp` a row, each holding its slot `f16_exp_issues`.
+                    // Two groups at a time: the padding store is two issues.
+                    Launch::Exp if self.wide() => {
+                        tl.exp_setup
+                            + g4 / 2
+                                * (tl.exp_group + tl.exp_row * r + 2 * pad)
+                                    .saturating_sub(2 * tl.exp_row + 2)
+                            + g4 * 2 * r * u64::from(t.f16_exp_issues.saturating_sub(1))
+                    }
                     Launch::Exp => {
                         tl.exp_setup
                             + g4 * (tl.exp_group + tl.exp_row * r + pad)
@@ -750,6 +885,12 @@ impl SoftmaxCols {
     /// by exactly one.
     fn unscaled(&self) -> bool {
         self.scale16() == half::f16::ONE
+    }
+
+    /// Whether launch 2 takes two groups at a time ([`SoftmaxCols::exp_pairs`]):
+    /// unscaled, where a row of two groups fits seven issues.
+    fn wide(&self) -> bool {
+        self.mode != SoftmaxColsMode::Maxima && self.unscaled()
     }
 
     /// Bytes of the state's workers' maxima and of their sums: each only in the
