@@ -12,11 +12,12 @@
 //! whole blocks gave 16). The output block steps by `kc` blocks and jumps back to
 //! the next column of blocks after the `tb`-th. A 4×4 sub-block is four `ld64` (a
 //! row's four elements each), eight `sort4x16lo/hi` (each pairs the same half of two
-//! rows' words: the 2×2 transposes) and four `st64` (an output row's four elements):
-//! 13 issues for 16 elements with the stores beside the shuffles, 12 when the next
-//! sub-block's first load goes beside the last shuffle. A repeat handles a group of
-//! four input rows (the four sub-blocks across them, every address an immediate
-//! offset from the two block pointers), four times a block. The copy is bit-exact
+//! rows' words: the 2×2 transposes) and four `st64` (an output row's four elements).
+//! A repeat handles a group of four input rows (the four sub-blocks across them,
+//! every address an immediate offset from the two block pointers), four times a
+//! block; inside it the sub-blocks are software-pipelined so that every shuffle has
+//! a load or a store beside it: eight issues a sub-block, 36 a row group with the
+//! pipeline's fill and drain (49 one sub-block after another). The copy is bit-exact
 //! (NaN payloads included).
 
 use tessera_isa::{Inst, IntOp};
@@ -98,9 +99,18 @@ impl TransposeBlocks {
 
 /// One group of four input rows of a block (`$m2`) to four output columns
 /// (`$m3`): four 4x4 sub-blocks, then both pointers on (128 bytes of input, 8 of
-/// output). Input rows `A..D` load into `$a0:1 .. $a6:7`; output row `4q + i`
-/// gathers the same lane of all four, shuffled into `$a8:9`, `$a10:11`, `$a12:13`
-/// and, once `B`'s pair is read, `$a2:3`.
+/// output).
+///
+/// The sub-blocks are software-pipelined at eight issues each, every issue a
+/// shuffle beside a load or a store: sub-block `q`'s rows `A`, `B` are loaded
+/// during sub-block `q - 1`, its `C`, `D` beside its own first shuffles, and its
+/// last two output rows stored beside sub-block `q + 1`'s first shuffles. `A` and
+/// `B` are shuffled first (the first halves of all four output rows), so their
+/// pairs free early: output rows 2 and 3 are gathered in `B`'s and `A`'s pairs.
+/// That keeps seven register pairs enough (`$a14` and the zero `$a15` are left);
+/// [`pairs`] assigns them. Two loads lead the first sub-block and two stores
+/// trail the last: 36 issues a row group, where one sub-block after another took
+/// 49.
 fn rows_body() -> Vec<Issue> {
     let sort = |hi, d: u8, x: u8, y: u8| Inst::Sort4x16 {
         hi,
@@ -108,44 +118,110 @@ fn rows_body() -> Vec<Issue> {
         a: a(x),
         b: a(y),
     };
-    let st = |s: u8, imm: u16| Inst::St64 {
+    // The output pointer moves beside sub-block 3, before its last two stores.
+    let st = |s: u8, q: u16, i: u16, moved: bool| Inst::St64 {
         s: a(s),
         base: m(3),
-        imm,
+        imm: (4 * q + i) * 4 - u16::from(moved),
     };
-    let mut v = Vec::new();
-    for q in 0..4u16 {
-        // The first load of sub-block q > 0 went beside the previous one's last
-        // shuffle.
-        if q == 0 {
-            v.push(mi(ld64(0, m(2), 0)));
+    let ld = |d: u8, row: u16, q: u16| ld64(d, m(2), 4 * row + q);
+    let p = pairs();
+    let r = |role: Part, q: usize| 2 * p[q][role as usize];
+    let mut v = vec![mi(ld(r(Part::A, 0), 0, 0)), mi(ld(r(Part::B, 0), 1, 0))];
+    for q in 0..4usize {
+        let (a0, b0, c0, d0) = (r(Part::A, q), r(Part::B, q), r(Part::C, q), r(Part::D, q));
+        let (o0, o1) = (r(Part::O0, q), r(Part::O1, q));
+        let qq = q as u16;
+        // The previous sub-block's rows 2 and 3 (in its `B` and `A` pairs).
+        let prev = |i: u16| {
+            (q > 0).then(|| {
+                let pb = r(if i == 2 { Part::B } else { Part::A }, q - 1);
+                st(pb, qq - 1, i, false)
+            })
+        };
+        let next = |role: Part, row: u16| (q < 3).then(|| ld(r(role, q + 1), row, qq + 1));
+        let shuffles = [
+            sort(false, o0, a0, b0),
+            sort(true, o1, a0, b0),
+            sort(false, b0, a0 + 1, b0 + 1),
+            sort(true, a0, a0 + 1, b0 + 1),
+            sort(false, o0 + 1, c0, d0),
+            sort(true, o1 + 1, c0, d0),
+            sort(false, b0 + 1, c0 + 1, d0 + 1),
+            sort(true, a0 + 1, c0 + 1, d0 + 1),
+        ];
+        let mains = [
+            prev(2),
+            prev(3),
+            Some(ld(c0, 2, qq)),
+            Some(ld(d0, 3, qq)),
+            next(Part::A, 0).or(Some(inti(IntOp::Add, m(2), m(2), 128))),
+            Some(st(o0, qq, 0, false)),
+            Some(st(o1, qq, 1, false)),
+            next(Part::B, 1).or(Some(inti(IntOp::Add, m(3), m(3), 8))),
+        ];
+        for (main, aux) in mains.into_iter().zip(shuffles) {
+            v.push(match main {
+                Some(main) => bi(main, aux),
+                None => ai(aux),
+            });
         }
-        for (r, reg) in [(1u16, 2u8), (2, 4), (3, 6)] {
-            v.push(mi(ld64(reg, m(2), 4 * r + q)));
-        }
-        let row = |i: u16| (4 * q + i) * 4;
-        v.extend([
-            ai(sort(false, 8, 0, 2)),
-            ai(sort(false, 9, 4, 6)),
-            bi(st(8, row(0)), sort(true, 10, 0, 2)),
-            ai(sort(true, 11, 4, 6)),
-            bi(st(10, row(1)), sort(false, 12, 1, 3)),
-            ai(sort(false, 13, 5, 7)),
-            bi(st(12, row(2)), sort(true, 2, 1, 3)),
-        ]);
-        // `$a0:1` is free once `hi(1, 3)` has read it.
-        v.push(if q < 3 {
-            bi(ld64(0, m(2), q + 1), sort(true, 3, 5, 7))
-        } else {
-            ai(sort(true, 3, 5, 7))
-        });
-        v.push(mi(st(2, row(3))));
     }
-    // The input pointer moves beside a shuffle after the group's last load.
-    let n = v.len();
-    v[n - 6] = v[n - 6].with(inti(IntOp::Add, m(2), m(2), 128));
-    v.push(mi(inti(IntOp::Add, m(3), m(3), 8)));
+    v.push(mi(st(r(Part::B, 3), 3, 2, true)));
+    v.push(mi(st(r(Part::A, 3), 3, 3, true)));
     v
+}
+
+/// A sub-block's registers by role: its input rows `A..D` (`A` and `B` then
+/// hold output rows 3 and 2) and output rows 0 and 1.
+#[derive(Clone, Copy)]
+enum Part {
+    A,
+    B,
+    C,
+    D,
+    O0,
+    O1,
+}
+
+/// The register pair (`$a{2p}:{2p+1}`) of every role of the four sub-blocks of
+/// [`rows_body`]: each pair taken, lowest first, when its first write issues and
+/// given back after its last read, as the body's issues order them.
+fn pairs() -> [[u8; 6]; 4] {
+    // (issue of the first write, issue of the last read) of role `r` of
+    // sub-block `q`, which starts at issue 2 + 8q.
+    let span = |q: u32, r: Part| -> (u32, u32) {
+        let b = 2 + 8 * q;
+        match r {
+            Part::A => (if q == 0 { 0 } else { b - 4 }, b + 9),
+            Part::B => (if q == 0 { 1 } else { b - 1 }, b + 8),
+            Part::C => (b + 2, b + 7),
+            Part::D => (b + 3, b + 7),
+            Part::O0 => (b, b + 5),
+            Part::O1 => (b + 1, b + 6),
+        }
+    };
+    let roles = [Part::A, Part::B, Part::C, Part::D, Part::O0, Part::O1];
+    let mut spans: Vec<(u32, u32, usize, usize)> = (0..4u32)
+        .flat_map(|q| {
+            roles.iter().map(move |&r| {
+                let (w, last) = span(q, r);
+                (w, last, q as usize, r as usize)
+            })
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut out = [[0u8; 6]; 4];
+    // The issue after which each pair is free again.
+    let mut busy_until: [Option<u32>; 7] = [None; 7];
+    for (w, last, q, r) in spans {
+        let p = (0..7)
+            .find(|&p| busy_until[p].is_none_or(|u| u < w))
+            .expect("seven pairs hold every sub-block's rows");
+        busy_until[p] = Some(last);
+        out[q][r] = p as u8;
+    }
+    out
 }
 
 impl Kernel for TransposeBlocks {
