@@ -561,8 +561,10 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
             } else {
                 0
             };
-            let refar = if far {
-                u64::from(o.saturating_sub(1)) * pipelined_far_extra(addends)
+            // Beside the octets, the drains' leftovers and the last octet's
+            // second store.
+            let refar = if pipelined && o > 0 {
+                u64::from(o - 1) * pipelined_drain_extra(addends, far) + 1
             } else {
                 0
             };
@@ -585,13 +587,16 @@ fn reduce_split(n: u32) -> Vec<(u32, u32, bool)> {
 
 /// The octet loop of an unrolled `reduce_add` (no `norm`), software-pipelined:
 /// each input's `{ ld128 ; f16v8acc }` loads the next one beside the previous
-/// one's accumulation, the addends' addresses and the next octet's first load are
-/// formed during the drain (four `f16v2gina`, two stores), so an octet costs
-/// `k + b + 5` issues (`b` addends) against `k + 2b + 8` rolled the plain way.
-/// Partials past the immediates' reach come from a second base (`FAR`), formed
-/// there too: one issue more an octet when both addends already take the drain's
-/// free slots, against `2 (k + b) + 10` for the rolled loop they would otherwise
-/// need. The last octet is peeled: it loads nothing past its own.
+/// one's accumulation; the step of `$m4`, the addends' addresses and the next
+/// octet's first load go beside the drain (four `f16v2gina`), whose second store
+/// goes beside the next octet's last accumulation. An octet costs `k + b + 4`
+/// issues (`b` addends), the aux pipe's floor, when at most one addend's address
+/// is formed in the drain, and one issue more for each further main instruction
+/// there; `k + 2b + 8` rolled the plain way. Partials past the immediates' reach
+/// come from a second base (`FAR`), formed in the drain too, against `2 (k + b) +
+/// 10` for the rolled loop they would otherwise need. The repeat body is rotated (a
+/// drain, then the next octet's accumulations): the first octet's accumulations
+/// lead it and the last drain, which loads nothing past its own octet, follows.
 /// Expects `$m8` = octets (at least one), `$m4` at partial 0 of the first octet,
 /// `$m3` at the output; leaves both past the last octet, as the rolled loop does.
 fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
@@ -627,8 +632,9 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
     }
     pre.push(mi(at(0)));
     pre.push(mi(inti(IntOp::Sub, m(8), m(8), 1)));
-    block(s, &pre, End::BeforeRpt);
-    let octet = |last: bool| -> Vec<Issue> {
+    // An octet's accumulations, each beside the next input's load; the last one
+    // beside the previous octet's second store (none for the first octet).
+    let accumulate = |prev_store: bool| -> Vec<Issue> {
         let mut loads: Vec<Inst> = (1..k).map(at).collect();
         loads.extend(addr.iter().map(|&r| Inst::Ld128 {
             d: a(0),
@@ -636,18 +642,26 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
             imm: 0,
         }));
         let mut v: Vec<Issue> = loads.into_iter().map(|l| bi(l, acc8)).collect();
-        v.push(bi(inti(IntOp::Add, m(4), m(4), 16), acc8));
-        // The drain; beside it the next octet's first load and addend addresses.
-        let mut beside: Vec<Inst> = Vec::new();
-        if !last {
-            beside.push(at(0));
+        v.push(if prev_store {
+            bi(st64s(12, 3), acc8)
+        } else {
+            ai(acc8)
+        });
+        v
+    };
+    // The drain and the first store; beside it the step of `$m4` and, when an
+    // octet follows, its addends' addresses, second base and first load.
+    let drain = |next: bool| -> Vec<Issue> {
+        let mut beside = vec![inti(IntOp::Add, m(4), m(4), 16)];
+        if next {
             beside.extend((0..addr.len()).map(form));
-            // After the step of `$m4` above, before the next octet's far loads.
             if far {
                 beside.push(far_form);
             }
+            beside.push(at(0));
         }
         let mut beside = beside.into_iter();
+        let mut v = Vec::new();
         let mut with = |aux: Inst, v: &mut Vec<Issue>| {
             v.push(match beside.next() {
                 Some(main) => bi(main, aux),
@@ -658,26 +672,32 @@ fn pipelined_octets(s: &mut Asm, k: u32, n: u32, distances: &[MReg]) {
         with(gina16(11), &mut v);
         v.push(bi(st64s(10, 3), gina16(12)));
         with(gina16(13), &mut v);
-        v.push(mi(st64s(12, 3)));
         // What found no aux slot in the drain goes alone.
         v.extend(beside.map(mi));
+        if !next {
+            v.push(mi(st64s(12, 3)));
+        }
         v
     };
-    let body = octet(false);
+    pre.extend(accumulate(false));
+    block(s, &pre, End::BeforeRpt);
+    let mut body = drain(true);
+    body.extend(accumulate(true));
     s.rpt(m(8), |b| block(b, &body, End::Aligned));
-    block(s, &octet(true), End::Any);
+    block(s, &drain(false), End::Any);
 }
 
-/// Issues of one octet of [`pipelined_octets`], in its repeat body and peeled alike.
+/// Issues of one octet of [`pipelined_octets`]: its accumulations and drain, the
+/// aux pipe's floor.
 fn pipelined_octet_issues(k: u32, addends: u8) -> u64 {
-    u64::from(k) + u64::from(addends) + 5
+    u64::from(k) + u64::from(addends) + 4
 }
 
-/// Issues the second base's address adds to an octet that is not the last: the
-/// drain's three aux slots without a partner take the next octet's first load and
-/// the addends' addresses first.
-fn pipelined_far_extra(addends: u8) -> u64 {
-    u64::from(1 + addends + 1).saturating_sub(3)
+/// Issues a drain followed by another octet adds: its step of `$m4`, the next
+/// octet's addend addresses, second base and first load take the drain's three aux
+/// slots without a partner, and what is left over goes alone.
+fn pipelined_drain_extra(addends: u8, far: bool) -> u64 {
+    (1 + u64::from(addends) + u64::from(far) + 1).saturating_sub(3)
 }
 
 /// `reduce_add` worker code. The accumulators (`f16v8acc`, `f32v2gina`) widen and

@@ -544,11 +544,7 @@ impl SoftmaxCols {
             }),
         ];
         block(s, &last, End::BeforeRpt);
-        repeat(
-            s,
-            PADN,
-            &[mi(st(PAIRS_ZERO, WR)), mi(st(PAIRS_ZERO, WR1))],
-        );
+        repeat(s, PADN, &[mi(st(PAIRS_ZERO, WR)), mi(st(PAIRS_ZERO, WR1))]);
         s.brnz(GI, lp);
         t.exp_group = (s.len() - n1) as u64;
         s.i(Inst::Exit);
