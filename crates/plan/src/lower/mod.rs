@@ -1290,8 +1290,9 @@ fn fit(
 /// linear; its candidate list also holds strategies that need up to two thirds
 /// more (typically fewer row passes, so fewer AMP calls and exchanges). Each
 /// linear in lowering order tries the cheapest such strategy, with the choices
-/// kept so far, at the budgets as they stand and then at the next smaller weight
-/// budget (fewer replicas, more room for activations); a trial is kept when its
+/// kept so far, at the budgets as they stand and then at smaller weight budgets
+/// down to the fit loop's next one ([`grow_budgets`]: fewer replicas, more room
+/// for activations), until one fits; a trial is kept when its
 /// busiest tile stays within the fit limit and the whole plan's estimate
 /// ([`crate::estimate`]) is lower. Placement still judges the result, as it
 /// judges every plan.
@@ -1327,12 +1328,20 @@ fn grow(
         };
         let mut t = o.clone();
         t.choices.insert(op, i);
-        // At the budgets as they stand, then at the next smaller weight budget
-        // (where the So400m layer at batch 4 fits `mlp.fc2` in one pass); no
-        // further: each lowering of that layer takes seconds, and a strategy that
-        // needs more gives up more replicas than it saves.
-        let smaller = smaller_weight_budget(&t);
-        for t in std::iter::once(t).chain(smaller) {
+        // At the budgets as they stand, then at smaller weight budgets in steps of
+        // `GROW_STEP` down to the fit loop's next one (the So400m layer at batch
+        // 4 fits `mlp.fc2` in one pass at 320 KiB, where 288 KiB, the quarter
+        // below 384, is 2.2k cycles slower); no further: each lowering of that
+        // layer takes seconds, and a strategy that needs more gives up more
+        // replicas than it saves.
+        let trials: Vec<LowerOptions> = grow_budgets(&t)
+            .into_iter()
+            .map(|w| LowerOptions {
+                weight_bytes: w,
+                ..t.clone()
+            })
+            .collect();
+        for t in trials {
             let p = lower_with(machine, graph, weights, &t)?;
             if max_live_bytes(&p) > limit {
                 continue;
@@ -1348,6 +1357,27 @@ fn grow(
         }
     }
     Ok((plan, o))
+}
+
+/// Steps of the weight budgets the growth phase tries for a strategy beyond the
+/// activation budget, between the fit loop's budget and its next smaller one.
+const GROW_STEP: u64 = 32 * 1024;
+
+/// The weight budgets the growth phase tries, in order: `o`'s, then down in steps
+/// of [`GROW_STEP`] to the fit loop's next smaller one, inclusive.
+fn grow_budgets(o: &LowerOptions) -> Vec<u64> {
+    let w = o.weight_bytes;
+    let floor = smaller_weight_budget(o).map_or(w, |s| s.weight_bytes);
+    let mut v = vec![w];
+    v.extend(
+        (1..)
+            .map(|k| w.saturating_sub(k * GROW_STEP))
+            .take_while(|&x| x > floor),
+    );
+    if floor < w {
+        v.push(floor);
+    }
+    v
 }
 
 /// `o` with the next smaller weight budget the fit loop tries, `None` at the
@@ -1548,6 +1578,25 @@ fn lower_with(
 #[cfg(test)]
 mod fit_tests {
     use super::*;
+
+    /// Growth tries a strategy at the budget as it stands, then every 32 KiB down
+    /// to the fit loop's next smaller budget (a quarter less), that one included;
+    /// at the floor only the budget itself.
+    #[test]
+    fn growth_tries_budgets_between_the_fit_loops_steps() {
+        let kib = |w: u64| LowerOptions {
+            weight_bytes: w * 1024,
+            ..LowerOptions::default()
+        };
+        let in_kib = |o: &LowerOptions| -> Vec<u64> {
+            grow_budgets(o).into_iter().map(|w| w / 1024).collect()
+        };
+        assert_eq!(in_kib(&kib(384)), [384, 352, 320, 288]);
+        assert_eq!(in_kib(&kib(512)), [512, 480, 448, 416, 384]);
+        // 112 KiB: the next smaller is the floor (96), closer than a step.
+        assert_eq!(in_kib(&kib(112)), [112, 96]);
+        assert_eq!(in_kib(&kib(96)), [96]);
+    }
 
     /// A placement retry takes an eighth off the weight budget and keeps every
     /// other option; at the floor there is nothing left to take.
