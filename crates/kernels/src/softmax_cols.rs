@@ -10,7 +10,7 @@
 //! the six workers whatever the number of columns, and the column maxima and sums
 //! are combined across workers in three launches:
 //! 1. each worker's maximum of every 4-column group over its rows (f16 lanes; max
-//!    is exact), into the state;
+//!    is exact), two groups at a time, into the state;
 //! 2. each worker takes the six maxima `M` of a group, then for each of its rows
 //!    five issues: `f16v4sub` (`x - M`), `f16v4mul` (by `scale` rounded to f16;
 //!    left out, for four issues, when that is one: the attention folds its scale
@@ -303,30 +303,53 @@ impl SoftmaxCols {
                 mi(int(IntOp::Add, TAB, TAB, m(0))),
                 mi(ld32m(MX, m(0), 3)),
                 mi(int(IntOp::Add, MX, MX, m(0))),
-                mi(setzi(GI, self.groups())),
+                mi(setzi(GI, self.groups() / 2)),
             ],
             End::Any,
         );
+        // Two groups at a time (16 bytes of a row): a row is two issues, a load
+        // and a `f16v4max` each, as for one group alone, but the pair shares one
+        // head and one tail.
+        const X1: u8 = D0;
+        const RD1: MReg = MReg(12);
+        let max = |d: u8, x: u8| fbin(FBinOp::Max, FVec::F16V4, d, d, x);
+        let ld = |d: u8, base: MReg| Inst::Ld64Step {
+            d: a(d),
+            base,
+            inc: ROW_STEP,
+        };
+        let st = |r: u8| Inst::St64Step {
+            s: a(r),
+            base: MX,
+            inc: 1,
+        };
         let lp = s.label();
         s.bind(lp);
         let n1 = s.len();
-        let mut head = group_start().to_vec();
-        head.extend([mi(step_ld(S1)), mi(step_ld(X))]);
+        // The pair's first group's offset (the table lists every group), its
+        // row pointers, both groups' first two rows.
+        let head = [
+            mi(ld32m(OFF, TAB, 0)),
+            mi(inti(IntOp::Add, TAB, TAB, 8)),
+            mi(int(IntOp::Add, RD, BASE, OFF)),
+            mi(inti(IntOp::Add, RD1, RD, 8)),
+            mi(ld(S1, RD)),
+            mi(ld(S2, RD1)),
+            mi(ld(X, RD)),
+            mi(ld(X1, RD1)),
+        ];
         block(s, &head, End::BeforeRpt);
         repeat(
             s,
             CNT,
-            &[bi(step_ld(X), fbin(FBinOp::Max, FVec::F16V4, S1, S1, X))],
+            &[bi(ld(X, RD), max(S1, X)), bi(ld(X1, RD1), max(S2, X1))],
         );
         block(
             s,
             &[
-                ai(fbin(FBinOp::Max, FVec::F16V4, S1, S1, X)),
-                mi(Inst::St64Step {
-                    s: a(S1),
-                    base: MX,
-                    inc: 1,
-                }),
+                ai(max(S1, X)),
+                bi(st(S1), max(S2, X1)),
+                mi(st(S2)),
                 mi(inti(IntOp::Sub, GI, GI, 1)),
             ],
             End::Any,
@@ -660,7 +683,9 @@ impl SoftmaxCols {
                     0
                 };
                 match launch {
-                    Launch::Max => tl.max_setup + g4 * (tl.max_group + r).saturating_sub(3),
+                    // Two groups at a time; the emitted pair holds the row body
+                    // (two issues) once, and it runs r - 2 times.
+                    Launch::Max => tl.max_setup + g4 / 2 * (tl.max_group + 2 * r).saturating_sub(6),
                     // The emitted group holds the row body once and the padding
                     // store once; the body runs r - 1 times, the store `pad`.
                     // Two `f16v2exp` a row, each holding its slot `f16_exp_issues`.
