@@ -139,10 +139,12 @@ const ROW_STEP: i8 = 4;
 /// Issues of the emitted code, counted while emitting: the estimate reads them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Tally {
-    /// Launch 1: before the group loop, one group without its repeat, the end.
+    /// Launch 1: before the group loop, one pair of groups without its repeat,
+    /// the end.
     max_setup: u64,
     max_group: u64,
-    /// Launch 2, the same, and the issues of its row repeat body.
+    /// Launch 2, the same (a group, or a pair where it takes pairs), and the
+    /// issues of its row repeat body.
     exp_setup: u64,
     exp_group: u64,
     exp_row: u64,
@@ -168,20 +170,30 @@ fn repeat(s: &mut Asm, count: MReg, body: &[Issue]) {
     s.rpt(count, |b| block(b, body, End::Aligned));
 }
 
-fn step_ld(d: u8) -> Inst {
+/// A row's f16 quad loaded from `base`, which steps down the column.
+fn row_ld(d: u8, base: MReg) -> Inst {
     Inst::Ld64Step {
         d: a(d),
-        base: RD,
+        base,
         inc: ROW_STEP,
     }
 }
 
-fn step_st(r: u8) -> Inst {
+/// A row's f16 quad stored at `base`, which steps down the column.
+fn row_st(r: u8, base: MReg) -> Inst {
     Inst::St64Step {
         s: a(r),
-        base: WR,
+        base,
         inc: ROW_STEP,
     }
+}
+
+fn step_ld(d: u8) -> Inst {
+    row_ld(d, RD)
+}
+
+fn step_st(r: u8) -> Inst {
+    row_st(r, WR)
 }
 
 /// A group's offset from the table, the table advanced, the group's first row.
@@ -190,6 +202,21 @@ fn group_start() -> [Issue; 3] {
         mi(ld32m(OFF, TAB, 0)),
         mi(inti(IntOp::Add, TAB, TAB, 4)),
         mi(int(IntOp::Add, RD, BASE, OFF)),
+    ]
+}
+
+/// The second group of a pair's row pointer (launches 1 and 2 take groups in
+/// pairs, 16 bytes of a row).
+const RD1: MReg = MReg(12);
+
+/// A pair's first group's offset (the table lists every group), the table
+/// advanced past the pair, both groups' first rows (`RD`, `RD1`).
+fn pair_start() -> [Issue; 4] {
+    [
+        mi(ld32m(OFF, TAB, 0)),
+        mi(inti(IntOp::Add, TAB, TAB, 8)),
+        mi(int(IntOp::Add, RD, BASE, OFF)),
+        mi(inti(IntOp::Add, RD1, RD, 8)),
     ]
 }
 
@@ -311,13 +338,7 @@ impl SoftmaxCols {
         // and a `f16v4max` each, as for one group alone, but the pair shares one
         // head and one tail.
         const X1: u8 = D0;
-        const RD1: MReg = MReg(12);
-        let max = |d: u8, x: u8| fbin(FBinOp::Max, FVec::F16V4, d, d, x);
-        let ld = |d: u8, base: MReg| Inst::Ld64Step {
-            d: a(d),
-            base,
-            inc: ROW_STEP,
-        };
+        let max = |d: u8, x: u8| max4(d, d, x);
         let st = |r: u8| Inst::St64Step {
             s: a(r),
             base: MX,
@@ -326,23 +347,22 @@ impl SoftmaxCols {
         let lp = s.label();
         s.bind(lp);
         let n1 = s.len();
-        // The pair's first group's offset (the table lists every group), its
-        // row pointers, both groups' first two rows.
-        let head = [
-            mi(ld32m(OFF, TAB, 0)),
-            mi(inti(IntOp::Add, TAB, TAB, 8)),
-            mi(int(IntOp::Add, RD, BASE, OFF)),
-            mi(inti(IntOp::Add, RD1, RD, 8)),
-            mi(ld(S1, RD)),
-            mi(ld(S2, RD1)),
-            mi(ld(X, RD)),
-            mi(ld(X1, RD1)),
-        ];
+        // The pair's pointers, both groups' first two rows.
+        let mut head = pair_start().to_vec();
+        head.extend([
+            mi(row_ld(S1, RD)),
+            mi(row_ld(S2, RD1)),
+            mi(row_ld(X, RD)),
+            mi(row_ld(X1, RD1)),
+        ]);
         block(s, &head, End::BeforeRpt);
         repeat(
             s,
             CNT,
-            &[bi(ld(X, RD), max(S1, X)), bi(ld(X1, RD1), max(S2, X1))],
+            &[
+                bi(row_ld(X, RD), max(S1, X)),
+                bi(row_ld(X1, RD1), max(S2, X1)),
+            ],
         );
         block(
             s,
@@ -485,18 +505,8 @@ impl SoftmaxCols {
         const X1: u8 = 4;
         const MV1: u8 = 6;
         const E8: u8 = 8;
-        const RD1: MReg = MReg(12);
         const WR1: MReg = MReg(13);
-        let ld = |d: u8, base: MReg| Inst::Ld64Step {
-            d: a(d),
-            base,
-            inc: ROW_STEP,
-        };
-        let st = |r: u8, base: MReg| Inst::St64Step {
-            s: a(r),
-            base,
-            inc: ROW_STEP,
-        };
+        let (ld, st) = (row_ld, row_st);
         let sub = |x: u8, mv: u8| fbin(FBinOp::Sub, FVec::F16V4, x, x, mv);
         let acc8 = Inst::F16Acc {
             a: a(E8),
@@ -505,17 +515,11 @@ impl SoftmaxCols {
         let lp = s.label();
         s.bind(lp);
         let n1 = s.len();
-        // The pair's first group's offset (the table lists every group), its row
-        // pointers, both groups' column maxima, the first row's loads and its
-        // first subtraction.
-        // (A single word last: the `rpt` must follow at 4 mod 8.)
-        let mut head = vec![
-            mi(ld32m(OFF, TAB, 0)),
-            mi(inti(IntOp::Add, TAB, TAB, 8)),
-            mi(int(IntOp::Add, RD, BASE, OFF)),
-            mi(int(IntOp::Add, WR, BASE_OUT, OFF)),
-            mi(inti(IntOp::Add, RD1, RD, 8)),
-        ];
+        // The pair's pointers, both groups' column maxima, the first row's loads
+        // and its first subtraction. (A single word last: the `rpt` must follow
+        // at 4 mod 8.)
+        let mut head = pair_start().to_vec();
+        head.push(mi(int(IntOp::Add, WR, BASE_OUT, OFF)));
         head.extend(column_max_into(MV0, E8, MX, maxima, g4));
         head.push(mi(ld(X0, RD)));
         head.extend(column_max_into(MV1, E8, MX, maxima, g4));
@@ -541,13 +545,10 @@ impl SoftmaxCols {
         // padding rows, which the last worker stores (a repeat of none on the
         // others).
         let gina = |d: u8| Inst::F32v2Gina { d: a(d) };
-        let sums = |r: u8, aux: Inst| {
-            let st = Inst::St64Step {
-                s: a(r),
-                base: SW,
-                inc: 1,
-            };
-            bi(st, aux)
+        let sums = |r: u8| Inst::St64Step {
+            s: a(r),
+            base: SW,
+            inc: 1,
         };
         let last = [
             bi(inti(IntOp::Sub, GI, GI, 1), exp16(E8, X0)),
@@ -557,14 +558,10 @@ impl SoftmaxCols {
             ai(exp16(E8 + 3, X1 + 1)),
             ai(acc8),
             bi(st(E8 + 2, WR1), gina(X0)),
-            sums(X0, gina(MV0)),
-            sums(MV0, gina(X1)),
-            sums(X1, gina(MV1)),
-            mi(Inst::St64Step {
-                s: a(MV1),
-                base: SW,
-                inc: 1,
-            }),
+            bi(sums(X0), gina(MV0)),
+            bi(sums(MV0), gina(X1)),
+            bi(sums(X1), gina(MV1)),
+            mi(sums(MV1)),
         ];
         block(s, &last, End::BeforeRpt);
         repeat(s, PADN, &[mi(st(PAIRS_ZERO, WR)), mi(st(PAIRS_ZERO, WR1))]);
@@ -686,10 +683,10 @@ impl SoftmaxCols {
                     // Two groups at a time; the emitted pair holds the row body
                     // (two issues) once, and it runs r - 2 times.
                     Launch::Max => tl.max_setup + g4 / 2 * (tl.max_group + 2 * r).saturating_sub(6),
-                    // The emitted group holds the row body once and the padding
-                    // store once; the body runs r - 1 times, the store `pad`.
-                    // Two `f16v2exp` a row, each holding its slot `f16_exp_issues`.
-                    // Two groups at a time: the padding store is two issues.
+                    // The emitted group (a pair, wide) holds the row body once and
+                    // the padding store once; the body runs r - 1 times, the store
+                    // `pad` (two issues wide). Two `f16v2exp` a row of a group,
+                    // each holding its slot `f16_exp_issues`.
                     Launch::Exp if self.wide() => {
                         tl.exp_setup
                             + g4 / 2
