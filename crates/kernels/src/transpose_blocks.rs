@@ -150,16 +150,22 @@ fn rows_body() -> Vec<Issue> {
             sort(false, b0 + 1, c0 + 1, d0 + 1),
             sort(true, a0 + 1, c0 + 1, d0 + 1),
         ];
-        let mains = [
-            prev(2),
-            prev(3),
-            Some(ld(c0, 2, qq)),
-            Some(ld(d0, 3, qq)),
+        let mut mains: [Option<Inst>; 8] = Default::default();
+        let mut put = |slot: u32, i: Option<Inst>| mains[slot as usize] = i;
+        put(ST_O2 - 8, prev(2));
+        put(ST_O3 - 8, prev(3));
+        put(LD_C, Some(ld(c0, 2, qq)));
+        put(LD_D, Some(ld(d0, 3, qq)));
+        put(
+            LD_NEXT_A,
             next(Part::A, 0).or(Some(inti(IntOp::Add, m(2), m(2), 128))),
-            Some(st(o0, qq, 0, false)),
-            Some(st(o1, qq, 1, false)),
+        );
+        put(ST_O0, Some(st(o0, qq, 0, false)));
+        put(ST_O1, Some(st(o1, qq, 1, false)));
+        put(
+            LD_NEXT_B,
             next(Part::B, 1).or(Some(inti(IntOp::Add, m(3), m(3), 8))),
-        ];
+        );
         for (main, aux) in mains.into_iter().zip(shuffles) {
             v.push(match main {
                 Some(main) => bi(main, aux),
@@ -171,6 +177,23 @@ fn rows_body() -> Vec<Issue> {
     v.push(mi(st(r(Part::A, 3), 3, 3, true)));
     v
 }
+
+/// The main-pipe slots of a sub-block's loads and stores among its eight issues,
+/// whose aux slots hold the shuffles in order (A and B's four, writing output rows
+/// 0 and 1 first, then C and D's four). Output rows 2 and 3 are stored in the next
+/// sub-block's first two slots (8 and 9 counted from this one's start). Both
+/// [`rows_body`], which places the instructions, and [`pairs`], which reads the
+/// registers' lifetimes, take the schedule from here.
+const LD_C: u32 = 2;
+const LD_D: u32 = 3;
+const LD_NEXT_A: u32 = 4;
+const ST_O0: u32 = 5;
+const ST_O1: u32 = 6;
+const LD_NEXT_B: u32 = 7;
+const ST_O2: u32 = 8;
+const ST_O3: u32 = 9;
+/// The last shuffle, C and D's last read.
+const LAST_SHUFFLE: u32 = 7;
 
 /// A sub-block's registers by role: its input rows `A..D` (`A` and `B` then
 /// hold output rows 3 and 2) and output rows 0 and 1.
@@ -191,14 +214,16 @@ fn pairs() -> [[u8; 6]; 4] {
     // (issue of the first write, issue of the last read) of role `r` of
     // sub-block `q`, which starts at issue 2 + 8q.
     let span = |q: u32, r: Part| -> (u32, u32) {
+        // Rows A and B of sub-block 0 are the two leading loads; later ones load
+        // during the sub-block before. Shuffles 0 and 1 write output rows 0 and 1.
         let b = 2 + 8 * q;
         match r {
-            Part::A => (if q == 0 { 0 } else { b - 4 }, b + 9),
-            Part::B => (if q == 0 { 1 } else { b - 1 }, b + 8),
-            Part::C => (b + 2, b + 7),
-            Part::D => (b + 3, b + 7),
-            Part::O0 => (b, b + 5),
-            Part::O1 => (b + 1, b + 6),
+            Part::A => (if q == 0 { 0 } else { b - 8 + LD_NEXT_A }, b + ST_O3),
+            Part::B => (if q == 0 { 1 } else { b - 8 + LD_NEXT_B }, b + ST_O2),
+            Part::C => (b + LD_C, b + LAST_SHUFFLE),
+            Part::D => (b + LD_D, b + LAST_SHUFFLE),
+            Part::O0 => (b, b + ST_O0),
+            Part::O1 => (b + 1, b + ST_O1),
         }
     };
     let roles = [Part::A, Part::B, Part::C, Part::D, Part::O0, Part::O1];
