@@ -552,10 +552,8 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
                 1
             };
             // The pipelined loop's setup: the addends' addresses, the first load,
-            // the count, the `rpt`.
-            // The second base: its distance and first address in the setup, and
-            // its address again beside every drain but the last, one issue more
-            // where the drain has no aux slot left for it.
+            // the count, the `rpt`; with the second base, its distance and first
+            // address.
             let pre = if pipelined && o > 0 {
                 b + 3 + 2 * u64::from(far)
             } else {
@@ -563,12 +561,12 @@ fn reduce_cycles(t: &Timing, k: u32, n: u32, norm: bool, addends: u8) -> u64 {
             };
             // Beside the octets, the drains' leftovers and the last octet's
             // second store.
-            let refar = if pipelined && o > 0 {
+            let drains = if pipelined && o > 0 {
                 u64::from(o - 1) * pipelined_drain_extra(addends, far) + 1
             } else {
                 0
             };
-            8 + prologue + setup + pre + u64::from(o) * (per_octet + 4 * scaled) + refar + tail
+            8 + prologue + setup + pre + u64::from(o) * (per_octet + 4 * scaled) + drains + tail
         }),
     )
 }

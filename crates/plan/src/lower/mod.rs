@@ -1334,14 +1334,11 @@ fn grow(
         // below 384, is 2.2k cycles slower); no further: each lowering of that
         // layer takes seconds, and a strategy that needs more gives up more
         // replicas than it saves.
-        let trials: Vec<LowerOptions> = grow_budgets(&t)
-            .into_iter()
-            .map(|w| LowerOptions {
+        for w in grow_budgets(&t) {
+            let t = LowerOptions {
                 weight_bytes: w,
                 ..t.clone()
-            })
-            .collect();
-        for t in trials {
+            };
             let p = lower_with(machine, graph, weights, &t)?;
             if max_live_bytes(&p) > limit {
                 continue;
