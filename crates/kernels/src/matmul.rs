@@ -1088,10 +1088,12 @@ impl Kernel for AmpMatmul {
 /// Cycles of the snippet of `AmpMatmul::new(rows, kc, nb)` walked with its workers
 /// (cached: see `estimate_cycles_with`).
 fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
-    use std::collections::BTreeMap;
+    use std::collections::HashMap;
     use std::sync::Mutex;
     type Key = (u32, u32, u32, u32, u32, bool);
-    static WALKS: Mutex<BTreeMap<Key, u64>> = Mutex::new(BTreeMap::new());
+    type Walks = HashMap<Key, u64, foldhash::fast::FixedState>;
+    // A hash map: the planner looks up thousands of row counts many times over.
+    static WALKS: Mutex<Option<Walks>> = Mutex::new(None);
     let key = (
         t.worker_issue_interval,
         t.supervisor_result_latency,
@@ -1100,7 +1102,11 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
         nb,
         row_major,
     );
-    if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
+    if let Some(c) = WALKS
+        .lock()
+        .ok()
+        .and_then(|w| w.as_ref().and_then(|w| w.get(&key).copied()))
+    {
         return c;
     }
     let mut k = AmpMatmul::new(rows, kc, nb);
@@ -1141,7 +1147,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
             })
         });
     if let Ok(mut w) = WALKS.lock() {
-        w.insert(key, c);
+        w.get_or_insert_with(Walks::default).insert(key, c);
     }
     c
 }

@@ -17,7 +17,7 @@ use tessera_machine::Machine;
 /// AMP chunk width: 16 inputs by 16 outputs per weight load.
 pub const AMP_WIDTH: u32 = 16;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct MatmulShape {
     pub rows: u32,
     pub k: u32,

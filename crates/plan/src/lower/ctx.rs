@@ -17,7 +17,9 @@ use tessera_kernels::MemClass;
 struct WeightImage {
     image: Vec<u8>,
     /// Tile image -> its offset in `image`.
-    offsets: HashMap<Vec<u8>, u32>,
+    // Keys are whole weight slices (tens of kilobytes, one per tile): a fast
+    // hash, since only the lookup depends on it (offsets go in creation order).
+    offsets: HashMap<Vec<u8>, u32, foldhash::fast::FixedState>,
     slices: Vec<Slice>,
 }
 

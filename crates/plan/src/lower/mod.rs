@@ -1091,17 +1091,66 @@ impl<'g> Walker<'g> {
 /// most of them.
 pub(crate) const ROW_PASSES: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 
+/// A linear's strategies: the mappings (the default first) and what the plan
+/// records of them.
+type Strategies = (Vec<crate::matmul::MatmulMapping>, Vec<Candidate>);
+
+/// The strategy `choice` of a linear (see [`linear_strategies`]) and the list.
+///
+/// The list is a pure function of the machine, the shape and the budgets, and
+/// costing it is most of a lowering's time (every row split walks the AMP's cost
+/// model); the fit loop, its growth phase and the finalists lower the same
+/// linears at the same few budgets again and again, so lists are kept for the
+/// process (a few kilobytes each, at most [`STRATEGY_CACHE`] of them).
+fn map_linear(
+    machine: &Machine,
+    shape: MatmulShape,
+    budgets: (u64, u64),
+    weight_cap: u64,
+    choice: usize,
+) -> Result<(crate::matmul::MatmulMapping, Vec<Candidate>), PlanError> {
+    use std::sync::{Arc, Mutex};
+    type Key = (String, MatmulShape, (u64, u64), u64);
+    type Cache = HashMap<Key, Arc<Strategies>, foldhash::fast::FixedState>;
+    static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+    let key = (format!("{machine:?}"), shape, budgets, weight_cap);
+    let cached = CACHE
+        .lock()
+        .ok()
+        .and_then(|c| c.as_ref().and_then(|m| m.get(&key).cloned()));
+    let strategies = match cached {
+        Some(s) => s,
+        None => {
+            let s = Arc::new(linear_strategies(machine, shape, budgets, weight_cap)?);
+            if let Ok(mut c) = CACHE.lock() {
+                let m = c.get_or_insert_with(Cache::default);
+                if m.len() >= STRATEGY_CACHE {
+                    m.clear();
+                }
+                m.insert(key, Arc::clone(&s));
+            }
+            s
+        }
+    };
+    let (list, cands) = &*strategies;
+    let chosen = list[choice.min(list.len() - 1)].clone();
+    Ok((chosen, cands.clone()))
+}
+
+/// Linear strategy lists [`map_linear`] keeps at most.
+const STRATEGY_CACHE: usize = 4096;
+
 /// The cheapest mapping of a matmul done in row passes (one after another on the
 /// same tiles, weights loaded once): passes trade time for the activation bytes a
 /// tile holds at once, which is what lets the largest matmuls fit. The outputs of
 /// earlier passes stay, so they are taken off the budget first (spread evenly).
-fn map_linear(
+/// Then the other strategies the growth phase and the finalists choose among.
+fn linear_strategies(
     machine: &Machine,
     shape: MatmulShape,
     (budget, wide): (u64, u64),
     weight_cap: u64,
-    choice: usize,
-) -> Result<(crate::matmul::MatmulMapping, Vec<Candidate>), PlanError> {
+) -> Result<Strategies, PlanError> {
     let out_bytes = u64::from(shape.rows) * u64::from(shape.n) * 2 / u64::from(machine.tiles);
     let mut best: Option<(u64, crate::matmul::MatmulMapping)> = None;
     let mut first_err = None;
@@ -1196,8 +1245,7 @@ fn map_linear(
             ),
         })
         .collect();
-    let chosen = list.swap_remove(choice.min(list.len() - 1)).1;
-    Ok((chosen, cands))
+    Ok((list.into_iter().map(|(_, m)| m).collect(), cands))
 }
 
 /// The least weight budget a matmul gets: one copy of its weights over every tile,
@@ -1593,6 +1641,32 @@ mod fit_tests {
         // 112 KiB: the next smaller is the floor (96), closer than a step.
         assert_eq!(in_kib(&kib(112)), [112, 96]);
         assert_eq!(in_kib(&kib(96)), [96]);
+    }
+
+    /// The kept strategy lists are the lists costed afresh: for every choice, the
+    /// chosen mapping and the candidates; and a machine with other timing gets
+    /// its own list, not the first machine's.
+    #[test]
+    fn kept_strategies_are_the_costed_ones() {
+        let shape = MatmulShape::new(1458, 1152, 4304);
+        let budgets = (400 * 1024, 600 * 1024);
+        let cap = 64 * 1024;
+        let mut slow = Machine::c600();
+        slow.timing.exchange_bytes_per_cycle = 1;
+        for m in [Machine::c600(), slow] {
+            let (list, cands) = linear_strategies(&m, shape, budgets, cap).unwrap();
+            assert!(list.len() > 1);
+            for round in 0..2 {
+                for (i, want) in list.iter().enumerate() {
+                    let (got, got_cands) = map_linear(&m, shape, budgets, cap, i).unwrap();
+                    assert_eq!((&got, &got_cands), (want, &cands), "choice {i}, round {round}");
+                }
+            }
+        }
+        let fast = map_linear(&Machine::c600(), shape, budgets, cap, 0).unwrap().1;
+        let mut slow = Machine::c600();
+        slow.timing.exchange_bytes_per_cycle = 1;
+        assert_ne!(map_linear(&slow, shape, budgets, cap, 0).unwrap().1, fast);
     }
 
     /// A placement retry takes an eighth off the weight budget and keeps every
