@@ -27,6 +27,8 @@ mod pooling;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use rayon::prelude::*;
+
 use tessera_graph::{Graph, Op, OpKind, TensorId, TensorMap};
 use tessera_kernels::LayerNorm;
 use tessera_machine::Machine;
@@ -1382,23 +1384,35 @@ fn grow(
         // below 384, is 2.2k cycles slower); no further: each lowering of that
         // layer takes seconds, and a strategy that needs more gives up more
         // replicas than it saves.
-        for w in grow_budgets(&t) {
-            let t = LowerOptions {
+        // The budgets are lowered a thread's worth at a time (each lowering of
+        // that layer takes seconds), and judged in order as one at a time would.
+        let trials: Vec<LowerOptions> = grow_budgets(&t)
+            .into_iter()
+            .map(|w| LowerOptions {
                 weight_bytes: w,
                 ..t.clone()
-            };
-            let p = lower_with(machine, graph, weights, &t)?;
-            if max_live_bytes(&p) > limit {
-                continue;
+            })
+            .collect();
+        'budgets: for batch in trials.chunks(rayon::current_num_threads().max(1)) {
+            let plans: Vec<Result<TilePlan, PlanError>> = batch
+                .par_iter()
+                .map(|t| lower_with(machine, graph, weights, t))
+                .collect();
+            for (t, p) in batch.iter().zip(plans) {
+                let p = p?;
+                if max_live_bytes(&p) > limit {
+                    continue;
+                }
+                let e = crate::estimate(machine, &p).cycles;
+                if e < best {
+                    best = e;
+                    plan = p;
+                    o = t.clone();
+                }
+                // Where it fits and is no cheaper, fewer replicas will not be
+                // cheaper.
+                break 'budgets;
             }
-            let e = crate::estimate(machine, &p).cycles;
-            if e < best {
-                best = e;
-                plan = p;
-                o = t;
-            }
-            // Where it fits and is no cheaper, fewer replicas will not be cheaper.
-            break;
         }
     }
     Ok((plan, o))
@@ -1659,11 +1673,17 @@ mod fit_tests {
             for round in 0..2 {
                 for (i, want) in list.iter().enumerate() {
                     let (got, got_cands) = map_linear(&m, shape, budgets, cap, i).unwrap();
-                    assert_eq!((&got, &got_cands), (want, &cands), "choice {i}, round {round}");
+                    assert_eq!(
+                        (&got, &got_cands),
+                        (want, &cands),
+                        "choice {i}, round {round}"
+                    );
                 }
             }
         }
-        let fast = map_linear(&Machine::c600(), shape, budgets, cap, 0).unwrap().1;
+        let fast = map_linear(&Machine::c600(), shape, budgets, cap, 0)
+            .unwrap()
+            .1;
         let mut slow = Machine::c600();
         slow.timing.exchange_bytes_per_cycle = 1;
         assert_ne!(map_linear(&slow, shape, budgets, cap, 0).unwrap().1, fast);
