@@ -3,6 +3,7 @@
 //! access that `unsafe` GEMM makes.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 /// Rows per GEMM task. A function of `m` alone, never of the thread count, so that
@@ -203,6 +204,9 @@ pub fn matmul(
 /// running partial sum in f16.
 pub const CHUNK: usize = 16;
 
+/// Output columns [`matmul_f16_chunked`] works on at a time.
+const COLUMN_TILE: usize = 128;
+
 fn to_f16(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
 }
@@ -229,33 +233,50 @@ pub fn matmul_f16_chunked(
     let groups = chunks.div_ceil(per_group);
     g.for_each_block(a, b, |c, a_blk, b_mat| {
         let mr = c.len() / n;
-        let mut partial = vec![0.0f32; c.len()];
-        let mut product = vec![0.0f32; c.len()];
-        for group in 0..groups {
-            partial.fill(0.0);
-            for chunk in group * per_group..((group + 1) * per_group).min(chunks) {
-                let p0 = chunk * CHUNK;
-                let width = CHUNK.min(k - p0);
-                let b_chunk = &b_mat[p0 * g.rsb..];
-                sgemm(
-                    mr,
-                    width,
-                    n,
-                    &a_blk[p0..],
-                    k,
-                    b_chunk,
-                    (g.rsb, g.csb),
-                    &mut product,
-                );
-                for (p, d) in partial.iter_mut().zip(&product) {
-                    *p = to_f16(*p + d);
+        // A chunk's product is as wide as the output; one column tile of them at a
+        // time keeps the partial sums and the product in cache across the chunks
+        // (each element's operations and their order are the same).
+        let tile = COLUMN_TILE.min(n);
+        let mut partial = vec![0.0f32; mr * tile];
+        let mut product = vec![0.0f32; mr * tile];
+        let mut halves = vec![f16::ZERO; mr * tile];
+        for j0 in (0..n).step_by(tile) {
+            let nt = tile.min(n - j0);
+            let (partial, product) = (&mut partial[..mr * nt], &mut product[..mr * nt]);
+            let halves = &mut halves[..mr * nt];
+            for group in 0..groups {
+                partial.fill(0.0);
+                for chunk in group * per_group..((group + 1) * per_group).min(chunks) {
+                    let p0 = chunk * CHUNK;
+                    let width = CHUNK.min(k - p0);
+                    let b_chunk = &b_mat[p0 * g.rsb + j0 * g.csb..];
+                    sgemm(
+                        mr,
+                        width,
+                        nt,
+                        &a_blk[p0..],
+                        k,
+                        b_chunk,
+                        (g.rsb, g.csb),
+                        product,
+                    );
+                    for (p, d) in partial.iter_mut().zip(product.iter()) {
+                        *p += d;
+                    }
+                    // Rounded to f16 and back as `to_f16` does, a slice at a time
+                    // (vector conversions).
+                    halves.convert_from_f32_slice(partial);
+                    halves.convert_to_f32_slice(partial);
                 }
-            }
-            if group == 0 {
-                c.copy_from_slice(&partial);
-            } else {
-                for (v, p) in c.iter_mut().zip(&partial) {
-                    *v += p;
+                for (row, part) in c.chunks_exact_mut(n).zip(partial.chunks_exact(nt)) {
+                    let out = &mut row[j0..j0 + nt];
+                    if group == 0 {
+                        out.copy_from_slice(part);
+                    } else {
+                        for (v, p) in out.iter_mut().zip(part) {
+                            *v += p;
+                        }
+                    }
                 }
             }
         }

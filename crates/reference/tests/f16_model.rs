@@ -173,6 +173,10 @@ fn chunked_matmul_matches_a_straightforward_loop() {
         (70, 72, 9, false, Some(2)),
         (4, 37, 6, true, None),
         (4, 80, 6, true, Some(2)),
+        // Wider than the column tile the evaluator works in (128), with a short
+        // last tile.
+        (9, 48, 300, false, Some(2)),
+        (6, 40, 257, true, Some(1)),
     ];
     for (m, k, n, transpose, per_group) in cases {
         let a = rng.eighths(m * k, 2);
