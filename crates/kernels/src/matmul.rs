@@ -1091,9 +1091,10 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
     use std::collections::HashMap;
     use std::sync::Mutex;
     type Key = (u32, u32, u32, u32, u32, bool);
-    type Walks = HashMap<Key, u64, foldhash::fast::FixedState>;
+    use foldhash::fast::FixedState;
     // A hash map: the planner looks up thousands of row counts many times over.
-    static WALKS: Mutex<Option<Walks>> = Mutex::new(None);
+    static WALKS: Mutex<HashMap<Key, u64, FixedState>> =
+        Mutex::new(HashMap::with_hasher(FixedState::with_seed(0)));
     let key = (
         t.worker_issue_interval,
         t.supervisor_result_latency,
@@ -1102,11 +1103,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
         nb,
         row_major,
     );
-    if let Some(c) = WALKS
-        .lock()
-        .ok()
-        .and_then(|w| w.as_ref().and_then(|w| w.get(&key).copied()))
-    {
+    if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
         return c;
     }
     let mut k = AmpMatmul::new(rows, kc, nb);
@@ -1147,7 +1144,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
             })
         });
     if let Ok(mut w) = WALKS.lock() {
-        w.get_or_insert_with(Walks::default).insert(key, c);
+        w.insert(key, c);
     }
     c
 }
