@@ -33,7 +33,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tessera_machine::{Machine, MachineError};
-use tessera_package::{BindingKind, Package};
+use tessera_package::{BindingKind, Package, TileImage};
 use tile::{Tile, TileState};
 
 /// Why a package cannot be loaded.
@@ -347,15 +347,27 @@ impl Simulator {
                 }
             })
             .collect();
+        // The simulator keeps its own copy; the tile images, most of a package's
+        // bytes, are copied in parallel like the rest of loading.
+        let t0 = std::time::Instant::now();
+        let tiles_copy: Vec<TileImage> = package.tiles.par_iter().cloned().collect();
+        let parallel = parallel + t0.elapsed();
+        let exchanges = package.exchanges.len();
+        let package = Package {
+            machine_toml: package.machine_toml.clone(),
+            tiles: tiles_copy,
+            exchanges: package.exchanges.clone(),
+            bindings: package.bindings.clone(),
+        };
         Ok(Simulator {
             machine,
-            package: package.clone(),
+            package,
             layout,
             tiles,
             slot_of,
             bindings,
             binding_index,
-            exchange_plans: vec![None; package.exchanges.len()],
+            exchange_plans: vec![None; exchanges],
             exchange_index,
             dirty: false,
             parallel,
@@ -725,17 +737,21 @@ impl Simulator {
         }
         let program = &self.package.exchanges[xi];
         let id = program.id;
-        let mut named: Vec<u32> = program
-            .transfers
-            .iter()
-            .flat_map(|x| std::iter::once(x.src_tile).chain(x.dsts.iter().map(|d| d.0)))
-            .collect();
-        named.sort_unstable();
-        named.dedup();
+        // By tile id for the machine's tiles (images exist for no others): a phase
+        // at batch 4 has hundreds of thousands of transfers, and with maps keyed
+        // by tile this was the largest part of the simulator's serial time.
+        let tiles = self.machine.tiles as usize;
+        let mut is_named = vec![false; tiles];
+        let mut beyond: Vec<u32> = Vec::new();
+        let mut name = |t: u32| match is_named.get_mut(t as usize) {
+            Some(n) => *n = true,
+            None => beyond.push(t),
+        };
         // Ranges, then overlapping writes per destination tile.
-        let mut ranges: BTreeMap<u32, Vec<(u32, u32, usize)>> = BTreeMap::new();
+        let mut ranges: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); tiles];
         let mut faults: Vec<(u32, String)> = Vec::new();
         for (k, x) in program.transfers.iter().enumerate() {
+            name(x.src_tile);
             if !self.layout.range_ok(x.src_addr, x.bytes) {
                 faults.push((
                     x.src_tile,
@@ -746,6 +762,7 @@ impl Simulator {
                 ));
             }
             for &(dt, da) in &x.dsts {
+                name(dt);
                 if !self.layout.range_ok(da, x.bytes) {
                     faults.push((
                         dt,
@@ -754,33 +771,53 @@ impl Simulator {
                             x.bytes
                         ),
                     ));
-                } else if x.bytes > 0 {
-                    ranges.entry(dt).or_default().push((da, da + x.bytes, k));
+                } else if x.bytes > 0
+                    && let Some(r) = ranges.get_mut(dt as usize)
+                {
+                    // A tile past the machine's has no image: the program faults
+                    // as missing it before its writes would matter.
+                    r.push((da, da + x.bytes, k as u32));
                 }
             }
         }
+        let mut named: Vec<u32> = (0..tiles as u32)
+            .filter(|&t| is_named[t as usize])
+            .collect();
+        beyond.sort_unstable();
+        beyond.dedup();
+        named.extend(beyond);
+        // Each destination tile's writes in address order and its first overlap,
+        // the tiles in parallel.
+        let t0 = std::time::Instant::now();
+        let checked: Vec<Option<String>> = ranges
+            .par_iter_mut()
+            .enumerate()
+            .map(|(dt, r)| {
+                r.sort_unstable();
+                r.windows(2).find(|w| w[1].0 < w[0].1).map(|w| {
+                    format!(
+                        "exchange #{id}: conflict: transfers {} and {} both write bytes {:#x}..{:#x} of tile {dt}",
+                        w[0].2,
+                        w[1].2,
+                        w[1].0,
+                        w[0].1.min(w[1].1)
+                    )
+                })
+            })
+            .collect();
+        self.parallel += t0.elapsed();
+        faults.extend(
+            checked
+                .into_iter()
+                .enumerate()
+                .filter_map(|(dt, f)| f.map(|f| (dt as u32, f))),
+        );
         let mut writes: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.tiles.len()];
-        for (dt, r) in &mut ranges {
-            r.sort_unstable();
-            for w in r.windows(2) {
-                if w[1].0 < w[0].1 {
-                    faults.push((
-                        *dt,
-                        format!(
-                            "exchange #{id}: conflict: transfers {} and {} both write bytes {:#x}..{:#x} of tile {dt}",
-                            w[0].2,
-                            w[1].2,
-                            w[1].0,
-                            w[0].1.min(w[1].1)
-                        ),
-                    ));
-                    break;
-                }
-            }
+        for (dt, r) in ranges.into_iter().enumerate() {
             // A tile without an image is named and missing: the program faults
             // before anything is written.
-            if let Some(&s) = self.slot_of.get(dt) {
-                writes[s] = r.iter().map(|&(da, _, k)| (k as u32, da)).collect();
+            if let Some(&s) = self.slot_of.get(&(dt as u32)) {
+                writes[s] = r.into_iter().map(|(da, _, k)| (k, da)).collect();
             }
         }
         let plan = Arc::new(ExchangePlan {

@@ -233,6 +233,30 @@ fn exchange_id_mismatch_is_an_invalid_configuration() {
 }
 
 #[test]
+fn exchange_naming_a_tile_past_the_machine_faults_as_missing() {
+    // Tile ids past the machine's have no image; the program names them, so the
+    // tiles that execute it fault, in the same words as for any missing tile.
+    let m = Machine::small();
+    let far = m.tiles + 100;
+    let x = ExchangeProgram {
+        id: 1,
+        name: "far".into(),
+        transfers: vec![
+            transfer(0, R1, 8, &[(1, R1 + 16), (far, R1)]),
+            transfer(far + 1, R1, 8, &[(1, R1 + 32)]),
+        ],
+    };
+    let tiles = (0..2).map(|t| exchange_tile(t, t, &[1])).collect();
+    let (_, r) = run(&package(&m, tiles, vec![x], vec![]));
+    assert_eq!(r.faults.len(), 2, "{:#?}", r.faults);
+    let list = format!("tiles {far}, {}", far + 1);
+    for f in &r.faults {
+        assert_eq!(f.kind, FaultKind::InvalidExchangeConfiguration);
+        assert!(f.cause.contains(&list), "{}", f.cause);
+    }
+}
+
+#[test]
 fn overlapping_exchange_destinations_conflict() {
     let x = ExchangeProgram {
         id: 1,
