@@ -1299,3 +1299,41 @@ fn f16_cmac_adds_exact_lane_products_into_the_accumulators() {
     // One issue each, plus the exit.
     assert_eq!(r.ctx.clock, 30);
 }
+
+#[test]
+fn parallel_concatenation_is_the_concatenation() {
+    // Fixed-seed parts, some empty, in a pool of one and of several threads.
+    use crate::{TraceEvent, TraceKind, concat_parallel};
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut tag = 0u16;
+    let parts: Vec<Vec<TraceEvent>> = (0..40)
+        .map(|p| {
+            (0..next(50) * u64::from(p % 5 != 0))
+                .map(|_| {
+                    tag += 1;
+                    TraceEvent {
+                        cycle: next(1000),
+                        tile: Some(p),
+                        context: None,
+                        kind: TraceKind::Mark { tag },
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool");
+        let out = pool.install(|| concat_parallel(parts.clone()));
+        assert_eq!(out, parts.concat(), "{threads} threads");
+    }
+    assert!(concat_parallel(Vec::new()).is_empty());
+}
