@@ -119,14 +119,10 @@ mod tests {
     fn counts_by_tile_agree_with_the_rule_written_out() {
         // Fixed-seed transfers over the machine's tiles and a few past them (which
         // only a malformed program names), broadcasts to pairs and to lone tiles.
+        use rand::{Rng, SeedableRng};
         let m = Machine::small();
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+        let mut next = |n: u64| rng.random_range(0..n);
         let span = u64::from(m.tiles) + 5;
         for case in 0..200 {
             let transfers: Vec<(u32, u64, Vec<u32>)> = (0..1 + next(12))

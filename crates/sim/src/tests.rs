@@ -1304,13 +1304,9 @@ fn f16_cmac_adds_exact_lane_products_into_the_accumulators() {
 fn parallel_concatenation_is_the_concatenation() {
     // Fixed-seed parts, some empty, in a pool of one and of several threads.
     use crate::{TraceEvent, TraceKind, concat_parallel};
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let mut next = |n: u64| rng.random_range(0..n);
     let mut tag = 0u16;
     let parts: Vec<Vec<TraceEvent>> = (0..40)
         .map(|p| {
