@@ -16,39 +16,54 @@ pub struct ExchangeLoad {
     rate: u64,
     group: u32,
     overhead: u64,
-    /// By tile, for the machine's tiles (a phase names thousands of transfers to
-    /// hundreds of tiles, and the simulator and the planner cost every phase);
-    /// tiles past them, which only a malformed program names, in the maps.
-    sent: Vec<u64>,
+    sent: Counts,
     /// In units of 1/group byte, so that sums stay exact integers.
-    received: Vec<u64>,
-    sent_beyond: HashMap<u32, u64>,
-    received_beyond: HashMap<u32, u64>,
+    received: Counts,
     dsts: Vec<u32>,
 }
 
-/// Adds `by` to `tile`'s count: in `dense` for the machine's tiles, else in `beyond`.
-fn bump(dense: &mut [u64], beyond: &mut HashMap<u32, u64>, tile: u32, by: u64) {
-    match dense.get_mut(tile as usize) {
-        Some(v) => *v += by,
-        None => *beyond.entry(tile).or_default() += by,
+/// Counts by tile: in a vector for the machine's tiles (a phase names thousands of
+/// transfers to hundreds of tiles, and the simulator and the planner cost every
+/// phase), in a map for tiles past them, which only a malformed program names.
+#[derive(Debug, Clone)]
+struct Counts {
+    dense: Vec<u64>,
+    beyond: HashMap<u32, u64>,
+}
+
+impl Counts {
+    fn new(tiles: usize) -> Counts {
+        Counts {
+            dense: vec![0; tiles],
+            beyond: HashMap::new(),
+        }
+    }
+
+    fn add(&mut self, tile: u32, by: u64) {
+        match self.dense.get_mut(tile as usize) {
+            Some(v) => *v += by,
+            None => *self.beyond.entry(tile).or_default() += by,
+        }
+    }
+
+    fn max(&self) -> u64 {
+        let beyond = self.beyond.values();
+        self.dense.iter().chain(beyond).copied().max().unwrap_or(0)
     }
 }
 
 impl ExchangeLoad {
     pub fn new(machine: &Machine) -> ExchangeLoad {
         let t = &machine.timing;
-        // A machine that skipped validation may claim any count: the dense part
-        // stays within the largest valid one.
+        // A machine that skipped validation may claim any count: the vectors stay
+        // within the largest valid one.
         let tiles = machine.tiles.min(crate::MAX_TILES as u32) as usize;
         ExchangeLoad {
             rate: u64::from(t.exchange_bytes_per_cycle.max(1)),
             group: t.tiles_per_shared_exchange_bus.max(1),
             overhead: u64::from(t.exchange_overhead_cycles),
-            sent: vec![0; tiles],
-            received: vec![0; tiles],
-            sent_beyond: HashMap::new(),
-            received_beyond: HashMap::new(),
+            sent: Counts::new(tiles),
+            received: Counts::new(tiles),
             dsts: Vec::new(),
         }
     }
@@ -56,7 +71,7 @@ impl ExchangeLoad {
     /// One transfer of `bytes` from tile `src` to tiles `dsts` (repeats count once).
     pub fn add(&mut self, src: u32, bytes: u64, dsts: impl IntoIterator<Item = u32>) {
         let g = u64::from(self.group);
-        bump(&mut self.sent, &mut self.sent_beyond, src, bytes * g);
+        self.sent.add(src, bytes * g);
         self.dsts.clear();
         self.dsts.extend(dsts);
         self.dsts.sort_unstable();
@@ -65,21 +80,12 @@ impl ExchangeLoad {
             let first = d - d % self.group;
             let whole = (first..first.saturating_add(self.group))
                 .all(|t| self.dsts.binary_search(&t).is_ok());
-            let by = if whole { bytes } else { bytes * g };
-            bump(&mut self.received, &mut self.received_beyond, d, by);
+            self.received.add(d, if whole { bytes } else { bytes * g });
         }
     }
 
     pub fn cycles(&self) -> u64 {
-        let busiest = self
-            .sent
-            .iter()
-            .chain(&self.received)
-            .chain(self.sent_beyond.values())
-            .chain(self.received_beyond.values())
-            .copied()
-            .max()
-            .unwrap_or(0);
+        let busiest = self.sent.max().max(self.received.max());
         self.overhead + busiest.div_ceil(self.rate * u64::from(self.group))
     }
 }

@@ -33,7 +33,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tessera_machine::{Machine, MachineError};
-use tessera_package::{BindingKind, Package, TileImage};
+use tessera_package::{BindingKind, HostBinding, Package, TileImage};
 use tile::{Tile, TileState};
 
 /// Why a package cannot be loaded.
@@ -357,7 +357,18 @@ impl Simulator {
             machine_toml: package.machine_toml.clone(),
             tiles: tiles_copy,
             exchanges: package.exchanges.clone(),
-            bindings: package.bindings.clone(),
+            // The contents live in `bindings` (a weight image was copied twice).
+            bindings: package
+                .bindings
+                .iter()
+                .map(|b| HostBinding {
+                    name: b.name.clone(),
+                    kind: b.kind,
+                    bytes: b.bytes,
+                    slices: b.slices.clone(),
+                    data: Vec::new(),
+                })
+                .collect(),
         };
         Ok(Simulator {
             machine,
@@ -1069,7 +1080,7 @@ fn concat_parallel(parts: Vec<Vec<TraceEvent>>) -> Vec<TraceEvent> {
         context: None,
         kind: TraceKind::Mark { tag: 0 },
     };
-    let mut out = Vec::with_capacity(total);
+    let mut out = Vec::new();
     (0..total)
         .into_par_iter()
         .map(|_| placeholder.clone())
