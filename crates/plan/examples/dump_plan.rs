@@ -73,6 +73,11 @@ fn main() {
     }
     let (tile, step, bytes) = busiest(&plan);
     let (tile, step) = (tile as usize, step as usize);
+    // `AT=tile,step` lists another tile and step than the busiest.
+    let (tile, step) = std::env::var("AT").ok().map_or((tile, step), |v| {
+        let (t, s) = v.split_once(',').expect("AT=tile,step");
+        (t.parse().expect("tile"), s.parse().expect("step"))
+    });
     println!(
         "busiest: tile {tile} step {step} ({}): {bytes} bytes live",
         plan.step_ops[step]
@@ -93,6 +98,10 @@ fn main() {
         e.1 += 1;
     }
     let mut v: Vec<_> = by.into_iter().collect();
+    println!(
+        "live at tile {tile} step {step}: {} bytes",
+        v.iter().map(|x| x.1.0).sum::<u64>()
+    );
     v.sort_by_key(|x| std::cmp::Reverse(x.1.0));
     for (name, (bytes, n)) in v.iter().take(30) {
         println!("{bytes:>9} {n:>4} {name}");
