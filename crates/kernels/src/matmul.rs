@@ -57,6 +57,10 @@ pub struct AmpMatmul {
     /// Rows of the result that go to operand `own` instead of `out`: see
     /// [`AmpMatmul::with_own_rows`].
     pub own: Option<OwnRows>,
+    /// Chunk 0 of every block reads partial sums from operand `init` (`[nb][rows][16]`,
+    /// what an earlier call over other chunks of K wrote as its `out`) instead of
+    /// starting from zero: see [`AmpMatmul::continuing`].
+    pub init: bool,
 }
 
 /// Output rows `first..first + rows` of every block written to operand `own`
@@ -101,7 +105,20 @@ impl AmpMatmul {
             nb,
             a_row_major: false,
             own: None,
+            init: false,
         }
+    }
+
+    /// The same product added to the partial sums in operand `init`, so that a
+    /// matmul's K can be taken in parts, one call a part, each weight block
+    /// running once over all the rows (where row passes run every block once a
+    /// pass). Even row splits only, whose header table is then per block for
+    /// chunk 0 too; otherwise `None`.
+    pub fn continuing(&self) -> Option<AmpMatmul> {
+        matches!(self.layout(), Rows::Even { .. }).then(|| AmpMatmul {
+            init: true,
+            ..self.clone()
+        })
     }
 
     /// The same product with output rows `first..first + rows` of every block
@@ -246,11 +263,18 @@ impl AmpMatmul {
     /// Bytes of one call's headers in the table: one per worker.
     const CALL_HEADERS: u32 = HEADER * WORKERS;
 
+    /// Calls of the table's per-block first calls: a continuing product's chunk
+    /// 0 when it is not also the last chunk.
+    fn firsts(&self) -> u32 {
+        if self.init && self.kc > 1 { self.nb } else { 0 }
+    }
+
     fn state_bytes(&self) -> u32 {
         if self.table() {
             // The calls before a block's last, shared by every block, then each
-            // block's last call (which names that block's output).
-            Self::CALL_HEADERS * (self.kc - 1 + self.nb)
+            // block's last call (which names that block's output); continuing,
+            // each block's first call (which names its partial-in) as well.
+            Self::CALL_HEADERS * (self.kc - 1 + self.nb + self.firsts())
         } else {
             STATE_BYTES
         }
@@ -381,21 +405,34 @@ impl AmpMatmul {
     /// the blocks' last calls). Every instruction between a `runall` and the next
     /// `sync local` waits for the workers to exit; counters are decremented after
     /// a `sync local`, far ahead of the branch that reads them. With several
-    /// blocks, each block's first gap rewinds the shared headers.
+    /// blocks, each block's first gap rewinds the shared headers. A continuing
+    /// product's chunk 0 takes the partials entry on the block's own first call
+    /// (`$m7`, which walks them ahead of the shared calls).
     fn table_loop(&self, s: &mut Asm, c: &Sup) {
         let blocks = self.nb > 1;
         // Calls between a block's first and its last.
         let middle = self.kc.saturating_sub(2);
         let pairs = middle / 2;
         let calls = Self::CALL_HEADERS as u16;
-        s.i(setzi(m(1), c.state));
+        let firsts = self.firsts();
+        let shared = c.state + Self::CALL_HEADERS * firsts;
+        s.i(setzi(m(1), shared));
         s.i(setzi(m(2), c.w)); // advanced 16 bytes by every weight load
-        s.i(setzi(m(0), c.zero_entry));
-        if self.kc > 1 {
+        let chunk0 = if self.init {
+            m(3)
+        } else {
+            s.i(setzi(m(0), c.zero_entry));
+            m(0)
+        };
+        if self.kc > 1 || self.init {
             s.i(setzi(m(3), c.entry));
         }
+        if firsts > 0 {
+            s.i(setzi(m(7), c.state));
+        }
         // Block 0's last call's headers; each block's follow.
-        s.i(setzi(m(8), c.state + Self::CALL_HEADERS * (self.kc - 1)));
+        let shared_calls = (self.kc - 1).saturating_sub(u32::from(firsts > 0));
+        s.i(setzi(m(8), shared + Self::CALL_HEADERS * shared_calls));
         if blocks {
             s.i(setzi(m(4), self.nb));
         }
@@ -417,15 +454,15 @@ impl AmpMatmul {
         let mut first = Vec::new();
         if blocks {
             first.push(inti(IntOp::Sub, m(4), m(4), 1));
-            first.push(setzi(m(1), c.state));
+            first.push(setzi(m(1), shared));
         }
         if pairs > 1 {
             first.push(setzi(m(6), pairs));
         }
         if self.kc == 1 {
-            call(s, m(0), m(8), &first);
+            call(s, chunk0, m(8), &first);
         } else {
-            call(s, m(0), m(1), &first);
+            call(s, chunk0, if firsts > 0 { m(7) } else { m(1) }, &first);
             if middle % 2 == 1 {
                 call(s, m(3), m(1), &[]);
             }
@@ -865,8 +902,9 @@ impl Kernel for AmpMatmul {
             Some(o) => format!("_own{}x{}", o.first, o.rows),
             None => String::new(),
         };
+        let init = if self.init { "_init" } else { "" };
         format!(
-            "{}_r{}_kc{}_nb{}{rm}{own}",
+            "{}_r{}_kc{}_nb{}{rm}{own}{init}",
             Self::NAME,
             self.rows,
             self.kc,
@@ -886,6 +924,12 @@ impl Kernel for AmpMatmul {
             || u64::from(self.kc) * u64::from(self.nb) * 512 >= 1 << 20
         {
             return Err(invalid(&name, "operand larger than tile memory"));
+        }
+        if self.init && !self.table() {
+            return Err(invalid(
+                &name,
+                "partial sums to continue from need an even split of at least two rows a worker",
+            ));
         }
         if self.own.is_some_and(|o| !self.own_fits(o)) {
             return Err(invalid(
@@ -947,6 +991,19 @@ impl Kernel for AmpMatmul {
             separate_all(&mut ops, &["a", "own"]);
             outputs.push("own");
         }
+        if self.init {
+            // Chunk 0 streams `init` with A and writes `p0`, or the output when
+            // it is also the last chunk.
+            ops.push(Operand::new("init", Role::Input, rb * self.nb, 8));
+            separate_all(&mut ops, &["a", "init"]);
+            if self.kc >= 2 {
+                separate_all(&mut ops, &["init", "p0"]);
+            } else {
+                for &out in &outputs {
+                    separate_all(&mut ops, &[out, "init"]);
+                }
+            }
+        }
         if self.kc >= 2 {
             let last_in = ["p0", "p1"][((self.kc - 2) % 2) as usize];
             for out in outputs {
@@ -996,13 +1053,39 @@ impl Kernel for AmpMatmul {
             };
             let headers = self.headers(addrs)?;
             let (last, shared) = headers.split_last().expect("kc >= 1");
-            // The calls before a block's last, then each block's last call, whose
-            // workers write that block of `out` or of `own`.
-            let calls = shared
-                .iter()
-                .map(|&h| (h, None))
-                .chain((0..self.nb).map(|b| (*last, Some(b))));
-            for ((a, pin, out), block) in calls {
+            // A continuing product's chunk 0 reads block b of `init`.
+            let init = if self.init {
+                Some(operand(addrs, &self.symbol(), "init")?)
+            } else {
+                None
+            };
+            let from_init = |(a, pin, out): (u32, u32, u32), b: u32| match init {
+                Some(base) => ((a, base + b * self.block_bytes(), out), true),
+                None => ((a, pin, out), false),
+            };
+            // Each block's first call where it is not also its last (continuing
+            // only), the calls shared by every block, then each block's last
+            // call, whose workers write that block of `out` or of `own`.
+            let (firsts, shared) = match shared.split_first() {
+                Some((&first, rest)) if init.is_some() => {
+                    let f: Vec<_> = (0..self.nb).map(|b| (from_init(first, b), None)).collect();
+                    (f, rest)
+                }
+                _ => (Vec::new(), shared),
+            };
+            let lasts = (0..self.nb).map(|b| {
+                let h = if self.kc == 1 {
+                    from_init(*last, b)
+                } else {
+                    (*last, false)
+                };
+                (h, Some(b))
+            });
+            let calls = firsts
+                .into_iter()
+                .chain(shared.iter().map(|&h| ((h, false), None)))
+                .chain(lasts);
+            for (((a, pin, out), own_block_pin), block) in calls {
                 for w in 0..WORKERS {
                     let r0 = w * q;
                     let dst = match (block, own) {
@@ -1012,7 +1095,11 @@ impl Kernel for AmpMatmul {
                         }
                         (Some(b), _) => out + b * self.block_bytes() + w * row,
                     };
-                    let pin = if pin == 0 { 0 } else { pin + w * row };
+                    let pin = if pin == 0 && !own_block_pin {
+                        0
+                    } else {
+                        pin + w * row
+                    };
                     buf.u32(a + w * a_row).u32(pin).u32(dst);
                 }
             }
@@ -1049,7 +1136,7 @@ impl Kernel for AmpMatmul {
         // instances (one to four chunks, one to three blocks) are walked once per
         // timing and row count and extended linearly: the planner asks for
         // thousands of estimates.
-        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb, self.a_row_major);
+        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb, self.a_row_major, self.init);
         let per_chunk = |nb: u32| -> u64 {
             if self.table() {
                 // Chunks after the first run in pairs from five on (an odd one
@@ -1087,10 +1174,10 @@ impl Kernel for AmpMatmul {
 
 /// Cycles of the snippet of `AmpMatmul::new(rows, kc, nb)` walked with its workers
 /// (cached: see `estimate_cycles_with`).
-fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
+fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, init: bool) -> u64 {
     use std::collections::HashMap;
     use std::sync::Mutex;
-    type Key = (u32, u32, u32, u32, u32, bool);
+    type Key = (u32, u32, u32, u32, u32, bool, bool);
     use foldhash::fast::FixedState;
     // A hash map: the planner looks up thousands of row counts many times over.
     static WALKS: Mutex<HashMap<Key, u64, FixedState>> =
@@ -1102,6 +1189,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
         kc,
         nb,
         row_major,
+        init,
     );
     if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
         return c;
@@ -1109,6 +1197,9 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
     let mut k = AmpMatmul::new(rows, kc, nb);
     if row_major {
         k = k.row_major();
+    }
+    if init {
+        k = k.continuing().unwrap_or(k);
     }
     // Placeholder addresses: the snippet's timing does not depend on them, and
     // `supervisor_words` does not insist on a shape that fits a tile (the walked
@@ -1134,9 +1225,10 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool) -> u64 {
     let c = k
         .supervisor_words(&call, crate::ESTIMATE_CODE_BASE)
         .map_or(u64::MAX / 4, |words| {
-            // Run `k` is chunk `k % kc`; chunk 0 has no partial-in.
+            // Run `k` is chunk `k % kc`; chunk 0 has no partial-in unless the
+            // product continues from one.
             crate::supervisor_cycles(t, &words, |run| {
-                if (run as u32).is_multiple_of(kc.max(1)) {
+                if !k.init && (run as u32).is_multiple_of(kc.max(1)) {
                     zeros.clone()
                 } else {
                     partials.clone()

@@ -34,6 +34,13 @@ pub struct MatmulShape {
     /// (see `MatmulMapping::row_options`); the fit loop turns it off before it
     /// gives up weight replicas, since the rounded groups hold a few rows more.
     pub even_rows: bool,
+    /// Parts of each tile's chunks of K taken one after another (1: all at
+    /// once): each part's inputs arrive in an exchange of their own and its AMP
+    /// call continues from the previous part's partial sums, held for the next
+    /// part in a carry buffer. Against row passes, which also bound the input
+    /// bytes a tile holds, every weight block runs once over all the rows
+    /// instead of once a pass; the output side is held at its whole size.
+    pub k_parts: u32,
 }
 
 impl MatmulShape {
@@ -46,6 +53,7 @@ impl MatmulShape {
             a_blocked: false,
             rearrange: false,
             even_rows: true,
+            k_parts: 1,
         }
     }
 
@@ -161,16 +169,27 @@ impl MatmulMapping {
         let xbw = u64::from(t.exchange_bytes_per_cycle);
 
         let chunk_bytes = u64::from(AMP_WIDTH) * 2;
-        let a_bytes = rows * kc * chunk_bytes;
+        // K in parts: each inner group's chunks cut at `c * parts / kc` (the
+        // lowering's `part_chunks`), so the busiest tile's largest part holds
+        // `ceil(kc / parts)` chunks of inputs at a time. Every group needs a
+        // chunk a part, and the parts after the first continue from partial sums,
+        // which only an even row split's AMP call does.
+        let parts = shape.k_parts.max(1);
+        let smallest_group = shape.k_chunks() - (pk - 1) * kc_t;
+        let part_sizes: Vec<u32> = (0..parts).map(|p| part_chunks(kc_t, parts, p).1).collect();
+        let a_bytes = rows * u64::from(kc_t.div_ceil(parts)) * chunk_bytes;
         let weight_bytes = nb * kc * chunk_bytes * u64::from(AMP_WIDTH);
         // The AMP reads A as it lands unless it arrives in blocks or is rearranged.
         let rearranged = shape.rearranged();
-        let mm = AmpMatmul::new(rows_t, kc_t, nb_t);
-        let mm = if shape.a_blocked || rearranged {
-            mm
-        } else {
-            mm.row_major()
+        let amp_call = |kc: u32| {
+            let mm = AmpMatmul::new(rows_t, kc, nb_t);
+            if shape.a_blocked || rearranged {
+                mm
+            } else {
+                mm.row_major()
+            }
         };
+        let mm = amp_call(kc_t);
         // Where whole-block slabs would move more bytes (`row_piece_rows`), the
         // output is cut into pieces of rows (all blocks) instead, one per inner
         // group, received into a buffer of their own (the lowering's
@@ -204,17 +223,53 @@ impl MatmulMapping {
             }
         };
         let partial_bytes = 2 * rows * chunk_bytes;
+        // The partial sums one part hands the next, `[nb][rows][16]`: held beside
+        // the last part's output (and, from three parts, beside the next carry).
+        let carry = if parts > 1 {
+            rows * nb * chunk_bytes
+        } else {
+            0
+        };
         // Weights and the broadcast bias slab stay for the whole program; of the
         // rest, the rearrangement holds both copies of A, the matmul one copy of A,
         // its output and the ping-pong partials; the reduction works in place.
         let transient = if rearranged {
             (2 * a_bytes).max(a_bytes + out_bytes + partial_bytes)
         } else {
-            a_bytes + out_bytes + partial_bytes
+            a_bytes + out_bytes.max(carry) + carry + partial_bytes
         };
-        let bytes_per_tile = weight_bytes + slab_bytes + transient;
+        // Every row group's call continues, the last (smaller) group's too.
+        let last_rows = shape.rows - (pr - 1) * rows_t;
+        let parts_ok = parts == 1
+            || (!rearranged
+                && parts <= smallest_group
+                && mm.continuing().is_some()
+                && AmpMatmul::new(last_rows, kc_t, nb_t).continuing().is_some());
+        let bytes_per_tile = if parts_ok {
+            weight_bytes + slab_bytes + transient
+        } else {
+            u64::MAX
+        };
 
-        let amp = mm.estimate_cycles_with(t);
+        let amp = if parts == 1 {
+            mm.estimate_cycles_with(t)
+        } else if parts_ok {
+            part_sizes
+                .iter()
+                .enumerate()
+                .map(|(p, &kc)| {
+                    let k = amp_call(kc);
+                    let k = if p > 0 {
+                        k.continuing().unwrap_or(k)
+                    } else {
+                        k
+                    };
+                    k.estimate_cycles_with(t)
+                })
+                .sum()
+        } else {
+            u64::MAX / 8
+        };
         let rearrange = if rearranged {
             Rearrange::new(rows_t, kc_t * AMP_WIDTH).estimate_cycles_with(t)
         } else {
@@ -231,7 +286,13 @@ impl MatmulMapping {
         } else {
             1
         };
-        let exchange_in = u64::from(t.exchange_overhead_cycles) + a_bytes / (xbw * shared);
+        let exchange_in = part_sizes
+            .iter()
+            .map(|&kc| {
+                u64::from(t.exchange_overhead_cycles)
+                    + rows * u64::from(kc) * chunk_bytes / (xbw * shared)
+            })
+            .sum();
         let slab_elems = u32::try_from(slab_bytes / 2).unwrap_or(u32::MAX);
         // The bias slab is added inside the reduction when there is one (the
         // lowering's whole-slab case), otherwise by its own `add`.
@@ -263,6 +324,14 @@ impl MatmulMapping {
             },
         }
     }
+}
+
+/// Part `p` of `parts` of a tile's `kc` chunks of K: its first chunk and its
+/// chunks (the planner's cost and the lowering cut them alike).
+pub(crate) fn part_chunks(kc: u32, parts: u32, p: u32) -> (u32, u32) {
+    let parts = parts.max(1);
+    let at = |p: u32| p * kc / parts;
+    (at(p), at(p + 1) - at(p))
 }
 
 /// Rows a reduce piece holds when a matmul's output is reduced in pieces of rows

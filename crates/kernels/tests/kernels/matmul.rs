@@ -153,6 +153,62 @@ fn own_rows_go_to_their_own_operand() {
     assert!(AmpMatmul::new(31, 2, 1).with_own_rows(0, 5, 160).is_none());
 }
 
+/// A product taken in two parts of K, the second continuing from the first's
+/// output (`init`), gives the bits of the one call over all of K: the chunks'
+/// partial sums are rounded to f16 between chunks either way. Splits that are
+/// not even refuse to continue.
+#[test]
+fn a_continuing_product_adds_to_the_partials_it_is_given() {
+    for (rows, kc1, kc2, nb, rm) in [
+        (36, 2, 3, 2, false),
+        (24, 1, 2, 3, false),
+        (24, 2, 1, 3, false),
+        (48, 3, 1, 1, true),
+        (12, 2, 2, 4, true),
+        (30, 3, 4, 2, false),
+    ] {
+        let with_layout = |k: AmpMatmul| if rm { k.row_major() } else { k };
+        let whole = with_layout(AmpMatmul::new(rows, kc1 + kc2, nb));
+        let c = case(&whole, u64::from(rows * 7 + kc1));
+        let want = run(&whole, &layout(&whole), &inputs(&whole, &c));
+        want.assert_ok();
+        // The parts' inputs and weights: K's first `kc1` chunks, then the rest.
+        let kdim = ((kc1 + kc2) * 16) as usize;
+        let n = (nb * 16) as usize;
+        let part = |c0: u32, kc: u32| Case {
+            x: (0..rows as usize)
+                .flat_map(|r| {
+                    let at = r * kdim + (c0 * 16) as usize;
+                    c.x[at..at + (kc * 16) as usize].to_vec()
+                })
+                .collect(),
+            w: c.w[(c0 * 16) as usize * n..((c0 + kc) * 16) as usize * n].to_vec(),
+        };
+        let first = with_layout(AmpMatmul::new(rows, kc1, nb));
+        let p1 = part(0, kc1);
+        let out1 = run(&first, &layout(&first), &inputs(&first, &p1));
+        out1.assert_ok();
+        let carried = out1.read_f16("out", (rows * nb * 16) as usize);
+        let second = with_layout(AmpMatmul::new(rows, kc2, nb))
+            .continuing()
+            .expect("an even split");
+        let p2 = part(kc1, kc2);
+        let mut ins = inputs(&second, &p2);
+        ins.push(("init", f16_bytes(&carried)));
+        let got = run(&second, &layout(&second), &ins);
+        got.assert_ok();
+        assert!(got.violations.is_empty(), "{:?}", got.violations);
+        assert_eq!(
+            got.read_f16("out", (rows * nb * 16) as usize),
+            want.read_f16("out", (rows * nb * 16) as usize),
+            "{second:?}"
+        );
+    }
+    // 31 rows split unevenly keep records and the zero-partial start.
+    assert!(AmpMatmul::new(31, 2, 1).continuing().is_none());
+    assert!(AmpMatmul::new(30, 2, 1).continuing().is_some());
+}
+
 /// The two layouts really differ: a row-major A given to the chunk-major kernel
 /// gives another product, so the reference test's agreement of both layouts (and
 /// the stride that makes row-major work) is not vacuous.

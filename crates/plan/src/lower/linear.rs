@@ -37,7 +37,7 @@ use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
 use crate::ir::*;
 use crate::lower::ctx::{Lowering, f16_bytes, groups};
-use crate::matmul::{AMP_WIDTH, MatmulMapping};
+use crate::matmul::{AMP_WIDTH, MatmulMapping, part_chunks};
 
 /// The concrete row/chunk/block groups of one matmul mapping.
 pub(crate) struct Grid {
@@ -224,6 +224,8 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         op.n,
         if passes > 1 {
             format!("in {passes} passes of {per_pass} rows ")
+        } else if op.map.shape.k_parts > 1 {
+            format!("in {} parts of K ", op.map.shape.k_parts)
         } else {
             String::new()
         },
@@ -255,6 +257,28 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
     })
 }
 
+/// The ping-pong partial-sum buffers an AMP call's chunks need, added to `ops`.
+fn partial_bufs(
+    lw: &mut Lowering<'_>,
+    tile: u32,
+    name: &str,
+    rows: u32,
+    mm: &AmpMatmul,
+    ops: &mut Vec<(&'static str, Loc)>,
+) {
+    for (idx, pname) in ["p0", "p1"].into_iter().enumerate() {
+        if mm.partials() > idx as u32 {
+            let pp = lw.buffer(
+                tile,
+                format!("{name}.{pname}"),
+                rows * AMP_WIDTH * 2,
+                Category::Partial,
+            );
+            ops.push((pname, Loc { buf: pp, offset: 0 }));
+        }
+    }
+}
+
 /// Constants a matmul's passes share: weights per tile, bias slabs per tile and
 /// row count (per pass too when a per-row constant is fused).
 #[derive(Default)]
@@ -284,243 +308,298 @@ fn one_pass(
     // Rows of row group `i` in the whole tensor.
     let span = |i: usize| (base + g.rows[i].0, g.rows[i].1);
 
-    // Input buffers and where `x` lands in them: `a_rm` where it lands row-major,
-    // `a_amp` what the AMP reads (the chunk-major buffer it lands in directly or
-    // is rearranged into with `rearrange_inputs`, else `a_rm` itself).
+    // K in parts (`MatmulShape::k_parts`): each part's inputs, then its AMP call,
+    // continuing from the partial sums the previous part left in a carry buffer;
+    // the last part's call writes the slabs the reduction takes.
+    let parts = g.map.shape.k_parts.max(1);
+    let last_part = parts - 1;
     let rearrange = !direct && lw.opts.rearrange_inputs;
-    let mut a_rm = BTreeMap::new();
-    let mut a_amp = BTreeMap::new();
-    let mut in_parts = Vec::new();
-    for (i, j, l) in g.cells() {
-        let tile = g.tile(i, j, l);
-        let (r0, rows) = span(i);
-        let (c0, kc) = g.chunks[j];
-        let bytes = rows * kc * AMP_WIDTH * 2;
-        if direct || rearrange {
-            let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
-            a_amp.insert((i, j, l), cm);
-            if direct {
-                for c in 0..kc {
-                    in_parts.push(block_part(cm, c * rows * AMP_WIDTH * 2, (r0, rows), c0 + c));
+    if parts > 1 && rearrange {
+        return Err(PlanError::Unsupported(format!(
+            "{name}: parts of K need the AMP to read its inputs as they land"
+        )));
+    }
+    let mut p_bufs = BTreeMap::new();
+    let mut recv_bufs = BTreeMap::new();
+    let mut own_pieces = std::collections::BTreeSet::new();
+    let mut carries: BTreeMap<(usize, usize, usize), BufId> = BTreeMap::new();
+    let mut residual_bufs = BTreeMap::new();
+    for part in 0..parts {
+        // This part's chunks of inner group `j`, and their first chunk within it.
+        let part_of = |j: usize| {
+            let (c0, kc) = g.chunks[j];
+            let (at, n) = part_chunks(kc, parts, part);
+            (c0 + at, n, at)
+        };
+        // Input buffers and where `x` lands in them: `a_rm` where it lands row-major,
+        // `a_amp` what the AMP reads (the chunk-major buffer it lands in directly or
+        // is rearranged into with `rearrange_inputs`, else `a_rm` itself).
+        let mut a_rm = BTreeMap::new();
+        let mut a_amp = BTreeMap::new();
+        let mut in_parts = Vec::new();
+        for (i, j, l) in g.cells() {
+            let tile = g.tile(i, j, l);
+            let (r0, rows) = span(i);
+            let (c0, kc, _) = part_of(j);
+            let bytes = rows * kc * AMP_WIDTH * 2;
+            if direct || rearrange {
+                let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
+                a_amp.insert((i, j, l), cm);
+                if direct {
+                    for c in 0..kc {
+                        in_parts.push(block_part(cm, c * rows * AMP_WIDTH * 2, (r0, rows), c0 + c));
+                    }
+                    continue;
                 }
-                continue;
             }
-        }
-        let rm = lw.buffer(tile, format!("{name}.in"), bytes, Category::Activation);
-        a_rm.insert((i, j, l), rm);
-        a_amp.entry((i, j, l)).or_insert(rm);
-        let col0 = c0 * AMP_WIDTH;
-        let col1 = ((c0 + kc) * AMP_WIDTH).min(k);
-        if col1 - col0 == kc * AMP_WIDTH {
-            in_parts.push(Part {
-                at: Loc { buf: rm, offset: 0 },
-                rows: r0..r0 + rows,
-                cols: col0..col1,
-            });
-        } else {
-            // Padded rows: the stored row is longer than the tensor's columns, so
-            // each row is its own part.
-            for r in 0..rows {
+            let rm = lw.buffer(tile, format!("{name}.in"), bytes, Category::Activation);
+            a_rm.insert((i, j, l), rm);
+            a_amp.entry((i, j, l)).or_insert(rm);
+            let col0 = c0 * AMP_WIDTH;
+            let col1 = ((c0 + kc) * AMP_WIDTH).min(k);
+            if col1 - col0 == kc * AMP_WIDTH {
                 in_parts.push(Part {
-                    at: Loc {
-                        buf: rm,
-                        offset: r * kc * AMP_WIDTH * 2,
-                    },
-                    rows: r0 + r..r0 + r + 1,
+                    at: Loc { buf: rm, offset: 0 },
+                    rows: r0..r0 + rows,
                     cols: col0..col1,
                 });
-            }
-        }
-    }
-    let dst = DistTensor {
-        rows: rows_total,
-        cols: k,
-        elem_bytes: 2,
-        parts: in_parts,
-    };
-    let mut copies = redistribute(op.x, &dst)
-        .map_err(|e| PlanError::Unsupported(format!("{name}: inputs do not cover x: {e}")))?;
-
-    // The residual's blocks, beside the slabs they are added to.
-    let mut residual_bufs = BTreeMap::new();
-    if let Some(res) = op.residual {
-        let mut parts = Vec::new();
-        for (i, j, l) in g.cells() {
-            let (r0, rows) = span(i);
-            let (b0, _) = g.blocks[l];
-            let Some(pc) = g.piece((j, l), rows).filter(|pc| pc.real > 0) else {
-                // Nothing reduced here, or a slab of padding only: nothing to add.
-                continue;
-            };
-            let buf = lw.buffer(
-                g.tile(i, j, l),
-                format!("{name}.residual"),
-                pc.elems() * 2,
-                Category::Activation,
-            );
-            residual_bufs.insert((i, j, l), buf);
-            for q in 0..pc.real {
-                parts.push(block_part(
-                    buf,
-                    q * pc.rows.1 * AMP_WIDTH * 2,
-                    (r0 + pc.rows.0, pc.rows.1),
-                    b0 + pc.first + q,
-                ));
+            } else {
+                // Padded rows: the stored row is longer than the tensor's columns, so
+                // each row is its own part.
+                for r in 0..rows {
+                    in_parts.push(Part {
+                        at: Loc {
+                            buf: rm,
+                            offset: r * kc * AMP_WIDTH * 2,
+                        },
+                        rows: r0 + r..r0 + r + 1,
+                        cols: col0..col1,
+                    });
+                }
             }
         }
         let dst = DistTensor {
             rows: rows_total,
-            cols: n,
+            cols: k,
             elem_bytes: 2,
-            parts,
+            parts: in_parts,
         };
-        copies.extend(redistribute(res, &dst).map_err(|e| {
-            PlanError::Unsupported(format!(
-                "{name}: the residual does not cover the output: {e}"
-            ))
-        })?);
-    }
-    lw.exchange(&format!("{name}.inputs"), copies);
+        let mut copies = redistribute(op.x, &dst)
+            .map_err(|e| PlanError::Unsupported(format!("{name}: inputs do not cover x: {e}")))?;
 
-    // Weights, zero padding, the rearrangement where asked for, and the AMP.
-    let step = lw.compute_step();
-    let mut p_bufs = BTreeMap::new();
-    let mut recv_bufs = BTreeMap::new();
-    let mut own_pieces = std::collections::BTreeSet::new();
-    for (i, j, l) in g.cells() {
-        let tile = g.tile(i, j, l);
-        let rows = g.rows[i].1;
-        let (c0, kc) = g.chunks[j];
-        let slab = g.slab_blocks(l);
-        let nb_pad = slab * g.reducers(l);
-        let wbuf = match consts.weights.get(&tile) {
-            Some(&b) => b,
-            None => {
-                let ((c0, kc), (b0, nb)) = (g.chunks[j], g.blocks[l]);
-                let wbytes = consts
-                    .packed
-                    .entry((c0, kc, b0, nb, nb_pad))
-                    .or_insert_with(|| packed_weights(op.w, n, (c0, kc), (b0, nb), nb_pad))
-                    .clone();
-                let b = lw.constant(tile, format!("{name}.w"), wbytes, Category::Weight);
-                consts.weights.insert(tile, b);
-                b
-            }
-        };
-        let a_buf = a_amp[&(i, j, l)];
-        if let Some(&rm) = a_rm.get(&(i, j, l)) {
-            let valid = ((c0 + kc) * AMP_WIDTH).min(k) - c0 * AMP_WIDTH;
-            if valid < kc * AMP_WIDTH {
-                lw.call(
-                    tile,
-                    step,
-                    ZeroFill::new(rows, (kc * AMP_WIDTH - valid) * 2, kc * AMP_WIDTH * 2),
-                    &[(
-                        "out",
-                        Loc {
-                            buf: rm,
-                            offset: valid * 2,
-                        },
-                    )],
+        // The residual's blocks, beside the slabs they are added to (with the last
+        // part's inputs).
+        if let Some(res) = op.residual.filter(|_| part == last_part) {
+            let mut parts = Vec::new();
+            for (i, j, l) in g.cells() {
+                let (r0, rows) = span(i);
+                let (b0, _) = g.blocks[l];
+                let Some(pc) = g.piece((j, l), rows).filter(|pc| pc.real > 0) else {
+                    // Nothing reduced here, or a slab of padding only: nothing to add.
+                    continue;
+                };
+                let buf = lw.buffer(
+                    g.tile(i, j, l),
+                    format!("{name}.residual"),
+                    pc.elems() * 2,
+                    Category::Activation,
                 );
-            }
-            if rearrange {
-                let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
-                if let Some(al) = lw.opts.rearrange_declared_align {
-                    re.declared_align = al;
+                residual_bufs.insert((i, j, l), buf);
+                for q in 0..pc.real {
+                    parts.push(block_part(
+                        buf,
+                        q * pc.rows.1 * AMP_WIDTH * 2,
+                        (r0 + pc.rows.0, pc.rows.1),
+                        b0 + pc.first + q,
+                    ));
                 }
-                lw.call(
-                    tile,
-                    step,
-                    re,
-                    &[
-                        ("in", Loc { buf: rm, offset: 0 }),
-                        (
+            }
+            let dst = DistTensor {
+                rows: rows_total,
+                cols: n,
+                elem_bytes: 2,
+                parts,
+            };
+            copies.extend(redistribute(res, &dst).map_err(|e| {
+                PlanError::Unsupported(format!(
+                    "{name}: the residual does not cover the output: {e}"
+                ))
+            })?);
+        }
+        lw.exchange(&format!("{name}.inputs"), copies);
+
+        // Weights, zero padding, the rearrangement where asked for, and the AMP.
+        let step = lw.compute_step();
+        for (i, j, l) in g.cells() {
+            let tile = g.tile(i, j, l);
+            let rows = g.rows[i].1;
+            let (c0, kc, part_at) = part_of(j);
+            let slab = g.slab_blocks(l);
+            let nb_pad = slab * g.reducers(l);
+            let wbuf = match consts.weights.get(&tile) {
+                Some(&b) => b,
+                None => {
+                    // Every part's blocks `[nb][kc][16][16]`, one part after another.
+                    let ((c0, kc), (b0, nb)) = (g.chunks[j], g.blocks[l]);
+                    let wbytes = consts
+                        .packed
+                        .entry((c0, kc, b0, nb, nb_pad))
+                        .or_insert_with(|| {
+                            (0..parts)
+                                .flat_map(|q| {
+                                    let (at, pkc) = part_chunks(kc, parts, q);
+                                    packed_weights(op.w, n, (c0 + at, pkc), (b0, nb), nb_pad)
+                                })
+                                .collect()
+                        })
+                        .clone();
+                    let b = lw.constant(tile, format!("{name}.w"), wbytes, Category::Weight);
+                    consts.weights.insert(tile, b);
+                    b
+                }
+            };
+            let a_buf = a_amp[&(i, j, l)];
+            if let Some(&rm) = a_rm.get(&(i, j, l)) {
+                let valid = ((c0 + kc) * AMP_WIDTH).min(k) - c0 * AMP_WIDTH;
+                if valid < kc * AMP_WIDTH {
+                    lw.call(
+                        tile,
+                        step,
+                        ZeroFill::new(rows, (kc * AMP_WIDTH - valid) * 2, kc * AMP_WIDTH * 2),
+                        &[(
                             "out",
                             Loc {
-                                buf: a_buf,
-                                offset: 0,
+                                buf: rm,
+                                offset: valid * 2,
                             },
-                        ),
-                    ],
-                );
+                        )],
+                    );
+                }
+                if rearrange {
+                    let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
+                    if let Some(al) = lw.opts.rearrange_declared_align {
+                        re.declared_align = al;
+                    }
+                    lw.call(
+                        tile,
+                        step,
+                        re,
+                        &[
+                            ("in", Loc { buf: rm, offset: 0 }),
+                            (
+                                "out",
+                                Loc {
+                                    buf: a_buf,
+                                    offset: 0,
+                                },
+                            ),
+                        ],
+                    );
+                }
             }
-        }
-        let slab_bytes = slab * rows * AMP_WIDTH * 2;
-        // Reducing tiles also receive a slab from every other inner group, in
-        // place; reducers of row pieces receive a piece from every inner group
-        // (their own included) into a buffer of their own.
-        let pieces = g.row_pieces(l, rows).is_some();
-        let slots = if (j as u32) < g.reducers(l) && !pieces {
-            pk
-        } else {
-            g.reducers(l)
-        };
-        let p = lw.buffer(
-            tile,
-            format!("{name}.partials"),
-            slab_bytes * slots,
-            Category::Partial,
-        );
-        let mut mm = AmpMatmul::new(rows, kc, nb_pad);
-        if !direct && !rearrange {
-            mm = mm.row_major();
-        }
-        let mut own_at = None;
-        if let Some(pc) = g.piece((j, l), rows).filter(|_| pieces) {
-            let r = lw.buffer(
-                tile,
-                format!("{name}.pieces"),
-                pk * pc.elems() * 2,
-                Category::Partial,
-            );
-            recv_bufs.insert((i, j, l), r);
-            // The tile's own piece, where it is whole workers' rows of every
-            // (unpadded) block, goes straight into its slot of the piece buffer
-            // instead of through the exchange to itself.
-            let (s0, sr) = pc.rows;
-            if nb_pad == pc.blocks
-                && let Some(k) = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)
-            {
-                mm = k;
-                own_pieces.insert((i, j, l));
-                own_at = Some(Loc {
-                    buf: r,
-                    offset: j as u32 * pc.elems() * 2,
-                });
+            let mut mm = AmpMatmul::new(rows, kc, nb_pad);
+            if !direct && !rearrange {
+                mm = mm.row_major();
             }
-        }
-        let mut ops = vec![
-            (
-                "a",
-                Loc {
-                    buf: a_buf,
-                    offset: 0,
-                },
-            ),
-            (
-                "w",
-                Loc {
-                    buf: wbuf,
-                    offset: 0,
-                },
-            ),
-            ("out", Loc { buf: p, offset: 0 }),
-        ];
-        ops.extend(own_at.map(|at| ("own", at)));
-        for (idx, pname) in ["p0", "p1"].into_iter().enumerate() {
-            if mm.partials() > idx as u32 {
-                let pp = lw.buffer(
+            if part > 0 {
+                mm = mm.continuing().ok_or_else(|| {
+                PlanError::Unsupported(format!(
+                    "{name}: parts of K on {rows} rows a tile, not an even split over the workers"
+                ))
+            })?;
+            }
+            let w_at = Loc {
+                buf: wbuf,
+                offset: nb_pad * part_at * 512,
+            };
+            let init = carries.remove(&(i, j, l));
+            if part < last_part {
+                let carry = lw.buffer(
                     tile,
-                    format!("{name}.{pname}"),
-                    rows * AMP_WIDTH * 2,
+                    format!("{name}.carry"),
+                    nb_pad * rows * AMP_WIDTH * 2,
                     Category::Partial,
                 );
-                ops.push((pname, Loc { buf: pp, offset: 0 }));
+                carries.insert((i, j, l), carry);
+                let mut ops = vec![
+                    (
+                        "a",
+                        Loc {
+                            buf: a_buf,
+                            offset: 0,
+                        },
+                    ),
+                    ("w", w_at),
+                    (
+                        "out",
+                        Loc {
+                            buf: carry,
+                            offset: 0,
+                        },
+                    ),
+                ];
+                ops.extend(init.map(|buf| ("init", Loc { buf, offset: 0 })));
+                partial_bufs(lw, tile, name, rows, &mm, &mut ops);
+                lw.call(tile, step, mm, &ops);
+                continue;
             }
+            let slab_bytes = slab * rows * AMP_WIDTH * 2;
+            // Reducing tiles also receive a slab from every other inner group, in
+            // place; reducers of row pieces receive a piece from every inner group
+            // (their own included) into a buffer of their own.
+            let pieces = g.row_pieces(l, rows).is_some();
+            let slots = if (j as u32) < g.reducers(l) && !pieces {
+                pk
+            } else {
+                g.reducers(l)
+            };
+            let p = lw.buffer(
+                tile,
+                format!("{name}.partials"),
+                slab_bytes * slots,
+                Category::Partial,
+            );
+            let mut own_at = None;
+            if let Some(pc) = g.piece((j, l), rows).filter(|_| pieces) {
+                let r = lw.buffer(
+                    tile,
+                    format!("{name}.pieces"),
+                    pk * pc.elems() * 2,
+                    Category::Partial,
+                );
+                recv_bufs.insert((i, j, l), r);
+                // The tile's own piece, where it is whole workers' rows of every
+                // (unpadded) block, goes straight into its slot of the piece buffer
+                // instead of through the exchange to itself.
+                let (s0, sr) = pc.rows;
+                if nb_pad == pc.blocks
+                    && let Some(k) = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)
+                {
+                    mm = k;
+                    own_pieces.insert((i, j, l));
+                    own_at = Some(Loc {
+                        buf: r,
+                        offset: j as u32 * pc.elems() * 2,
+                    });
+                }
+            }
+            let mut ops = vec![
+                (
+                    "a",
+                    Loc {
+                        buf: a_buf,
+                        offset: 0,
+                    },
+                ),
+                ("w", w_at),
+                ("out", Loc { buf: p, offset: 0 }),
+            ];
+            ops.extend(own_at.map(|at| ("own", at)));
+            ops.extend(init.map(|buf| ("init", Loc { buf, offset: 0 })));
+            partial_bufs(lw, tile, name, rows, &mm, &mut ops);
+            lw.call(tile, step, mm, &ops);
+            p_bufs.insert((i, j, l), p);
         }
-        lw.call(tile, step, mm, &ops);
-        p_bufs.insert((i, j, l), p);
     }
 
     // Reduce-scatter of the partial slabs.

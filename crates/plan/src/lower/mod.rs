@@ -635,6 +635,7 @@ impl<'g> Walker<'g> {
             a_blocked: linear::takes_blocks(x),
             rearrange: lw.opts.rearrange_inputs,
             even_rows: lw.opts.even_rows,
+            k_parts: 1,
         };
         let wbytes = u64::from(kp) * u64::from(n) * 2;
         let share = weight_floor(lw.machine, wbytes)
@@ -1093,6 +1094,10 @@ impl<'g> Walker<'g> {
 /// most of them.
 pub(crate) const ROW_PASSES: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 
+/// Parts of K a one-pass linear's strategies may take (`MatmulShape::k_parts`):
+/// the other way to bound the input bytes a tile holds.
+pub(crate) const K_PARTS: [u32; 5] = [1, 2, 3, 4, 6];
+
 /// A linear's strategies: the mappings (the default first) and what the plan
 /// records of them.
 type Strategies = (Vec<crate::matmul::MatmulMapping>, Vec<Candidate>);
@@ -1155,13 +1160,21 @@ fn linear_strategies(
     let mut first_err = None;
     let mut others = Vec::new();
     let mut beyond = Vec::new();
-    for passes in ROW_PASSES {
-        if passes > shape.rows {
-            break;
-        }
+    let splits = ROW_PASSES
+        .iter()
+        .flat_map(|&passes| {
+            let parts: &[u32] = if passes == 1 { &K_PARTS } else { &[1] };
+            parts.iter().map(move |&k_parts| (passes, k_parts))
+        })
+        .take_while(|&(passes, _)| passes <= shape.rows);
+    for (passes, k_parts) in splits {
         let per = shape.rows.div_ceil(passes);
         let kept = if passes > 1 { out_bytes } else { 0 };
-        let pass_shape = MatmulShape { rows: per, ..shape };
+        let pass_shape = MatmulShape {
+            rows: per,
+            k_parts,
+            ..shape
+        };
         let runs = u64::from(shape.rows.div_ceil(per));
         let pass_budget = budget.saturating_sub(kept);
         match map_matmul_capped(machine, pass_shape, pass_budget, weight_cap) {
@@ -1228,7 +1241,7 @@ fn linear_strategies(
             bytes_per_tile: m.bytes_per_tile,
             passes: shape.rows.div_ceil(m.shape.rows),
             in_bytes_per_tile: u64::from(m.rows_per_tile)
-                * u64::from(m.chunks_per_tile)
+                * u64::from(m.chunks_per_tile.div_ceil(m.shape.k_parts.max(1)))
                 * u64::from(crate::matmul::AMP_WIDTH)
                 * 2,
             out_bytes_per_tile: u64::from(m.rows_per_tile)
@@ -1236,11 +1249,16 @@ fn linear_strategies(
                 * u64::from(crate::matmul::AMP_WIDTH)
                 * 2,
             grid: format!(
-                "{} x ({}, {}, {})",
+                "{} x ({}, {}, {}){}",
                 shape.rows.div_ceil(m.shape.rows),
                 m.pr,
                 m.pk,
-                m.pn
+                m.pn,
+                if m.shape.k_parts > 1 {
+                    format!(" in {} parts of K", m.shape.k_parts)
+                } else {
+                    String::new()
+                }
             ),
         })
         .collect();
