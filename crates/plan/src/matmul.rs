@@ -701,6 +701,71 @@ mod tests {
         ));
     }
 
+    /// K in parts against row passes, `attn.q` at batch 4 on 9 x 3 x 54: the
+    /// same input bytes a tile in the largest part as in a pass, one exchange's
+    /// fixed cost a part, the AMP's runs once over all the rows (each weight
+    /// block once, not once a pass), and the carry held beside the output.
+    #[test]
+    fn parts_of_k_run_each_weight_block_once() {
+        let m = Machine::c600();
+        let whole = MatmulShape::new(2916, 1152, 3456);
+        let pass = MatmulShape::new(1458, 1152, 3456);
+        let parts = |n: u32| MatmulShape {
+            k_parts: n,
+            ..whole
+        };
+        let p2 = MatmulMapping::evaluate(&m, pass, 9, 3, 54);
+        let k2 = MatmulMapping::evaluate(&m, parts(2), 9, 3, 54);
+        let k6 = MatmulMapping::evaluate(&m, parts(6), 9, 3, 54);
+        let one = MatmulMapping::evaluate(&m, whole, 9, 3, 54);
+        assert_eq!((p2.rows_per_tile, k2.rows_per_tile), (162, 324));
+        // 324 rows, 24 chunks: 12 a part in two parts, as a pass's 162 rows.
+        let a_pass = 162 * 24 * 32;
+        // Half of A (12 chunks) off, the carry (4 blocks) on; in six parts five
+        // sixths of A off.
+        assert_eq!(
+            one.bytes_per_tile - k2.bytes_per_tile,
+            324 * 12 * 32 - 324 * 4 * 32
+        );
+        assert_eq!(
+            one.bytes_per_tile - k6.bytes_per_tile,
+            2 * a_pass - 324 * 4 * 32 - 324 * 4 * 32
+        );
+        let overhead = u64::from(m.timing.exchange_overhead_cycles);
+        assert_eq!(k6.cost.exchange_in, one.cost.exchange_in + 5 * overhead);
+        assert_eq!(k2.cost.exchange_in, 2 * p2.cost.exchange_in);
+        // 96 runs (24 chunks x 4 blocks) against 2 x 96.
+        assert!(
+            k6.cost.amp < 2 * p2.cost.amp - 96 * 100,
+            "{} {}",
+            k6.cost.amp,
+            p2.cost.amp
+        );
+        // ... and within a few cycles a call of the one pass that would not fit.
+        assert!(
+            k6.cost.amp.abs_diff(one.cost.amp) < one.cost.amp / 1000,
+            "{} {}",
+            k6.cost.amp,
+            one.cost.amp
+        );
+        // Rows that do not split evenly over the workers cannot continue: the
+        // strategy is refused (no budget holds it).
+        let uneven = MatmulMapping::evaluate(
+            &m,
+            MatmulShape {
+                rows: 2915,
+                ..parts(2)
+            },
+            9,
+            3,
+            54,
+        );
+        assert_eq!(uneven.bytes_per_tile, u64::MAX);
+        // More parts than a group's chunks: refused too.
+        let thin = MatmulMapping::evaluate(&m, parts(6), 9, 72, 1);
+        assert_eq!(thin.bytes_per_tile, u64::MAX);
+    }
+
     #[test]
     fn deterministic() {
         let m = Machine::c600();
