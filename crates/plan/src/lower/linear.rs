@@ -23,6 +23,14 @@
 //!   (`AmpMatmul::with_own_rows`), otherwise it too goes through the exchange;
 //! - compute: sum of the partial slabs, bias, GELU, residual, in place in slab 0.
 //!
+//! A mapping in parts of K (`MatmulShape::k_parts`) takes the first two phases
+//! once a part: each part's chunks of every inner group arrive in their own
+//! exchange (the residual with the last part's), and each part's AMP call
+//! continues from the partial sums the previous part's call left in a carry
+//! buffer (`AmpMatmul::continuing`); only the last part's call writes the slabs
+//! or pieces the reduce-scatter sends. A tile's weights are stored part after
+//! part, each part's blocks as one call reads them.
+//!
 //! The result is left in block layout: each finished block a `[rows, 16]` part.
 //! A column group's blocks are cut into slabs of `ceil(blocks / pk)`, one per
 //! inner group while they last (padded with zero weights to whole slabs); inner
