@@ -521,7 +521,10 @@ fn one_pass(
                 offset: nb_pad * part_at * 512,
             };
             let init = carries.remove(&(i, j, l));
-            if part < last_part {
+            let mut own_at = None;
+            // Parts before the last hand their partial sums on in a carry; the
+            // last writes the slabs (or pieces) the reduction takes.
+            let out = if part < last_part {
                 let carry = lw.buffer(
                     tile,
                     format!("{name}.carry"),
@@ -529,68 +532,50 @@ fn one_pass(
                     Category::Partial,
                 );
                 carries.insert((i, j, l), carry);
-                let mut ops = vec![
-                    (
-                        "a",
-                        Loc {
-                            buf: a_buf,
-                            offset: 0,
-                        },
-                    ),
-                    ("w", w_at),
-                    (
-                        "out",
-                        Loc {
-                            buf: carry,
-                            offset: 0,
-                        },
-                    ),
-                ];
-                ops.extend(init.map(|buf| ("init", Loc { buf, offset: 0 })));
-                partial_bufs(lw, tile, name, rows, &mm, &mut ops);
-                lw.call(tile, step, mm, &ops);
-                continue;
-            }
-            let slab_bytes = slab * rows * AMP_WIDTH * 2;
-            // Reducing tiles also receive a slab from every other inner group, in
-            // place; reducers of row pieces receive a piece from every inner group
-            // (their own included) into a buffer of their own.
-            let pieces = g.row_pieces(l, rows).is_some();
-            let slots = if (j as u32) < g.reducers(l) && !pieces {
-                pk
+                carry
             } else {
-                g.reducers(l)
-            };
-            let p = lw.buffer(
-                tile,
-                format!("{name}.partials"),
-                slab_bytes * slots,
-                Category::Partial,
-            );
-            let mut own_at = None;
-            if let Some(pc) = g.piece((j, l), rows).filter(|_| pieces) {
-                let r = lw.buffer(
+                let slab_bytes = slab * rows * AMP_WIDTH * 2;
+                // Reducing tiles also receive a slab from every other inner group, in
+                // place; reducers of row pieces receive a piece from every inner group
+                // (their own included) into a buffer of their own.
+                let pieces = g.row_pieces(l, rows).is_some();
+                let slots = if (j as u32) < g.reducers(l) && !pieces {
+                    pk
+                } else {
+                    g.reducers(l)
+                };
+                let p = lw.buffer(
                     tile,
-                    format!("{name}.pieces"),
-                    pk * pc.elems() * 2,
+                    format!("{name}.partials"),
+                    slab_bytes * slots,
                     Category::Partial,
                 );
-                recv_bufs.insert((i, j, l), r);
-                // The tile's own piece, where it is whole workers' rows of every
-                // (unpadded) block, goes straight into its slot of the piece buffer
-                // instead of through the exchange to itself.
-                let (s0, sr) = pc.rows;
-                if nb_pad == pc.blocks
-                    && let Some(k) = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)
-                {
-                    mm = k;
-                    own_pieces.insert((i, j, l));
-                    own_at = Some(Loc {
-                        buf: r,
-                        offset: j as u32 * pc.elems() * 2,
-                    });
+                if let Some(pc) = g.piece((j, l), rows).filter(|_| pieces) {
+                    let r = lw.buffer(
+                        tile,
+                        format!("{name}.pieces"),
+                        pk * pc.elems() * 2,
+                        Category::Partial,
+                    );
+                    recv_bufs.insert((i, j, l), r);
+                    // The tile's own piece, where it is whole workers' rows of every
+                    // (unpadded) block, goes straight into its slot of the piece buffer
+                    // instead of through the exchange to itself.
+                    let (s0, sr) = pc.rows;
+                    if nb_pad == pc.blocks
+                        && let Some(k) = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)
+                    {
+                        mm = k;
+                        own_pieces.insert((i, j, l));
+                        own_at = Some(Loc {
+                            buf: r,
+                            offset: j as u32 * pc.elems() * 2,
+                        });
+                    }
                 }
-            }
+                p_bufs.insert((i, j, l), p);
+                p
+            };
             let mut ops = vec![
                 (
                     "a",
@@ -600,13 +585,18 @@ fn one_pass(
                     },
                 ),
                 ("w", w_at),
-                ("out", Loc { buf: p, offset: 0 }),
+                (
+                    "out",
+                    Loc {
+                        buf: out,
+                        offset: 0,
+                    },
+                ),
             ];
             ops.extend(own_at.map(|at| ("own", at)));
             ops.extend(init.map(|buf| ("init", Loc { buf, offset: 0 })));
             partial_bufs(lw, tile, name, rows, &mm, &mut ops);
             lw.call(tile, step, mm, &ops);
-            p_bufs.insert((i, j, l), p);
         }
     }
 
