@@ -20,6 +20,9 @@ use crate::{
 };
 
 const STRIDE: u16 = 32;
+/// Groups of four a row of a linear's block, whose bias [`AddBias`] keeps in
+/// registers (`$a0..$a7`), as it does for two.
+const NARROW_GROUPS: u32 = 4;
 
 /// `out = a + b`, `n` f16 each.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +78,15 @@ impl AddBias {
     pub const NAME: &'static str = "add_bias_f16";
     pub fn new(rows: u32, n: u32) -> AddBias {
         AddBias { rows, n }
+    }
+
+    /// Whether the bias stays in the workers' registers and each worker takes
+    /// whole rows: rows of two or [`NARROW_GROUPS`] groups (a linear's bias added
+    /// block by block, 16 columns), which a split of the columns over six workers
+    /// would leave two workers idle and the others one group a row, each row
+    /// paying its pointer moves and loop.
+    fn narrow(&self) -> bool {
+        matches!(self.n / 4, 2 | NARROW_GROUPS)
     }
 }
 impl ReduceAdd {
@@ -241,6 +253,59 @@ fn binary_state(rows: u32, n: u32, a: u32, b: u32, out: u32, broadcast: bool) ->
     buf.finish(STRIDE)
 }
 
+/// Worker code of a narrow [`AddBias`] (`groups`, 2 or 4, groups a row): the bias
+/// in `$a0..`, a worker's rows in one contiguous run, two issues a group. Groups go
+/// in pairs, two loads each beside an add and then the two stores, so that the
+/// bundles stay 8-byte aligned without padding. The last row's last load reads the
+/// worker's own record instead of the word past its rows, so no worker reads past
+/// its rows.
+fn narrow_bias_code(code_base: u32, groups: u32) -> Vec<Word> {
+    let g = groups as u8;
+    let mut s = Asm::new(code_base);
+    let done = s.label();
+    s.i(ld32m(m(2), m(0), 0)); // a
+    s.i(ld32m(m(3), m(0), 1)); // bias
+    s.i(ld32m(m(4), m(0), 2)); // out
+    s.i(ld32m(m(5), m(0), 3)); // rows
+    s.brz(m(5), done);
+    for q in 0..g {
+        s.i(ld64s(2 * q, 3));
+    }
+    s.i(inti(IntOp::Sub, m(6), m(5), 1));
+    s.i(ld64s(8, 2));
+    // A row: pairs of { load the next group ; add this one } and their stores.
+    let row = |b: &mut Asm, last: bool| {
+        for pair in 0..g / 2 {
+            for k in 0..2 {
+                let q = 2 * pair + k;
+                let from = if last && q == g - 1 { 0 } else { 2 };
+                b.b(
+                    ld64s(8, from),
+                    fbin(FBinOp::Add, FVec::F16V4, 10 + 2 * k, 8, 2 * q),
+                );
+            }
+            b.i(st64s(10, 4));
+            b.i(st64s(12, 4));
+        }
+    };
+    s.rpt(m(6), |b| row(b, false));
+    row(&mut s, true);
+    s.bind(done);
+    s.i(Inst::Exit);
+    s.finish()
+}
+
+/// Issues of a narrow [`AddBias`]'s worker with `rows` rows of `groups` groups.
+fn narrow_bias_issues(rows: u32, groups: u32) -> u64 {
+    let (r, g) = (u64::from(rows), u64::from(groups));
+    match r {
+        // The header loads, the branch and `exit`.
+        0 => 6,
+        // And the bias loads, the count, the first load, `rpt`, two issues a group.
+        r => 9 + g + 2 * g * r,
+    }
+}
+
 fn binary_cycles(t: &Timing, rows: u32, n: u32) -> u64 {
     crate::single_shot_cycles(
         t,
@@ -304,9 +369,18 @@ impl Kernel for AddBias {
         format!("{}_r{}_n{}", Self::NAME, self.rows, self.n)
     }
     fn validate(&self) -> Result<(), KernelError> {
-        check_columns(&self.symbol(), self.rows, self.n)
+        check_columns(&self.symbol(), self.rows, self.n)?;
+        if self.narrow() && self.rows.div_ceil(WORKERS) > RPT_MAX + 1 {
+            return Err(invalid(&self.symbol(), "more than 4096 rows per worker"));
+        }
+        Ok(())
     }
     fn emit(&self, code_base: u32) -> Result<KernelCode, KernelError> {
+        if self.narrow() {
+            return crate::single_entry(self, code_base, || {
+                narrow_bias_code(code_base, self.n / 4)
+            });
+        }
         crate::single_entry(self, code_base, || binary_code(code_base))
     }
     fn contract(&self) -> Contract {
@@ -324,16 +398,36 @@ impl Kernel for AddBias {
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
         self.validate()?;
         let name = self.symbol();
-        Ok(binary_state(
-            self.rows,
-            self.n,
+        let (a, bias, out) = (
             operand(addrs, &name, "a")?,
             operand(addrs, &name, "bias")?,
             operand(addrs, &name, "out")?,
-            true,
-        ))
+        );
+        if self.narrow() {
+            // Each worker's rows, contiguous.
+            let row = self.n * 2;
+            let mut buf = StateBuf::default();
+            for (i, (r0, r)) in split(self.rows).into_iter().enumerate() {
+                buf.u32(a + r0 * row)
+                    .u32(bias)
+                    .u32(out + r0 * row)
+                    .u32(r)
+                    .pad_to((i + 1) * usize::from(STRIDE));
+            }
+            return Ok(buf.finish(STRIDE));
+        }
+        Ok(binary_state(self.rows, self.n, a, bias, out, true))
     }
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
+        if self.narrow() {
+            let g = self.n / 4;
+            return crate::single_shot_cycles(
+                t,
+                split(self.rows)
+                    .into_iter()
+                    .map(|(_, r)| narrow_bias_issues(r, g)),
+            );
+        }
         binary_cycles(t, self.rows, self.n)
     }
 }

@@ -71,6 +71,30 @@ fn main() {
     if args.get(4).map(String::as_str) != Some("stats") {
         return print!("{plan}");
     }
+    // `STEPS=1` lists each step's estimate and operation.
+    if std::env::var("STEPS").is_ok() {
+        let (_, steps) = tessera_plan::estimate_steps(&machine, &plan);
+        let t = &machine.timing;
+        for (s, c) in steps.iter().enumerate() {
+            println!("step {s:3} {:>8} {}", c, plan.step_ops[s]);
+            // The busiest tile's calls, where a compute step is long.
+            let calls: Vec<_> = plan.calls.iter().filter(|k| k.step as usize == s).collect();
+            let mut by: BTreeMap<u32, u64> = BTreeMap::new();
+            for k in &calls {
+                *by.entry(k.tile).or_default() += k.kernel.kernel().estimate_cycles_with(t);
+            }
+            if let Some((&tile, _)) = by.iter().max_by_key(|(t, c)| (**c, std::cmp::Reverse(**t))) {
+                for k in calls.iter().filter(|k| k.tile == tile) {
+                    let kk = k.kernel.kernel();
+                    println!(
+                        "          tile {tile} {} {}",
+                        kk.symbol(),
+                        kk.estimate_cycles_with(t)
+                    );
+                }
+            }
+        }
+    }
     let (tile, step, bytes) = busiest(&plan);
     let (tile, step) = (tile as usize, step as usize);
     // `AT=tile,step` lists another tile and step than the busiest.

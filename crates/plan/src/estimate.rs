@@ -23,7 +23,14 @@ pub struct PlanEstimate {
 }
 
 pub fn estimate(machine: &Machine, plan: &TilePlan) -> PlanEstimate {
+    estimate_steps(machine, plan).0
+}
+
+/// [`estimate`] and each step's estimated cycles (its busiest tile's compute, or
+/// its exchange), in step order: where two plans' estimates part.
+pub fn estimate_steps(machine: &Machine, plan: &TilePlan) -> (PlanEstimate, Vec<u64>) {
     let t = &machine.timing;
+    let mut steps = vec![0; plan.steps.len()];
     let mut per_step: Vec<HashMap<u32, u64>> = vec![HashMap::new(); plan.steps.len()];
     for c in &plan.calls {
         let cycles = c.kernel.kernel().estimate_cycles_with(t);
@@ -34,6 +41,7 @@ pub fn estimate(machine: &Machine, plan: &TilePlan) -> PlanEstimate {
         match kind {
             StepKind::Compute => {
                 let busiest = per_step[s].values().copied().max().unwrap_or(0);
+                steps[s] = busiest;
                 if busiest > 0 {
                     e.compute += busiest;
                     e.sync += u64::from(t.sync_cycles);
@@ -41,7 +49,8 @@ pub fn estimate(machine: &Machine, plan: &TilePlan) -> PlanEstimate {
             }
             StepKind::Exchange(id) => {
                 if let Some(x) = plan.exchanges.iter().find(|x| x.id == *id) {
-                    e.exchange += exchange_cycles(machine, plan, &x.copies);
+                    steps[s] = exchange_cycles(machine, plan, &x.copies);
+                    e.exchange += steps[s];
                     e.sync += u64::from(t.sync_cycles);
                 }
             }
@@ -49,7 +58,7 @@ pub fn estimate(machine: &Machine, plan: &TilePlan) -> PlanEstimate {
         }
     }
     e.cycles = e.compute + e.exchange + e.sync;
-    e
+    (e, steps)
 }
 
 fn exchange_cycles(machine: &Machine, plan: &TilePlan, copies: &[crate::ir::Copy]) -> u64 {

@@ -13,7 +13,7 @@ mod text;
 pub mod verify;
 
 pub use dist::{DistError, DistTensor, Part, redistribute};
-pub use estimate::{PlanEstimate, estimate};
+pub use estimate::{PlanEstimate, estimate, estimate_steps};
 pub use ir::*;
 pub use lower::{
     FIT_SHARE, LowerOptions, busiest, fit_limit, lower, lower_exact, lower_fitted, max_live_bytes,

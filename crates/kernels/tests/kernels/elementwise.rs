@@ -52,9 +52,23 @@ fn add_in_place() {
 
 #[test]
 fn add_bias_matches_reference() {
-    for (seed, &(rows, n)) in [(1u32, 8u32), (3, 20), (7, 1152), (2, 4)]
-        .iter()
-        .enumerate()
+    // Narrow rows (at most 16 columns) keep the bias in registers and split the
+    // rows over the workers: among them a linear's block (140 x 16) and fewer
+    // rows than workers.
+    for (seed, &(rows, n)) in [
+        (1u32, 8u32),
+        (3, 20),
+        (7, 1152),
+        (2, 4),
+        (140, 16),
+        (13, 16),
+        (3, 16),
+        (7, 12),
+        (25, 8),
+        (1, 16),
+    ]
+    .iter()
+    .enumerate()
     {
         let k = AddBias::new(rows, n);
         let mut r = rng(500 + seed as u64);

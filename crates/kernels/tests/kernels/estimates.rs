@@ -115,6 +115,9 @@ fn estimates_track_simulation() {
     for (r, n) in [(2, 24), (5, 100)] {
         check(&AddBias::new(r, n));
     }
+    for (r, n) in [(140, 16), (13, 16), (3, 16), (1, 16), (25, 8), (6, 8)] {
+        check_exact(&AddBias::new(r, n));
+    }
     for (k, n) in [
         (2, 8),
         (2, 4),
