@@ -51,8 +51,8 @@ pub struct LowerOptions {
     /// Bytes per tile a matmul's default strategy may use beyond its weights, for
     /// activations. The default, 192 KiB, keeps the So400m layer's linears at batch 4
     /// in two row passes on even row splits without shrinking the weight budget
-    /// (docs/performance.md, seventh round). The cheapest strategy needing up to
-    /// two thirds more is offered too, and the fit loop's growth phase takes it
+    /// (docs/performance.md, seventh round). The cheapest strategies needing up to
+    /// two thirds more are offered too, and the fit loop's growth phase takes one
     /// where the plan still fits and its estimate falls.
     pub transient_bytes: u64,
     /// Largest bias slab (a bias broadcast over a tile's output rows, one `add`)
@@ -1211,7 +1211,7 @@ fn linear_strategies(
         }
     };
     // The default first, then the other strategies within the budget no one beats
-    // on both cycles and bytes, then the cheapest beyond it if it beats the
+    // on both cycles and bytes, then the cheapest few beyond it that beat the
     // default's cycles (for the growth phase; last, so that the others' indices do
     // not depend on them).
     let front = crate::matmul::pareto(others, |(c, m)| (*c, m.bytes_per_tile));
@@ -1274,8 +1274,9 @@ fn weight_floor(machine: &Machine, wbytes: u64) -> u64 {
 /// Strategies a linear offers the finalist search.
 const MAX_CANDIDATES: usize = 6;
 /// Strategies beyond the activation budget a linear offers: the growth phase
-/// tries the cheapest.
-const MAX_BEYOND_BUDGET: usize = 1;
+/// tries them cheapest first (the So400m layer at batch 4: `mlp.fc1`'s cheapest,
+/// in 3 parts of K, fits at no budget; its third, in 6 parts, does).
+const MAX_BEYOND_BUDGET: usize = 4;
 
 /// Lowers `graph` to a tile plan for `machine`.
 ///
@@ -1353,14 +1354,15 @@ fn fit(
 /// The growth phase after the fit loop. A linear's default strategy keeps within
 /// the activation budget (`transient_bytes`), which is sized for the busiest
 /// linear; its candidate list also holds strategies that need up to two thirds
-/// more (typically fewer row passes, so fewer AMP calls and exchanges). Each
-/// linear in lowering order tries the cheapest such strategy, with the choices
-/// kept so far, at the budgets as they stand and then at smaller weight budgets
-/// down to the fit loop's next one ([`grow_budgets`]: fewer replicas, more room
-/// for activations), until one fits; a trial is kept when its
+/// more (typically fewer row passes or parts of K, so fewer AMP calls). Each
+/// linear in lowering order tries such strategies cheapest first, with the
+/// choices kept so far, each at the budgets as they stand and then at smaller
+/// weight budgets down to the fit loop's next one ([`grow_budgets`]: fewer
+/// replicas, more room for activations) until one fits; a trial is kept when its
 /// busiest tile stays within the fit limit and the whole plan's estimate
-/// ([`crate::estimate`]) is lower. Placement still judges the result, as it
-/// judges every plan.
+/// ([`crate::estimate`]) is lower, and the linear's first kept trial ends its
+/// turn. A strategy needing at least the bytes of one that fitted at no budget
+/// is not tried. Placement still judges the result, as it judges every plan.
 fn grow(
     machine: &Machine,
     graph: &Graph,
@@ -1380,53 +1382,69 @@ fn grow(
         let Some(rec) = plan.candidates.iter().find(|c| c.op == op) else {
             continue;
         };
-        // The list's strategy beyond the budget (the cheapest one it offers),
-        // unless the linear already takes it.
+        // The list's strategies beyond the budget, cheapest first, unless the
+        // linear already takes one. Each is tried until one is kept; one needing
+        // at least the bytes of one that fitted at no budget is not tried.
         let current = rec.candidates[rec.chosen].estimated_cycles;
-        let Some(i) = rec
+        let beyond: Vec<(usize, u64)> = rec
             .candidates
             .iter()
-            .position(|c| c.beyond_budget)
-            .filter(|&i| i != rec.chosen && rec.candidates[i].estimated_cycles < current)
-        else {
-            continue;
-        };
-        let mut t = o.clone();
-        t.choices.insert(op, i);
-        // At the budgets as they stand, then at smaller weight budgets in steps of
-        // `GROW_STEP` down to the fit loop's next one (the So400m layer at batch
-        // 4 fits `mlp.fc2` in one pass at 320 KiB, where 288 KiB, the quarter
-        // below 384, is 2.2k cycles slower); no further: each lowering of that
-        // layer takes seconds, and a strategy that needs more gives up more
-        // replicas than it saves.
-        // The budgets are lowered a thread's worth at a time (each lowering of
-        // that layer takes seconds), and judged in order as one at a time would.
-        let trials: Vec<LowerOptions> = grow_budgets(&t)
-            .into_iter()
-            .map(|w| LowerOptions {
-                weight_bytes: w,
-                ..t.clone()
-            })
+            .enumerate()
+            .filter(|&(i, c)| c.beyond_budget && i != rec.chosen && c.estimated_cycles < current)
+            .map(|(i, c)| (i, c.bytes_per_tile))
             .collect();
-        'budgets: for batch in trials.chunks(rayon::current_num_threads().max(1)) {
-            let plans: Vec<Result<TilePlan, PlanError>> = batch
-                .par_iter()
-                .map(|t| lower_with(machine, graph, weights, t))
+        let mut too_big = u64::MAX;
+        for (i, bytes) in beyond {
+            if bytes >= too_big {
+                continue;
+            }
+            let mut t = o.clone();
+            t.choices.insert(op.clone(), i);
+            // At the budgets as they stand, then at smaller weight budgets in steps of
+            // `GROW_STEP` down to the fit loop's next one (the So400m layer at batch
+            // 4 fits `mlp.fc2` in one pass at 320 KiB, where 288 KiB, the quarter
+            // below 384, is 2.2k cycles slower); no further: each lowering of that
+            // layer takes seconds, and a strategy that needs more gives up more
+            // replicas than it saves.
+            // The budgets are lowered a thread's worth at a time (each lowering of
+            // that layer takes seconds), and judged in order as one at a time would.
+            let trials: Vec<LowerOptions> = grow_budgets(&t)
+                .into_iter()
+                .map(|w| LowerOptions {
+                    weight_bytes: w,
+                    ..t.clone()
+                })
                 .collect();
-            for (t, p) in batch.iter().zip(plans) {
-                let p = p?;
-                if max_live_bytes(&p) > limit {
-                    continue;
+            let mut fitted = false;
+            let mut kept = false;
+            'budgets: for batch in trials.chunks(rayon::current_num_threads().max(1)) {
+                let plans: Vec<Result<TilePlan, PlanError>> = batch
+                    .par_iter()
+                    .map(|t| lower_with(machine, graph, weights, t))
+                    .collect();
+                for (t, p) in batch.iter().zip(plans) {
+                    let p = p?;
+                    if max_live_bytes(&p) > limit {
+                        continue;
+                    }
+                    fitted = true;
+                    let e = crate::estimate(machine, &p).cycles;
+                    if e < best {
+                        best = e;
+                        plan = p;
+                        o = t.clone();
+                        kept = true;
+                    }
+                    // Where it fits and is no cheaper, fewer replicas will not be
+                    // cheaper.
+                    break 'budgets;
                 }
-                let e = crate::estimate(machine, &p).cycles;
-                if e < best {
-                    best = e;
-                    plan = p;
-                    o = t.clone();
-                }
-                // Where it fits and is no cheaper, fewer replicas will not be
-                // cheaper.
-                break 'budgets;
+            }
+            if kept {
+                break;
+            }
+            if !fitted {
+                too_big = too_big.min(bytes);
             }
         }
     }
