@@ -1393,11 +1393,7 @@ fn grow(
             .filter(|&(i, c)| c.beyond_budget && i != rec.chosen && c.estimated_cycles < current)
             .map(|(i, c)| (i, c.bytes_per_tile))
             .collect();
-        let mut too_big = u64::MAX;
-        for (i, bytes) in beyond {
-            if bytes >= too_big {
-                continue;
-            }
+        try_beyond(&beyond, |i| {
             let mut t = o.clone();
             t.choices.insert(op.clone(), i);
             // At the budgets as they stand, then at smaller weight budgets in steps of
@@ -1440,15 +1436,37 @@ fn grow(
                     break 'budgets;
                 }
             }
-            if kept {
-                break;
-            }
-            if !fitted {
-                too_big = too_big.min(bytes);
-            }
-        }
+            Ok((fitted, kept))
+        })?;
     }
     Ok((plan, o))
+}
+
+/// Tries a linear's strategies beyond the activation budget, `(index, bytes a
+/// tile)` cheapest first, with `attempt`, which reports whether the strategy fitted
+/// at some budget and whether it was kept; stops at the first kept, and skips one
+/// needing at least the bytes of one that fitted at no budget. Returns the indices
+/// tried.
+fn try_beyond(
+    beyond: &[(usize, u64)],
+    mut attempt: impl FnMut(usize) -> Result<(bool, bool), PlanError>,
+) -> Result<Vec<usize>, PlanError> {
+    let mut too_big = u64::MAX;
+    let mut tried = Vec::new();
+    for &(i, bytes) in beyond {
+        if bytes >= too_big {
+            continue;
+        }
+        tried.push(i);
+        let (fitted, kept) = attempt(i)?;
+        if kept {
+            break;
+        }
+        if !fitted {
+            too_big = too_big.min(bytes);
+        }
+    }
+    Ok(tried)
 }
 
 /// Steps of the weight budgets the growth phase tries for a strategy beyond the
@@ -1674,6 +1692,28 @@ mod fit_tests {
     /// Growth tries a strategy at the budget as it stands, then every 32 KiB down
     /// to the fit loop's next smaller budget (a quarter less), that one included;
     /// at the floor only the budget itself.
+    /// The order of a linear's strategies beyond the budget: cheapest first until
+    /// one is kept, past ones that fit nowhere (batch 4's `mlp.fc1`: in 3 and 4
+    /// parts of K it fits at no budget, in 6 it does), skipping one as large as
+    /// one that fitted nowhere.
+    #[test]
+    fn growth_tries_strategies_beyond_the_budget_until_one_is_kept() {
+        let beyond = [(6, 362_752), (7, 335_872), (8, 308_992), (9, 355_968)];
+        let fits = |i: usize| beyond.iter().find(|x| x.0 == i).unwrap().1 < 320_000;
+        let kept_where_it_fits = try_beyond(&beyond, |i| Ok((fits(i), fits(i)))).unwrap();
+        assert_eq!(kept_where_it_fits, vec![6, 7, 8]);
+        // Fitting but not cheaper: the next is tried, unless it is as large as
+        // one that fitted nowhere.
+        let never_kept = try_beyond(&beyond, |i| Ok((fits(i), false))).unwrap();
+        assert_eq!(never_kept, vec![6, 7, 8]);
+        let small = [(1, 300), (2, 310), (3, 290)];
+        assert_eq!(
+            try_beyond(&small, |_| Ok((false, false))).unwrap(),
+            vec![1, 3]
+        );
+        assert!(try_beyond(&small, |_| Err(PlanError::Unsupported("x".into()))).is_err());
+    }
+
     #[test]
     fn growth_tries_budgets_between_the_fit_loops_steps() {
         let kib = |w: u64| LowerOptions {
