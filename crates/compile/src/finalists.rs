@@ -28,8 +28,8 @@ use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
 use tessera_plan::{
-    Candidate, LowerOptions, OpCandidates, TilePlan, busiest, fit_limit, lower_exact, lower_fitted,
-    placement_retry_budget,
+    Candidate, LowerOptions, OpCandidates, TilePlan, busiest, fit_limit_within, lower_exact,
+    lower_fitted, placement_retry_budget,
 };
 
 use crate::{CompileError, CompileOptions, Compiled, compile_lowered};
@@ -310,7 +310,7 @@ fn select_once(
             } else {
                 lower_exact(machine, graph, weights, &o)
                     .map_err(CompileError::from)
-                    .and_then(|plan| within_fit_limit(machine, plan))
+                    .and_then(|plan| within_fit_limit(machine, o.capacity, plan))
                     .and_then(|plan| compile_lowered(machine, &plan, opts))
             };
             let build_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -397,9 +397,14 @@ fn report(
 }
 
 /// `plan` if its busiest tile's live bytes are within the fit loop's bound
-/// ([`fit_limit`]), otherwise the error that says where.
-fn within_fit_limit(machine: &Machine, plan: TilePlan) -> Result<TilePlan, CompileError> {
-    let limit = fit_limit(machine);
+/// ([`fit_limit_within`] the squeezed capacity, if any), otherwise the error that
+/// says where.
+fn within_fit_limit(
+    machine: &Machine,
+    capacity: Option<u64>,
+    plan: TilePlan,
+) -> Result<TilePlan, CompileError> {
+    let limit = fit_limit_within(machine, capacity);
     let (tile, step, live) = busiest(&plan);
     if live <= limit {
         return Ok(plan);

@@ -5,7 +5,8 @@
 use tessera_graph::{Graph, MlpConfig, TensorMap, init_weights, mlp};
 use tessera_machine::Machine;
 use tessera_plan::{
-    LowerOptions, TilePlan, estimate, fit_limit, lower_exact, lower_fitted, max_live_bytes, verify,
+    LowerOptions, TilePlan, estimate, fit_limit, fit_limit_within, lower_exact, lower_fitted,
+    max_live_bytes, verify,
 };
 
 /// An MLP block of 64 tokens, 64 -> 128 -> 64, on four tiles, with budgets small
@@ -76,4 +77,33 @@ fn nothing_grows_when_the_defaults_are_the_cheapest() {
             .iter()
             .all(|c| c.candidates.iter().all(|x| !x.beyond_budget))
     );
+}
+
+/// A squeezed capacity (`LowerOptions::capacity`, the CLI's `--capacity`) is what
+/// the fit loop and growth aim at: the plan's busiest tile stays within its share
+/// of the capacity, which is below the machine's limit the unsqueezed plan uses.
+#[test]
+fn a_squeezed_capacity_bounds_the_fit_loop_and_growth() {
+    let (m, g, w, o) = case();
+    let (plan, _) = lower_fitted(&m, &g, &w, &o).unwrap();
+    let live = max_live_bytes(&plan);
+    // A capacity whose limit the grown plan exceeds and the defaults' plan keeps.
+    let start = max_live_bytes(&lower_exact(&m, &g, &w, &o).unwrap());
+    assert!(start < live, "{start} {live}");
+    let capacity = (start + live) / 2 * 100 / 85;
+    let limit = fit_limit_within(&m, Some(capacity));
+    assert!(live > limit && limit < fit_limit(&m), "{live} {limit}");
+    let squeezed = LowerOptions {
+        capacity: Some(capacity),
+        ..o.clone()
+    };
+    let (small, _) = lower_fitted(&m, &g, &w, &squeezed).unwrap();
+    assert!(
+        max_live_bytes(&small) <= limit,
+        "{} {limit}",
+        max_live_bytes(&small)
+    );
+    assert_eq!(verify(&small), vec![]);
+    // Above the machine's SRAM the capacity changes nothing.
+    assert_eq!(fit_limit_within(&m, Some(u64::MAX)), fit_limit(&m));
 }

@@ -83,6 +83,10 @@ pub struct LowerOptions {
     /// The strategy to use per operation name, as an index into the operation's
     /// candidates (`TilePlan::candidates`); operations not named take their first.
     pub choices: BTreeMap<String, usize>,
+    /// Usable SRAM bytes a tile from the first SRAM address, when placement is
+    /// squeezed below the machine's (`--capacity`): the fit limit is then
+    /// [`FIT_SHARE`] of this, so the fit loop and growth aim at what placement has.
+    pub capacity: Option<u64>,
 }
 
 impl Default for LowerOptions {
@@ -98,6 +102,7 @@ impl Default for LowerOptions {
             whole_keys: false,
             unabsorbed: false,
             choices: BTreeMap::new(),
+            capacity: None,
         }
     }
 }
@@ -1311,7 +1316,14 @@ pub fn lower_fitted(
 
 /// Live bytes a step may take on a tile: [`FIT_SHARE`] of its SRAM.
 pub fn fit_limit(machine: &Machine) -> u64 {
-    u64::from(machine.sram_bytes()) * FIT_SHARE.0 / FIT_SHARE.1
+    fit_limit_within(machine, None)
+}
+
+/// [`fit_limit`] when placement has only `capacity` bytes a tile (at most the
+/// machine's SRAM): [`LowerOptions::capacity`].
+pub fn fit_limit_within(machine: &Machine, capacity: Option<u64>) -> u64 {
+    let sram = u64::from(machine.sram_bytes());
+    capacity.map_or(sram, |c| c.min(sram)) * FIT_SHARE.0 / FIT_SHARE.1
 }
 
 /// The fit loop: lowers with `opts`, then with smaller budgets until the busiest
@@ -1322,7 +1334,7 @@ fn fit(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
-    let limit = fit_limit(machine);
+    let limit = fit_limit_within(machine, opts.capacity);
     let mut o = opts.clone();
     loop {
         let plan = lower_with(machine, graph, weights, &o)?;
@@ -1370,7 +1382,7 @@ fn grow(
     mut plan: TilePlan,
     mut o: LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
-    let limit = fit_limit(machine);
+    let limit = fit_limit_within(machine, o.capacity);
     if max_live_bytes(&plan) > limit {
         return Ok((plan, o));
     }
