@@ -243,7 +243,7 @@ pub fn select(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Selection, CompileError> {
     let start = Instant::now();
-    let mut lower = opts.lower.clone();
+    let mut lower = opts.lowering();
     let mut retries = 0;
     loop {
         let (result, fitted) = select_once(machine, graph, weights, opts, &lower, k, progress)?;

@@ -154,6 +154,17 @@ impl Default for CompileOptions {
     }
 }
 
+impl CompileOptions {
+    /// The lowering's options, with placement's squeezed capacity (if any): the
+    /// fit loop and growth aim at what placement has (`LowerOptions::capacity`).
+    pub fn lowering(&self) -> LowerOptions {
+        LowerOptions {
+            capacity: self.place.capacity.or(self.lower.capacity),
+            ..self.lower.clone()
+        }
+    }
+}
+
 /// Refused tiles after which a compile's placement stops trying the others.
 pub const STOP_AFTER_REFUSALS: usize = 8;
 
@@ -331,7 +342,7 @@ pub fn compile_model(
 ) -> Result<Compiled, CompileError> {
     let start = Instant::now();
     let (mut compiled, fitted, retries, lower_ms) =
-        compile_fitting(machine, graph, weights, opts, opts.lower.clone(), 0)?;
+        compile_fitting(machine, graph, weights, opts, opts.lowering(), 0)?;
     compiled.report.weight_budget = Some(fitted.weight_bytes);
     compiled.report.placement_retries = retries;
     compiled.report.stage_ms.lower = lower_ms;

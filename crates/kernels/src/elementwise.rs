@@ -20,9 +20,6 @@ use crate::{
 };
 
 const STRIDE: u16 = 32;
-/// Groups of four a row of a linear's block, whose bias [`AddBias`] keeps in
-/// registers (`$a0..$a7`), as it does for two.
-const NARROW_GROUPS: u32 = 4;
 
 /// `out = a + b`, `n` f16 each.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,13 +77,13 @@ impl AddBias {
         AddBias { rows, n }
     }
 
-    /// Whether the bias stays in the workers' registers and each worker takes
-    /// whole rows: rows of two or [`NARROW_GROUPS`] groups (a linear's bias added
-    /// block by block, 16 columns), which a split of the columns over six workers
-    /// would leave two workers idle and the others one group a row, each row
-    /// paying its pointer moves and loop.
+    /// Whether the bias stays in the workers' registers (`$a0..$a7`) and each
+    /// worker takes whole rows: rows of 8 or 16 columns (a linear's bias added
+    /// block by block), which a split of the columns over six workers would leave
+    /// two workers idle and the others one group a row, each row paying its
+    /// pointer moves and loop. The groups go in pairs (see [`narrow_bias_code`]).
     fn narrow(&self) -> bool {
-        matches!(self.n / 4, 2 | NARROW_GROUPS)
+        matches!(self.n, 8 | 16)
     }
 }
 impl ReduceAdd {

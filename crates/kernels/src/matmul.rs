@@ -1051,41 +1051,30 @@ impl Kernel for AmpMatmul {
                 Some(o) => Some((o, operand(addrs, &self.symbol(), "own")?)),
                 None => None,
             };
-            let headers = self.headers(addrs)?;
-            let (last, shared) = headers.split_last().expect("kc >= 1");
             // A continuing product's chunk 0 reads block b of `init`.
             let init = if self.init {
                 Some(operand(addrs, &self.symbol(), "init")?)
             } else {
                 None
             };
-            let from_init = |(a, pin, out): (u32, u32, u32), b: u32| match init {
-                Some(base) => ((a, base + b * self.block_bytes(), out), true),
-                None => ((a, pin, out), false),
-            };
-            // Each block's first call where it is not also its last (continuing
-            // only), the calls shared by every block, then each block's last
-            // call, whose workers write that block of `out` or of `own`.
-            let (firsts, shared) = match shared.split_first() {
-                Some((&first, rest)) if init.is_some() => {
-                    let f: Vec<_> = (0..self.nb).map(|b| (from_init(first, b), None)).collect();
-                    (f, rest)
-                }
-                _ => (Vec::new(), shared),
-            };
-            let lasts = (0..self.nb).map(|b| {
-                let h = if self.kc == 1 {
-                    from_init(*last, b)
-                } else {
-                    (*last, false)
+            // In table order: a call a block where the call names a block (the
+            // last chunk's output, a continuing chunk 0's partial-in), one call
+            // shared by every block otherwise. The last chunk's workers write
+            // that block of `out` or of `own`.
+            let mut calls = Vec::new();
+            for (c, &(a, pin, out)) in self.headers(addrs)?.iter().enumerate() {
+                let last = c as u32 + 1 == self.kc;
+                let pin_of = |b: u32| match init {
+                    Some(base) if c == 0 => Some(base + b * self.block_bytes()),
+                    _ => (pin != 0).then_some(pin),
                 };
-                (h, Some(b))
-            });
-            let calls = firsts
-                .into_iter()
-                .chain(shared.iter().map(|&h| ((h, false), None)))
-                .chain(lasts);
-            for (((a, pin, out), own_block_pin), block) in calls {
+                if last || (c == 0 && init.is_some()) {
+                    calls.extend((0..self.nb).map(|b| (a, pin_of(b), out, last.then_some(b))));
+                } else {
+                    calls.push((a, pin_of(0), out, None));
+                }
+            }
+            for (a, pin, out, block) in calls {
                 for w in 0..WORKERS {
                     let r0 = w * q;
                     let dst = match (block, own) {
@@ -1095,11 +1084,7 @@ impl Kernel for AmpMatmul {
                         }
                         (Some(b), _) => out + b * self.block_bytes() + w * row,
                     };
-                    let pin = if pin == 0 && !own_block_pin {
-                        0
-                    } else {
-                        pin + w * row
-                    };
+                    let pin = pin.map_or(0, |p| p + w * row);
                     buf.u32(a + w * a_row).u32(pin).u32(dst);
                 }
             }

@@ -245,15 +245,15 @@ impl MatmulMapping {
                 && parts <= smallest_group
                 && mm.continuing().is_some()
                 && AmpMatmul::new(last_rows, kc_t, nb_t).continuing().is_some());
+        // A strategy in parts that cannot continue is refused: no budget holds it.
         let bytes_per_tile = if parts_ok {
             weight_bytes + slab_bytes + transient
         } else {
             u64::MAX
         };
 
-        let amp = if parts == 1 {
-            mm.estimate_cycles_with(t)
-        } else if parts_ok {
+        // One call a part (one part: the whole product), the later ones continuing.
+        let amp = if parts_ok {
             part_sizes
                 .iter()
                 .enumerate()

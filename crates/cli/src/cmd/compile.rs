@@ -231,8 +231,6 @@ fn do_compile(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Compiled> {
     let mut opts = CompileOptions::default();
     opts.place.capacity = a.capacity;
     opts.place.check_capacity(&p.machine)?;
-    // The fit loop aims at the squeezed capacity too.
-    opts.lower.capacity = a.capacity;
     if a.weaken_rearrange_contract {
         opts.lower.rearrange_declared_align = Some(2);
         opts.lower.rearrange_inputs = true;

@@ -84,8 +84,9 @@ pub struct LowerOptions {
     /// candidates (`TilePlan::candidates`); operations not named take their first.
     pub choices: BTreeMap<String, usize>,
     /// Usable SRAM bytes a tile from the first SRAM address, when placement is
-    /// squeezed below the machine's (`--capacity`): the fit limit is then
-    /// [`FIT_SHARE`] of this, so the fit loop and growth aim at what placement has.
+    /// squeezed below the machine's (`--capacity`; a compile sets it from its
+    /// placement options): the fit limit is then [`FIT_SHARE`] of this, so the fit
+    /// loop and growth aim at what placement has.
     pub capacity: Option<u64>,
 }
 
