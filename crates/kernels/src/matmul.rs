@@ -269,12 +269,18 @@ impl AmpMatmul {
         if self.init && self.kc > 1 { self.nb } else { 0 }
     }
 
+    /// Calls of the table shared by every block: the chunks before the last,
+    /// less a continuing product's chunk 0, which is per block.
+    fn shared_calls(&self) -> u32 {
+        self.kc - 1 - u32::from(self.firsts() > 0)
+    }
+
     fn state_bytes(&self) -> u32 {
         if self.table() {
             // The calls before a block's last, shared by every block, then each
             // block's last call (which names that block's output); continuing,
             // each block's first call (which names its partial-in) as well.
-            Self::CALL_HEADERS * (self.kc - 1 + self.nb + self.firsts())
+            Self::CALL_HEADERS * (self.firsts() + self.shared_calls() + self.nb)
         } else {
             STATE_BYTES
         }
@@ -431,8 +437,10 @@ impl AmpMatmul {
             s.i(setzi(m(7), c.state));
         }
         // Block 0's last call's headers; each block's follow.
-        let shared_calls = (self.kc - 1).saturating_sub(u32::from(firsts > 0));
-        s.i(setzi(m(8), shared + Self::CALL_HEADERS * shared_calls));
+        s.i(setzi(
+            m(8),
+            shared + Self::CALL_HEADERS * self.shared_calls(),
+        ));
         if blocks {
             s.i(setzi(m(4), self.nb));
         }

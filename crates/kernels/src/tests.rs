@@ -18,10 +18,22 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(AmpMatmul::new(1, 1, 1)),
         Box::new(AmpMatmul::new(29, 1, 3)),
         Box::new(AmpMatmul::new(29, 4, 2)),
+        Box::new(AmpMatmul::new(24, 3, 2).continuing().unwrap()),
+        Box::new(AmpMatmul::new(24, 1, 3).continuing().unwrap()),
+        Box::new(AmpMatmul::new(24, 5, 2).row_major().continuing().unwrap()),
+        Box::new(
+            AmpMatmul::new(24, 4, 2)
+                .with_own_rows(8, 8, 320)
+                .unwrap()
+                .continuing()
+                .unwrap(),
+        ),
         Box::new(LayerNorm::new(7, 1152, 1e-6)),
         Box::new(Gelu::new(4304)),
         Box::new(Add::new(1152)),
         Box::new(AddBias::new(3, 1152)),
+        Box::new(AddBias::new(140, 16)),
+        Box::new(AddBias::new(5, 8)),
         Box::new(ReduceAdd::new(4, 1152)),
         Box::new(ReduceAdd::new(4, 1148).with_addend()),
         Box::new(ReduceAdd::new(6, 5184).with_addend()),
