@@ -2,8 +2,8 @@
 //! reference.
 
 use half::f16;
-use tessera_compile::{CompileOptions, compile_model};
-use tessera_graph::{MlpConfig, init_weights, mlp, random_inputs};
+use tessera_compile::{CompileOptions, Compiled, compile_model};
+use tessera_graph::{MlpConfig, TensorMap, init_weights, mlp, random_inputs};
 use tessera_machine::Machine;
 use tessera_sim::{SimOptions, Simulator, Status};
 
@@ -90,7 +90,7 @@ fn linears_in_parts_of_k_run_and_match_the_reference() {
                 if !taken {
                     continue;
                 }
-                let err = run_against_reference(&machine, &graph, &o);
+                let err = run_compiled(&graph, &weights, &compiled);
                 assert!(
                     err < 0.05,
                     "{}={i} ({}): max abs error {err}",
@@ -115,8 +115,14 @@ fn run_against_reference(
     opts: &CompileOptions,
 ) -> f32 {
     let weights = init_weights(graph, 1);
-    let inputs = random_inputs(graph, 2);
     let compiled = compile_model(machine, graph, &weights, opts).unwrap();
+    run_compiled(graph, &weights, &compiled)
+}
+
+/// Runs a package `graph` compiled with `weights` on seed-2 inputs, checks the run
+/// is clean and returns the largest absolute error of `y` against the reference.
+fn run_compiled(graph: &tessera_graph::Graph, weights: &TensorMap, compiled: &Compiled) -> f32 {
+    let inputs = random_inputs(graph, 2);
     let mut sim = Simulator::new(&compiled.package).unwrap();
     sim.set_binding("x", &to_f16_bytes(inputs.get("x").unwrap().data()))
         .unwrap();
@@ -129,7 +135,7 @@ fn run_against_reference(
     }
     assert_eq!(report.status, Status::Ok);
     let got = from_f16_bytes(sim.binding("y").unwrap());
-    let want = tessera_reference::evaluate(graph, &weights, &inputs).unwrap();
+    let want = tessera_reference::evaluate(graph, weights, &inputs).unwrap();
     let want = want.get("y").unwrap().data();
     let err = got
         .iter()
