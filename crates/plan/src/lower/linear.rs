@@ -299,6 +299,130 @@ struct Consts {
     bias: BTreeMap<(u32, u32, u32), BufId>,
 }
 
+/// Buffers and copies for one part of a pass's input (`chunks(j)`: inner group
+/// `j`'s first chunk and chunks in it): `a_rm` where `x` lands row-major, `a_amp`
+/// what the AMP reads (the chunk-major buffer it lands in directly or is
+/// rearranged into with `rearrange_inputs`, else `a_rm` itself).
+fn land_inputs(
+    lw: &mut Lowering<'_>,
+    op: &Linear<'_>,
+    g: &Grid,
+    base: u32,
+    chunks: impl Fn(usize) -> (u32, u32, u32),
+    direct: bool,
+    rearrange: bool,
+) -> Result<(Bufs, Bufs, Vec<Copy>), PlanError> {
+    let name = op.name;
+    let k = op.x.cols;
+    let span = |i: usize| (base + g.rows[i].0, g.rows[i].1);
+    let mut a_rm = BTreeMap::new();
+    let mut a_amp = BTreeMap::new();
+    let mut in_parts = Vec::new();
+    for (i, j, l) in g.cells() {
+        let tile = g.tile(i, j, l);
+        let (r0, rows) = span(i);
+        let (c0, kc, _) = chunks(j);
+        let bytes = rows * kc * AMP_WIDTH * 2;
+        if direct || rearrange {
+            let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
+            a_amp.insert((i, j, l), cm);
+            if direct {
+                for c in 0..kc {
+                    in_parts.push(block_part(cm, c * rows * AMP_WIDTH * 2, (r0, rows), c0 + c));
+                }
+                continue;
+            }
+        }
+        let rm = lw.buffer(tile, format!("{name}.in"), bytes, Category::Activation);
+        a_rm.insert((i, j, l), rm);
+        a_amp.entry((i, j, l)).or_insert(rm);
+        let col0 = c0 * AMP_WIDTH;
+        let col1 = ((c0 + kc) * AMP_WIDTH).min(k);
+        if col1 - col0 == kc * AMP_WIDTH {
+            in_parts.push(Part {
+                at: Loc { buf: rm, offset: 0 },
+                rows: r0..r0 + rows,
+                cols: col0..col1,
+            });
+        } else {
+            // Padded rows: the stored row is longer than the tensor's columns, so
+            // each row is its own part.
+            for r in 0..rows {
+                in_parts.push(Part {
+                    at: Loc {
+                        buf: rm,
+                        offset: r * kc * AMP_WIDTH * 2,
+                    },
+                    rows: r0 + r..r0 + r + 1,
+                    cols: col0..col1,
+                });
+            }
+        }
+    }
+    let dst = DistTensor {
+        rows: op.x.rows,
+        cols: k,
+        elem_bytes: 2,
+        parts: in_parts,
+    };
+    let copies = redistribute(op.x, &dst)
+        .map_err(|e| PlanError::Unsupported(format!("{name}: inputs do not cover x: {e}")))?;
+    Ok((a_rm, a_amp, copies))
+}
+
+/// Buffers for the residual `res` beside the slabs it is added to (recorded in
+/// `residual_bufs`), and the copies that fill them.
+fn land_residual(
+    lw: &mut Lowering<'_>,
+    op: &Linear<'_>,
+    g: &Grid,
+    base: u32,
+    res: &DistTensor,
+    residual_bufs: &mut Bufs,
+) -> Result<Vec<Copy>, PlanError> {
+    let name = op.name;
+    let mut parts = Vec::new();
+    for (i, j, l) in g.cells() {
+        let (r0, rows) = (base + g.rows[i].0, g.rows[i].1);
+        let (b0, _) = g.blocks[l];
+        let Some(pc) = g.piece((j, l), rows).filter(|pc| pc.real > 0) else {
+            // Nothing reduced here, or a slab of padding only: nothing to add.
+            continue;
+        };
+        let buf = lw.buffer(
+            g.tile(i, j, l),
+            format!("{name}.residual"),
+            pc.elems() * 2,
+            Category::Activation,
+        );
+        residual_bufs.insert((i, j, l), buf);
+        for q in 0..pc.real {
+            parts.push(block_part(
+                buf,
+                q * pc.rows.1 * AMP_WIDTH * 2,
+                (r0 + pc.rows.0, pc.rows.1),
+                b0 + pc.first + q,
+            ));
+        }
+    }
+    let dst = DistTensor {
+        rows: op.x.rows,
+        cols: op.n,
+        elem_bytes: 2,
+        parts,
+    };
+    redistribute(res, &dst).map_err(|e| {
+        PlanError::Unsupported(format!(
+            "{name}: the residual does not cover the output: {e}"
+        ))
+    })
+}
+
+/// A grid cell: (row group, inner group, column group).
+type Cell = (usize, usize, usize);
+/// A buffer a cell's tile holds.
+type Bufs = BTreeMap<Cell, BufId>;
+
 fn one_pass(
     lw: &mut Lowering<'_>,
     op: &Linear<'_>,
@@ -312,7 +436,6 @@ fn one_pass(
     let k = op.x.cols;
     let n = op.n;
     let pk = g.pk();
-    let rows_total = op.x.rows;
     // Rows of row group `i` in the whole tensor.
     let span = |i: usize| (base + g.rows[i].0, g.rows[i].1);
 
@@ -330,7 +453,7 @@ fn one_pass(
     let mut p_bufs = BTreeMap::new();
     let mut recv_bufs = BTreeMap::new();
     let mut own_pieces = std::collections::BTreeSet::new();
-    let mut carries: BTreeMap<(usize, usize, usize), BufId> = BTreeMap::new();
+    let mut carries = Bufs::new();
     let mut residual_bufs = BTreeMap::new();
     for part in 0..parts {
         // This part's chunks of inner group `j`, and their first chunk within it.
@@ -339,100 +462,11 @@ fn one_pass(
             let (at, n) = part_chunks(kc, parts, part);
             (c0 + at, n, at)
         };
-        // Input buffers and where `x` lands in them: `a_rm` where it lands row-major,
-        // `a_amp` what the AMP reads (the chunk-major buffer it lands in directly or
-        // is rearranged into with `rearrange_inputs`, else `a_rm` itself).
-        let mut a_rm = BTreeMap::new();
-        let mut a_amp = BTreeMap::new();
-        let mut in_parts = Vec::new();
-        for (i, j, l) in g.cells() {
-            let tile = g.tile(i, j, l);
-            let (r0, rows) = span(i);
-            let (c0, kc, _) = part_of(j);
-            let bytes = rows * kc * AMP_WIDTH * 2;
-            if direct || rearrange {
-                let cm = lw.buffer(tile, format!("{name}.in.amp"), bytes, Category::Activation);
-                a_amp.insert((i, j, l), cm);
-                if direct {
-                    for c in 0..kc {
-                        in_parts.push(block_part(cm, c * rows * AMP_WIDTH * 2, (r0, rows), c0 + c));
-                    }
-                    continue;
-                }
-            }
-            let rm = lw.buffer(tile, format!("{name}.in"), bytes, Category::Activation);
-            a_rm.insert((i, j, l), rm);
-            a_amp.entry((i, j, l)).or_insert(rm);
-            let col0 = c0 * AMP_WIDTH;
-            let col1 = ((c0 + kc) * AMP_WIDTH).min(k);
-            if col1 - col0 == kc * AMP_WIDTH {
-                in_parts.push(Part {
-                    at: Loc { buf: rm, offset: 0 },
-                    rows: r0..r0 + rows,
-                    cols: col0..col1,
-                });
-            } else {
-                // Padded rows: the stored row is longer than the tensor's columns, so
-                // each row is its own part.
-                for r in 0..rows {
-                    in_parts.push(Part {
-                        at: Loc {
-                            buf: rm,
-                            offset: r * kc * AMP_WIDTH * 2,
-                        },
-                        rows: r0 + r..r0 + r + 1,
-                        cols: col0..col1,
-                    });
-                }
-            }
-        }
-        let dst = DistTensor {
-            rows: rows_total,
-            cols: k,
-            elem_bytes: 2,
-            parts: in_parts,
-        };
-        let mut copies = redistribute(op.x, &dst)
-            .map_err(|e| PlanError::Unsupported(format!("{name}: inputs do not cover x: {e}")))?;
-
+        let (a_rm, a_amp, mut copies) = land_inputs(lw, op, g, base, part_of, direct, rearrange)?;
         // The residual's blocks, beside the slabs they are added to (with the last
         // part's inputs).
         if let Some(res) = op.residual.filter(|_| part == last_part) {
-            let mut parts = Vec::new();
-            for (i, j, l) in g.cells() {
-                let (r0, rows) = span(i);
-                let (b0, _) = g.blocks[l];
-                let Some(pc) = g.piece((j, l), rows).filter(|pc| pc.real > 0) else {
-                    // Nothing reduced here, or a slab of padding only: nothing to add.
-                    continue;
-                };
-                let buf = lw.buffer(
-                    g.tile(i, j, l),
-                    format!("{name}.residual"),
-                    pc.elems() * 2,
-                    Category::Activation,
-                );
-                residual_bufs.insert((i, j, l), buf);
-                for q in 0..pc.real {
-                    parts.push(block_part(
-                        buf,
-                        q * pc.rows.1 * AMP_WIDTH * 2,
-                        (r0 + pc.rows.0, pc.rows.1),
-                        b0 + pc.first + q,
-                    ));
-                }
-            }
-            let dst = DistTensor {
-                rows: rows_total,
-                cols: n,
-                elem_bytes: 2,
-                parts,
-            };
-            copies.extend(redistribute(res, &dst).map_err(|e| {
-                PlanError::Unsupported(format!(
-                    "{name}: the residual does not cover the output: {e}"
-                ))
-            })?);
+            copies.extend(land_residual(lw, op, g, base, res, &mut residual_bufs)?);
         }
         lw.exchange(&format!("{name}.inputs"), copies);
 
