@@ -75,22 +75,22 @@ fn main() {
     if std::env::var("STEPS").is_ok() {
         let (_, steps) = tessera_plan::estimate_steps(&machine, &plan);
         let t = &machine.timing;
-        for (s, c) in steps.iter().enumerate() {
+        // Each step's calls with their estimates, grouped once.
+        let mut by_step: Vec<Vec<(u32, String, u64)>> = vec![Vec::new(); steps.len()];
+        for k in &plan.calls {
+            let kk = k.kernel.kernel();
+            by_step[k.step as usize].push((k.tile, kk.symbol(), kk.estimate_cycles_with(t)));
+        }
+        for (s, (c, calls)) in steps.iter().zip(&by_step).enumerate() {
             println!("step {s:3} {:>8} {}", c, plan.step_ops[s]);
             // The busiest tile's calls, where a compute step is long.
-            let calls: Vec<_> = plan.calls.iter().filter(|k| k.step as usize == s).collect();
             let mut by: BTreeMap<u32, u64> = BTreeMap::new();
-            for k in &calls {
-                *by.entry(k.tile).or_default() += k.kernel.kernel().estimate_cycles_with(t);
+            for (tile, _, cycles) in calls {
+                *by.entry(*tile).or_default() += cycles;
             }
             if let Some((&tile, _)) = by.iter().max_by_key(|(t, c)| (**c, std::cmp::Reverse(**t))) {
-                for k in calls.iter().filter(|k| k.tile == tile) {
-                    let kk = k.kernel.kernel();
-                    println!(
-                        "          tile {tile} {} {}",
-                        kk.symbol(),
-                        kk.estimate_cycles_with(t)
-                    );
+                for (_, symbol, cycles) in calls.iter().filter(|k| k.0 == tile) {
+                    println!("          tile {tile} {symbol} {cycles}");
                 }
             }
         }
