@@ -51,60 +51,108 @@ fn grown_linears_run_and_match_the_reference() {
 
 /// Linears in parts of K (each part's inputs in their own exchange, its AMP call
 /// continuing from the previous part's partial sums) place, run clean and match
-/// the reference: the strategies in parts the block's linears offer at a few
+/// the reference: every strategy in parts that two small MLPs offer at a few
 /// activation budgets, each compiled as the chosen one. Between them they take
 /// a row-major input (`fc1`), an input in the AMP's layout (`fc2`) and an inner
-/// dimension also split over tiles (a reduction after the last part).
+/// dimension also split over tiles (a reduction after the last part; the wide
+/// MLP's `fc1`, with its bias in the engine on one inner group and GELU after
+/// the reduction).
 #[test]
 fn linears_in_parts_of_k_run_and_match_the_reference() {
+    let ran = run_chosen(&[(64, 128), (256, 64)], |grid| grid.contains("parts of K"));
+    for want in ["mlp.fc1 ", "mlp.fc2 ", ", 2, "] {
+        assert!(ran.iter().any(|g| g.contains(want)), "{want}: {ran:?}");
+    }
+}
+
+/// Every strategy with the inner dimension split over tiles that the same MLPs
+/// offer: the bias goes into the engine on inner group 0 only (once, not once
+/// an inner group), before GELU (`fc1`) and beside the residual summed in the
+/// reduction (`fc2`).
+#[test]
+fn linears_with_inner_splits_add_their_bias_once() {
+    let inner = |grid: &str| grid.split(", ").nth(1).is_some_and(|pk| pk != "1");
+    let ran = run_chosen(&[(64, 128), (256, 64)], inner);
+    for want in ["mlp.fc1 ", "mlp.fc2 "] {
+        assert!(
+            ran.iter()
+                .any(|g| g.starts_with(want) && g.contains("bias in the engine")),
+            "{want}: {ran:?}"
+        );
+    }
+}
+
+/// Compiles MLPs of 48 tokens of the given (width, hidden) on 4 tiles, at
+/// five activation budgets, with each candidate strategy `wanted` accepts chosen
+/// in turn; runs each that the compile took against the reference and returns
+/// what ran: the operation, its grid and its decision.
+fn run_chosen(shapes: &[(usize, usize)], wanted: impl Fn(&str) -> bool) -> Vec<String> {
     let machine = Machine::small().with_tiles(4);
-    let graph = mlp(&MlpConfig {
-        tokens: 48,
-        width: 64,
-        hidden: 128,
-        ..MlpConfig::tiny(1)
-    })
-    .unwrap();
-    let weights = init_weights(&graph, 1);
     let mut ran = Vec::new();
-    for transient in [4, 6, 8, 12, 16] {
-        let mut opts = CompileOptions::default();
-        opts.lower.weight_bytes = 8 * 1024;
-        opts.lower.transient_bytes = transient * 1024;
-        let plan = tessera_plan::lower(&machine, &graph, &weights, &opts.lower).unwrap();
-        for c in &plan.candidates {
-            for (i, cand) in c.candidates.iter().enumerate() {
-                if !cand.grid.contains("parts of K") {
-                    continue;
+    for &(width, hidden) in shapes {
+        let graph = mlp(&MlpConfig {
+            tokens: 48,
+            width,
+            hidden,
+            ..MlpConfig::tiny(1)
+        })
+        .unwrap();
+        let weights = init_weights(&graph, 1);
+        for transient in [4, 6, 8, 12, 16] {
+            let mut opts = CompileOptions::default();
+            opts.lower.weight_bytes = 8 * 1024;
+            opts.lower.transient_bytes = transient * 1024;
+            let plan = tessera_plan::lower(&machine, &graph, &weights, &opts.lower).unwrap();
+            for c in &plan.candidates {
+                for (i, cand) in c.candidates.iter().enumerate() {
+                    if !wanted(&cand.grid) {
+                        continue;
+                    }
+                    let mut o = opts.clone();
+                    o.lower.choices.insert(c.op.clone(), i);
+                    let compiled = compile_model(&machine, &graph, &weights, &o).unwrap();
+                    // The fit loop may settle at other budgets, where the index
+                    // names another strategy: those are not what this runs.
+                    let Some(decision) =
+                        compiled.report.decisions.iter().find(|d| {
+                            d.starts_with(&format!("{}:", c.op)) && decided(d, &cand.grid)
+                        })
+                    else {
+                        continue;
+                    };
+                    let err = run_compiled(&graph, &weights, &compiled);
+                    assert!(
+                        err < 0.05,
+                        "{}={i} ({}): max abs error {err}",
+                        c.op,
+                        cand.grid
+                    );
+                    ran.push(format!("{} {} | {decision}", c.op, cand.grid));
                 }
-                let mut o = opts.clone();
-                o.lower.choices.insert(c.op.clone(), i);
-                let compiled = compile_model(&machine, &graph, &weights, &o).unwrap();
-                // The fit loop may settle at other budgets, where the index names
-                // another strategy: those are not what this test runs.
-                let taken = compiled
-                    .report
-                    .decisions
-                    .iter()
-                    .any(|d| d.starts_with(&format!("{}:", c.op)) && d.contains("parts of K"));
-                if !taken {
-                    continue;
-                }
-                let err = run_compiled(&graph, &weights, &compiled);
-                assert!(
-                    err < 0.05,
-                    "{}={i} ({}): max abs error {err}",
-                    c.op,
-                    cand.grid
-                );
-                ran.push(format!("{} {}", c.op, cand.grid));
             }
         }
     }
     eprintln!("{ran:#?}");
-    for want in ["mlp.fc1 ", "mlp.fc2 ", ", 2, "] {
-        assert!(ran.iter().any(|g| g.contains(want)), "{want}: {ran:?}");
+    ran
+}
+
+/// Whether a linear's decision is the candidate `grid` (`passes x (pr, pk, pn)`
+/// and its parts of K): the decision names the same passes, groups and parts.
+fn decided(decision: &str, grid: &str) -> bool {
+    let Some((passes, groups)) = grid.split_once(" x (") else {
+        return false;
+    };
+    let passes_named = decision.contains(&format!("in {passes} passes"));
+    if passes_named != (passes != "1") {
+        return false;
     }
+    let (groups, parts) = groups.split_once(')').unwrap_or((groups, ""));
+    let g: Vec<&str> = groups.split(", ").collect();
+    let [pr, pk, pn] = g[..] else {
+        return false;
+    };
+    decision.contains(&format!("{pr} row x {pk} inner x {pn} column groups"))
+        && (parts.is_empty() || decision.contains(parts.trim()))
 }
 
 /// Compiles `graph` (seed-1 weights), runs it on seed-2 inputs, checks the run is

@@ -61,7 +61,15 @@ pub struct AmpMatmul {
     /// what an earlier call over other chunks of K wrote as its `out`) instead of
     /// starting from zero: see [`AmpMatmul::continuing`].
     pub init: bool,
+    /// Chunk 0 of every block starts from operand `bias` (`[nb][16]` f16, one row
+    /// a block) instead of zero: see [`AmpMatmul::with_bias`].
+    pub bias: bool,
 }
+
+/// The register pairs a biased chunk 0 holds its block's bias in, one a phase:
+/// the AMP adds phase `p`'s pair to accumulators `4p..4p+4` of every row. None
+/// is A's (`$a0:1`) or the output's (`$a4:5`).
+const BIAS_PAIRS: [u8; 4] = [2, 6, 8, 10];
 
 /// Output rows `first..first + rows` of every block written to operand `own`
 /// (`[nb][rows][16]` with `block_stride` bytes from one block's rows to the
@@ -73,6 +81,14 @@ pub struct OwnRows {
     pub first: u32,
     pub rows: u32,
     pub block_stride: u32,
+}
+
+/// Byte offsets of the worker code's entries after the partials entry (its
+/// start): the zero-partial entry and, with a bias, the bias entry.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entries {
+    zero: u32,
+    bias: u32,
 }
 
 /// Bytes of the call header at the start of the state buffer.
@@ -106,7 +122,22 @@ impl AmpMatmul {
             a_row_major: false,
             own: None,
             init: false,
+            bias: false,
         }
+    }
+
+    /// The same product with the bias added in the engine: chunk 0 of each
+    /// block feeds the block's 16 bias values (held in registers) where it
+    /// would feed zero partial sums, so a linear's bias costs four loads a
+    /// block instead of an `add_bias` over its rows or a whole bias slab beside
+    /// its reduction. Even row splits only (the header table names each block's
+    /// bias), and not with `init`, whose partial sums already carry it; otherwise
+    /// `None`.
+    pub fn with_bias(&self) -> Option<AmpMatmul> {
+        (self.table() && !self.init).then(|| AmpMatmul {
+            bias: true,
+            ..self.clone()
+        })
     }
 
     /// The same product added to the partial sums in operand `init`, so that a
@@ -115,7 +146,7 @@ impl AmpMatmul {
     /// pass). Even row splits only, whose header table is then per block for
     /// chunk 0 too; otherwise `None`.
     pub fn continuing(&self) -> Option<AmpMatmul> {
-        matches!(self.layout(), Rows::Even { .. }).then(|| AmpMatmul {
+        (matches!(self.layout(), Rows::Even { .. }) && !self.bias).then(|| AmpMatmul {
             init: true,
             ..self.clone()
         })
@@ -182,41 +213,54 @@ impl AmpMatmul {
         }
     }
 
-    /// Emits the worker code; returns the byte offset of the zero-partial entry
-    /// (the code's start is the partials entry). The supervisor overwrites the
-    /// header once any worker has exited, so every path reads it before it can exit.
-    fn worker_code(&self, s: &mut Asm) -> u32 {
+    /// Emits the worker code; returns the byte offsets of the zero-partial entry
+    /// and of the bias entry (0 without a bias; the code's start is the partials
+    /// entry). The supervisor overwrites the header once any worker has exited,
+    /// so every path reads it before it can exit.
+    fn worker_code(&self, s: &mut Asm) -> Entries {
         let start = s.at();
+        let mut entries = Entries::default();
         match self.layout() {
-            Rows::Few => {
-                few_rows(s, self.row_major_kc());
-                0
-            }
+            Rows::Few => few_rows(s, self.row_major_kc()),
             Rows::Even { q } => {
                 let count = Count::Imm(q as u16 - 2);
-                let mut zero_entry = 0;
-                for f in [Feed::Partials, Feed::Zeros] {
-                    if f == Feed::Zeros {
-                        zero_entry = s.at() - start;
+                let feeds: &[Feed] = if self.bias {
+                    &[Feed::Partials, Feed::Zeros, Feed::Bias]
+                } else {
+                    &[Feed::Partials, Feed::Zeros]
+                };
+                for &f in feeds {
+                    match f {
+                        Feed::Zeros => entries.zero = s.at() - start,
+                        Feed::Bias => entries.bias = s.at() - start,
+                        Feed::Partials => {}
                     }
                     // Every worker's `$m0` is its own header; the output pointer
                     // is loaded in `rows_loop`, just before its repeat.
                     s.i(ld32m(m(3), m(0), 0));
-                    if f == Feed::Partials {
+                    if f != Feed::Zeros {
                         s.i(ld32m(m(4), m(0), 1));
                     }
                     if let Some(kc) = self.row_major_kc() {
                         s.i(setzi(m(9), 4 * kc - 3));
                     }
+                    if f == Feed::Bias {
+                        // The block's bias, the same for every worker.
+                        for d in BIAS_PAIRS {
+                            s.i(Inst::Ld64Step {
+                                d: a(d),
+                                base: m(4),
+                                inc: 1,
+                            });
+                        }
+                    }
                     rows_loop(s, f, count, self.a_row_major);
                 }
-                zero_entry
             }
             Rows::Records => {
-                let mut zero_entry = 0;
                 for f in [Feed::Partials, Feed::Zeros] {
                     if f == Feed::Zeros {
-                        zero_entry = s.at() - start;
+                        entries.zero = s.at() - start;
                     }
                     s.i(inti(IntOp::Shl, m(2), m(1), 3));
                     s.i(int(IntOp::Sub, m(2), m(0), m(2))); // call header
@@ -229,9 +273,9 @@ impl AmpMatmul {
                     offset_pointers(s, f, self.row_major_kc());
                     rows_loop(s, f, Count::Record, self.a_row_major);
                 }
-                zero_entry
             }
         }
+        entries
     }
 
     /// With a row-major A, its chunks a row: what the workers offset A's rows by
@@ -263,10 +307,14 @@ impl AmpMatmul {
     /// Bytes of one call's headers in the table: one per worker.
     const CALL_HEADERS: u32 = HEADER * WORKERS;
 
-    /// Calls of the table's per-block first calls: a continuing product's chunk
-    /// 0 when it is not also the last chunk.
+    /// Calls of the table's per-block first calls: a continuing or biased
+    /// product's chunk 0 when it is not also the last chunk.
     fn firsts(&self) -> u32 {
-        if self.init && self.kc > 1 { self.nb } else { 0 }
+        if (self.init || self.bias) && self.kc > 1 {
+            self.nb
+        } else {
+            0
+        }
     }
 
     /// Calls of the table shared by every block: the chunks before the last,
@@ -315,8 +363,11 @@ impl AmpMatmul {
 
     /// Issues of one worker run with `r` rows, as emitted: setup, then four per row
     /// plus pipeline fill and drain (see [`rows_loop`]).
-    fn worker_issues(&self, r: u32, partials: bool) -> u64 {
-        let (r, p) = (u64::from(r), u64::from(partials));
+    fn worker_issues(&self, r: u32, feed: Feed) -> u64 {
+        let r = u64::from(r);
+        let p = u64::from(feed != Feed::Zeros);
+        // The bias entry's four loads of the block's bias.
+        let bias = if feed == Feed::Bias { 4 } else { 0 };
         // A row-major A: its row offset and the stride register (only the stride
         // with the header table, whose pointers hold the offset).
         let rm = match (self.a_row_major && r > 0, self.layout()) {
@@ -326,7 +377,7 @@ impl AmpMatmul {
         };
         rm + match self.layout() {
             // Two or three header loads (the output's in the loop's setup).
-            Rows::Even { .. } => 4 * r + 9 + 1 + p,
+            Rows::Even { .. } => 4 * r + 9 + 1 + p + bias,
             // Header address, header loads, record load, adds.
             Rows::Records => 4 * r + 9 + 7 + 2 * p,
             Rows::Few => match r {
@@ -349,10 +400,13 @@ impl AmpMatmul {
         } else {
             p0
         };
-        let zero_entry = call.entry + self.zero_entry_offset();
+        let entries = self.entries();
+        let zero_entry = call.entry + entries.zero;
+        let bias_entry = call.entry + entries.bias;
         for (what, v) in [
             ("entry", call.entry),
             ("zero-partial entry", zero_entry),
+            ("bias entry", bias_entry),
             ("state", call.state),
             ("a", a_addr),
             ("w", w_addr),
@@ -379,6 +433,7 @@ impl AmpMatmul {
         let sup = Sup {
             entry: call.entry,
             zero_entry,
+            bias_entry,
             state: call.state,
             stride: self.stride(),
             a: a_addr,
@@ -400,7 +455,7 @@ impl AmpMatmul {
         Ok(s.finish())
     }
 
-    fn zero_entry_offset(&self) -> u32 {
+    fn entries(&self) -> Entries {
         self.worker_code(&mut Asm::new(0))
     }
 
@@ -413,7 +468,8 @@ impl AmpMatmul {
     /// a `sync local`, far ahead of the branch that reads them. With several
     /// blocks, each block's first gap rewinds the shared headers. A continuing
     /// product's chunk 0 takes the partials entry on the block's own first call
-    /// (`$m7`, which walks them ahead of the shared calls).
+    /// (`$m7`, which walks them ahead of the shared calls); a biased one's takes
+    /// the bias entry there, its header naming the block's bias.
     fn table_loop(&self, s: &mut Asm, c: &Sup) {
         let blocks = self.nb > 1;
         // Calls between a block's first and its last.
@@ -427,7 +483,14 @@ impl AmpMatmul {
         let chunk0 = if self.init {
             m(3)
         } else {
-            s.i(setzi(m(0), c.zero_entry));
+            s.i(setzi(
+                m(0),
+                if self.bias {
+                    c.bias_entry
+                } else {
+                    c.zero_entry
+                },
+            ));
             m(0)
         };
         if self.kc > 1 || self.init {
@@ -606,6 +669,7 @@ impl AmpMatmul {
 struct Sup {
     entry: u32,
     zero_entry: u32,
+    bias_entry: u32,
     state: u32,
     stride: u16,
     a: u32,
@@ -721,13 +785,17 @@ enum Feed {
     /// with every register but `$m0`/`$m1` zeroed (ISA, `run`) and nothing here
     /// writes it.
     Zeros,
+    /// Streamed like `Zeros`, with the block's bias in [`BIAS_PAIRS`] instead of
+    /// the zeroed pair, one pair a phase.
+    Bias,
 }
 
 impl Feed {
-    fn pin(self) -> AReg {
+    fn pin(self, phase: u8) -> AReg {
         match self {
             Feed::Partials => a(2),
             Feed::Zeros => a(6),
+            Feed::Bias => a(BIAS_PAIRS[usize::from(phase % 4)]),
         }
     }
     fn load(self) -> Inst {
@@ -738,7 +806,7 @@ impl Feed {
                 p0: m(3),
                 p1: m(4),
             },
-            Feed::Zeros => Inst::Ld64Step {
+            Feed::Zeros | Feed::Bias => Inst::Ld64Step {
                 d: a(0),
                 base: m(3),
                 inc: 1,
@@ -757,7 +825,7 @@ impl Feed {
                 p1: m(4),
                 stride: m(9),
             },
-            (Feed::Zeros, true) => Inst::Ld64Stride {
+            (Feed::Zeros | Feed::Bias, true) => Inst::Ld64Stride {
                 d: a(0),
                 base: m(3),
                 stride: m(9),
@@ -776,7 +844,7 @@ impl Feed {
                 ps: m(5),
                 stride: m(9),
             },
-            (Feed::Zeros, true) => Inst::Ldst64PaceStride {
+            (Feed::Zeros | Feed::Bias, true) => Inst::Ldst64PaceStride {
                 d: a(0),
                 s: a(4),
                 pl: m(3),
@@ -795,7 +863,7 @@ impl Feed {
                 p1: m(4),
                 ps: m(5),
             },
-            Feed::Zeros => Inst::Ldst64Pace {
+            Feed::Zeros | Feed::Bias => Inst::Ldst64Pace {
                 d: a(0),
                 s: a(4),
                 pl: m(3),
@@ -807,7 +875,7 @@ impl Feed {
         Inst::Amp {
             out: a(4),
             inp: a(0),
-            pin: self.pin(),
+            pin: self.pin(phase),
             phase,
         }
     }
@@ -911,8 +979,9 @@ impl Kernel for AmpMatmul {
             None => String::new(),
         };
         let init = if self.init { "_init" } else { "" };
+        let bias = if self.bias { "_bias" } else { "" };
         format!(
-            "{}_r{}_kc{}_nb{}{rm}{own}{init}",
+            "{}_r{}_kc{}_nb{}{rm}{own}{init}{bias}",
             Self::NAME,
             self.rows,
             self.kc,
@@ -937,6 +1006,12 @@ impl Kernel for AmpMatmul {
             return Err(invalid(
                 &name,
                 "partial sums to continue from need an even split of at least two rows a worker",
+            ));
+        }
+        if self.bias && (self.init || !self.table()) {
+            return Err(invalid(
+                &name,
+                "a bias in the engine needs an even split of at least two rows a worker, and no partial sums to continue from",
             ));
         }
         if self.own.is_some_and(|o| !self.own_fits(o)) {
@@ -1012,6 +1087,10 @@ impl Kernel for AmpMatmul {
                 }
             }
         }
+        if self.bias {
+            // Loaded alone, before the rows stream: no element rule.
+            ops.push(Operand::new("bias", Role::Weights, 32 * self.nb, 8));
+        }
         if self.kc >= 2 {
             let last_in = ["p0", "p1"][((self.kc - 2) % 2) as usize];
             for out in outputs {
@@ -1069,14 +1148,29 @@ impl Kernel for AmpMatmul {
             // last chunk's output, a continuing chunk 0's partial-in), one call
             // shared by every block otherwise. The last chunk's workers write
             // that block of `out` or of `own`.
+            // A biased product's chunk 0 names block b's bias, the same for every
+            // worker.
+            let bias = if self.bias {
+                Some(operand(addrs, &self.symbol(), "bias")?)
+            } else {
+                None
+            };
+            // The partial-in of a call: rows of a buffer (each worker at its own)
+            // or a block's bias (every worker at the same).
+            #[derive(Clone, Copy)]
+            enum Pin {
+                Rows(u32),
+                Bias(u32),
+            }
             let mut calls = Vec::new();
             for (c, &(a, pin, out)) in self.headers(addrs)?.iter().enumerate() {
                 let last = c as u32 + 1 == self.kc;
-                let pin_of = |b: u32| match init {
-                    Some(base) if c == 0 => Some(base + b * self.block_bytes()),
-                    _ => (pin != 0).then_some(pin),
+                let pin_of = |b: u32| match (init, bias) {
+                    (Some(base), _) if c == 0 => Some(Pin::Rows(base + b * self.block_bytes())),
+                    (_, Some(base)) if c == 0 => Some(Pin::Bias(base + b * 32)),
+                    _ => (pin != 0).then_some(Pin::Rows(pin)),
                 };
-                if last || (c == 0 && init.is_some()) {
+                if last || (c == 0 && (init.is_some() || bias.is_some())) {
                     calls.extend((0..self.nb).map(|b| (a, pin_of(b), out, last.then_some(b))));
                 } else {
                     calls.push((a, pin_of(0), out, None));
@@ -1092,7 +1186,11 @@ impl Kernel for AmpMatmul {
                         }
                         (Some(b), _) => out + b * self.block_bytes() + w * row,
                     };
-                    let pin = pin.map_or(0, |p| p + w * row);
+                    let pin = match pin {
+                        None => 0,
+                        Some(Pin::Rows(p)) => p + w * row,
+                        Some(Pin::Bias(p)) => p,
+                    };
                     buf.u32(a + w * a_row).u32(pin).u32(dst);
                 }
             }
@@ -1129,7 +1227,14 @@ impl Kernel for AmpMatmul {
         // instances (one to four chunks, one to three blocks) are walked once per
         // timing and row count and extended linearly: the planner asks for
         // thousands of estimates.
-        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb, self.a_row_major, self.init);
+        let first = if self.init {
+            First::Init
+        } else if self.bias {
+            First::Bias
+        } else {
+            First::Zeros
+        };
+        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb, self.a_row_major, first);
         let per_chunk = |nb: u32| -> u64 {
             if self.table() {
                 // Chunks after the first run in pairs from five on (an odd one
@@ -1165,12 +1270,21 @@ impl Kernel for AmpMatmul {
     }
 }
 
+/// What chunk 0 of a block starts from: zeros, a continuing product's partial
+/// sums, or a biased product's bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum First {
+    Zeros,
+    Init,
+    Bias,
+}
+
 /// Cycles of the snippet of `AmpMatmul::new(rows, kc, nb)` walked with its workers
 /// (cached: see `estimate_cycles_with`).
-fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, init: bool) -> u64 {
+fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, first: First) -> u64 {
     use std::collections::HashMap;
     use std::sync::Mutex;
-    type Key = (u32, u32, u32, u32, u32, bool, bool);
+    type Key = (u32, u32, u32, u32, u32, bool, First);
     use foldhash::fast::FixedState;
     // A hash map: the planner looks up thousands of row counts many times over.
     static WALKS: Mutex<HashMap<Key, u64, FixedState>> =
@@ -1182,7 +1296,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, init: bool) 
         kc,
         nb,
         row_major,
-        init,
+        first,
     );
     if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
         return c;
@@ -1191,9 +1305,11 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, init: bool) 
     if row_major {
         k = k.row_major();
     }
-    if init {
-        k = k.continuing().unwrap_or(k);
-    }
+    k = match first {
+        First::Zeros => k,
+        First::Init => k.continuing().unwrap_or(k),
+        First::Bias => k.with_bias().unwrap_or(k),
+    };
     // Placeholder addresses: the snippet's timing does not depend on them, and
     // `supervisor_words` does not insist on a shape that fits a tile (the walked
     // instance may be larger than the one estimated).
@@ -1202,19 +1318,21 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, init: bool) 
         .with("w", 0x2000)
         .with("out", 0x3000)
         .with("p0", 0x4000)
-        .with("p1", 0x5000);
+        .with("p1", 0x5000)
+        .with("bias", 0x7000);
     let call = Call {
         entry: crate::ESTIMATE_CODE_BASE,
         state: 0x6000,
         addrs: &addrs,
     };
-    let issues = |partials: bool| -> Vec<u64> {
+    let issues = |feed: Feed| -> Vec<u64> {
         split(rows)
             .into_iter()
-            .map(|(_, r)| k.worker_issues(r, partials))
+            .map(|(_, r)| k.worker_issues(r, feed))
             .collect()
     };
-    let (zeros, partials) = (issues(false), issues(true));
+    let chunk0 = issues(if k.bias { Feed::Bias } else { Feed::Zeros });
+    let partials = issues(Feed::Partials);
     let c = k
         .supervisor_words(&call, crate::ESTIMATE_CODE_BASE)
         .map_or(u64::MAX / 4, |words| {
@@ -1222,7 +1340,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, init: bool) 
             // product continues from one.
             crate::supervisor_cycles(t, &words, |run| {
                 if !k.init && (run as u32).is_multiple_of(kc.max(1)) {
-                    zeros.clone()
+                    chunk0.clone()
                 } else {
                     partials.clone()
                 }

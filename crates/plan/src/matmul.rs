@@ -41,6 +41,11 @@ pub struct MatmulShape {
     /// bytes a tile holds, every weight block runs once over all the rows
     /// instead of once a pass; the output side is held at its whole size.
     pub k_parts: u32,
+    /// The bias varies with the row (a fused position embedding): it stays a
+    /// slab summed in the reduction. A plain bias goes into the AMP's first call
+    /// on one inner group's tiles instead (`AmpMatmul::with_bias`), where the
+    /// row split lets it.
+    pub per_row_bias: bool,
 }
 
 impl MatmulShape {
@@ -54,6 +59,7 @@ impl MatmulShape {
             rearrange: false,
             even_rows: true,
             k_parts: 1,
+            per_row_bias: false,
         }
     }
 
@@ -240,6 +246,17 @@ impl MatmulMapping {
         };
         // Every row group's call continues, the last (smaller) group's too.
         let last_rows = shape.rows - (pr - 1) * rows_t;
+        // The bias in the engine needs every row group's first call to take it.
+        let amp_bias = !shape.per_row_bias
+            && mm.with_bias().is_some()
+            && AmpMatmul::new(last_rows, kc_t, nb_t).with_bias().is_some();
+        // Constant bias bytes: a block's 16 values on the tiles that feed them
+        // to the engine, else the slab the reduction sums.
+        let bias_bytes = if amp_bias {
+            nb * chunk_bytes
+        } else {
+            slab_bytes
+        };
         let parts_ok = parts == 1
             || (!rearranged
                 && parts <= smallest_group
@@ -247,7 +264,7 @@ impl MatmulMapping {
                 && AmpMatmul::new(last_rows, kc_t, nb_t).continuing().is_some());
         // A strategy in parts that cannot continue is refused: no budget holds it.
         let bytes_per_tile = if parts_ok {
-            weight_bytes + slab_bytes + transient
+            weight_bytes + bias_bytes + transient
         } else {
             u64::MAX
         };
@@ -259,10 +276,10 @@ impl MatmulMapping {
                 .enumerate()
                 .map(|(p, &kc)| {
                     let k = amp_call(kc);
-                    let k = if p > 0 {
-                        k.continuing().unwrap_or(k)
-                    } else {
-                        k
+                    let k = match (p, amp_bias) {
+                        (0, true) => k.with_bias().unwrap_or(k),
+                        (0, false) => k,
+                        _ => k.continuing().unwrap_or(k),
                     };
                     k.estimate_cycles_with(t)
                 })
@@ -294,14 +311,15 @@ impl MatmulMapping {
             })
             .sum();
         let slab_elems = u32::try_from(slab_bytes / 2).unwrap_or(u32::MAX);
-        // The bias slab is added inside the reduction when there is one (the
-        // lowering's whole-slab case), otherwise by its own `add`.
+        // Without the bias in the engine, its slab is added inside the reduction
+        // when there is one (the lowering's whole-slab case), otherwise by its
+        // own `add`.
         let reduce = if pk > 1 {
-            u64::from(t.exchange_overhead_cycles)
-                + moved / xbw
-                + ReduceAdd::new(pk, slab_elems)
-                    .with_addend()
-                    .estimate_cycles_with(t)
+            let sum = ReduceAdd::new(pk, slab_elems);
+            let sum = if amp_bias { sum } else { sum.with_addend() };
+            u64::from(t.exchange_overhead_cycles) + moved / xbw + sum.estimate_cycles_with(t)
+        } else if amp_bias {
+            0
         } else {
             Add::new(slab_elems).estimate_cycles_with(t)
         };
@@ -315,7 +333,7 @@ impl MatmulMapping {
             blocks_per_tile: real_nb,
             bytes_per_tile,
             weight_bytes,
-            persistent_bytes: weight_bytes + slab_bytes,
+            persistent_bytes: weight_bytes + bias_bytes,
             cost: MatmulCost {
                 exchange_in,
                 rearrange,
@@ -630,6 +648,50 @@ mod tests {
         assert_eq!(row_piece_rows(150, 4, 8), None);
     }
 
+    /// A plain bias goes into the engine where every row group's split is even:
+    /// the tile holds 16 values a block instead of a slab, the reduction sums no
+    /// addend, and the first AMP call is the biased one. A bias that varies with
+    /// the row, or a split that is not even, keeps the slab.
+    #[test]
+    fn a_plain_bias_goes_into_the_engine_on_even_splits() {
+        let m = Machine::c600();
+        let t = &m.timing;
+        // 2,916 rows in 9 groups of 324 (54 a worker), 3 inner groups.
+        let s = MatmulShape::new(2916, 1152, 3456);
+        let map = MatmulMapping::evaluate(&m, s, 9, 3, 54);
+        let nb = u64::from(map.blocks_per_tile);
+        assert_eq!(map.persistent_bytes, map.weight_bytes + nb * 32);
+        let amp = AmpMatmul::new(324, 24, 4).row_major();
+        assert_eq!(
+            map.cost.amp,
+            amp.with_bias().unwrap().estimate_cycles_with(t)
+        );
+        let moved = 2 * 108 * 4 * 32;
+        let sum = ReduceAdd::new(3, 108 * 64).estimate_cycles_with(t);
+        assert_eq!(map.cost.reduce, 100 + moved / 4 + sum);
+        // The same product with a per-row bias: the slab, summed as an addend.
+        let rowwise = MatmulMapping::evaluate(
+            &m,
+            MatmulShape {
+                per_row_bias: true,
+                ..s
+            },
+            9,
+            3,
+            54,
+        );
+        assert_eq!(rowwise.persistent_bytes, map.weight_bytes + 108 * 64 * 2);
+        assert_eq!(rowwise.cost.amp, amp.estimate_cycles_with(t));
+        let sum = ReduceAdd::new(3, 108 * 64)
+            .with_addend()
+            .estimate_cycles_with(t);
+        assert_eq!(rowwise.cost.reduce, 100 + moved / 4 + sum);
+        // 325 rows a group (the last 316): not even, the slab stays (here a slab
+        // of 2 blocks of all 325 rows, which moves fewer bytes than pieces).
+        let uneven = MatmulMapping::evaluate_rows(&m, s, 325, 3, 54);
+        assert_eq!(uneven.persistent_bytes - uneven.weight_bytes, 2 * 325 * 32);
+    }
+
     /// Pieces of whole workers' rows: the AMP writes a tile's own piece into its
     /// slot, so the reduce-scatter moves one piece fewer through each tile than
     /// where the pieces cut across workers' rows.
@@ -639,11 +701,10 @@ mod tests {
         let s = MatmulShape::new(1458, 1152, 4304);
         // 210 rows a tile, 35 a worker; 6 inner groups: pieces of 35 rows x 8
         // blocks (8,960 bytes), of which a tile receives 5, not 6.
+        // The even split also takes the bias in the engine: no slab to add.
         let map = MatmulMapping::evaluate_rows(&m, s, 210, 6, 34);
         assert_eq!((map.rows_per_tile, map.blocks_per_tile), (210, 8));
-        let reduce = ReduceAdd::new(6, 35 * 8 * 16)
-            .with_addend()
-            .estimate_cycles_with(&m.timing);
+        let reduce = ReduceAdd::new(6, 35 * 8 * 16).estimate_cycles_with(&m.timing);
         assert_eq!(map.cost.reduce, 100 + 5 * 8_960 / 4 + reduce);
         // 122 rows (20 or 21 a worker) in pieces of 13: through the exchange.
         let s = MatmulShape {

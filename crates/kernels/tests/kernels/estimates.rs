@@ -76,6 +76,12 @@ fn estimates_track_simulation() {
         {
             check_exact(&k);
         }
+        if let Some(k) = AmpMatmul::new(r, kc, nb).with_bias()
+            && r * nb <= 700
+        {
+            check_exact(&k);
+            check_exact(&k.row_major());
+        }
     }
     for (r, k) in [
         (4, 16),

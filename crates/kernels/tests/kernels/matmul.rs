@@ -209,6 +209,80 @@ fn a_continuing_product_adds_to_the_partials_it_is_given() {
     assert!(AmpMatmul::new(30, 2, 1).continuing().is_some());
 }
 
+/// A biased product (the bias fed to the engine at chunk 0 of each block) gives
+/// the bits of the same product continuing from partial sums that hold the bias
+/// in every row: both add the same f16 values to the accumulators at chunk 0,
+/// one from registers, the other streamed. And it is the product plus the bias
+/// within the reference's tolerance. Splits that are not even, and continuing
+/// products, refuse a bias.
+#[test]
+fn a_biased_product_adds_its_bias_in_the_engine() {
+    for (rows, kc, nb, rm) in [
+        (36, 2, 2, false),
+        (24, 1, 3, false),
+        (12, 3, 1, true),
+        (48, 4, 2, true),
+        (30, 5, 4, false),
+        (18, 1, 1, false),
+    ] {
+        let with_layout = |k: AmpMatmul| if rm { k.row_major() } else { k };
+        let plain = with_layout(AmpMatmul::new(rows, kc, nb));
+        let biased = plain.with_bias().expect("an even split");
+        let c = case(&plain, u64::from(rows * 5 + kc));
+        let n = (nb * 16) as usize;
+        let bias = random_f16(&mut rng(u64::from(rows + nb)), n, 2.0);
+        let mut ins = inputs(&biased, &c);
+        ins.push(("bias", f16_bytes(&bias)));
+        let got = run(&biased, &layout(&biased), &ins);
+        got.assert_ok();
+        assert!(got.violations.is_empty(), "{:?}", got.violations);
+        let got = got.read_f16("out", rows as usize * n);
+
+        // The oracle: the bias as partial sums in every row, `[nb][rows][16]`.
+        let init: Vec<f16> = (0..n / 16)
+            .flat_map(|b| (0..rows).flat_map(move |_| b * 16..b * 16 + 16))
+            .map(|col| bias[col])
+            .collect();
+        let cont = plain.continuing().expect("an even split");
+        let mut ins = inputs(&cont, &c);
+        ins.push(("init", f16_bytes(&init)));
+        let want = run(&cont, &layout(&cont), &ins);
+        want.assert_ok();
+        assert_eq!(got, want.read_f16("out", rows as usize * n), "{biased:?}");
+
+        // And against the product without a bias: every element moved by its
+        // column's bias, within the rounding of the f16 output.
+        let bare = run(&plain, &layout(&plain), &inputs(&plain, &c));
+        bare.assert_ok();
+        let bare = bare.read_f16("out", rows as usize * n);
+        for (i, (g, b)) in got.iter().zip(&bare).enumerate() {
+            let col = (i / (rows as usize * 16)) * 16 + i % 16;
+            let d = g.to_f64() - b.to_f64() - bias[col].to_f64();
+            let tol = (g.to_f64().abs() + b.to_f64().abs() + 1.0) * 2f64.powi(-9);
+            assert!(
+                d.abs() <= tol,
+                "{biased:?} element {i}: {g} - {b} != {}",
+                bias[col]
+            );
+        }
+    }
+    assert!(AmpMatmul::new(31, 2, 1).with_bias().is_none());
+    assert!(
+        AmpMatmul::new(30, 2, 1)
+            .continuing()
+            .unwrap()
+            .with_bias()
+            .is_none()
+    );
+    assert!(
+        AmpMatmul::new(30, 2, 1)
+            .with_bias()
+            .unwrap()
+            .continuing()
+            .is_none()
+    );
+}
+
 /// The two layouts really differ: a row-major A given to the chunk-major kernel
 /// gives another product, so the reference test's agreement of both layouts (and
 /// the stride that makes row-major work) is not vacuous.

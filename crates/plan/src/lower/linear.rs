@@ -23,6 +23,13 @@
 //!   (`AmpMatmul::with_own_rows`), otherwise it too goes through the exchange;
 //! - compute: sum of the partial slabs, bias, GELU, residual, in place in slab 0.
 //!
+//! A plain bias (not one that varies with the row) goes into the engine instead:
+//! inner group 0's first AMP call starts each block's chunk 0 from the block's
+//! 16 bias values (`AmpMatmul::with_bias`), so the partials already hold it once
+//! and the reduction sums no bias slab (which every tile held for the whole
+//! program) and no `add_bias` follows. Row splits that are not even over the
+//! workers keep the slab or the `add_bias`.
+//!
 //! A mapping in parts of K (`MatmulShape::k_parts`) takes the first two phases
 //! once a part: each part's chunks of every inner group arrive in their own
 //! exchange (the residual with the last part's), and each part's AMP call
@@ -225,7 +232,7 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
     let g = Grid::new(op.map.clone());
     lw.plan.decisions.push(format!(
         "{name}: [{}x{}]x[{}x{}] {}on {} tiles as {} row x {} inner x {} column groups \
-         ({} rows, {} chunks, {} blocks per tile){}, estimated {} cycles ({:.0}% of peak)",
+         ({} rows, {} chunks, {} blocks per tile){}{}, estimated {} cycles ({:.0}% of peak)",
         rows_total,
         k,
         k,
@@ -245,6 +252,11 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         g.map.chunks_per_tile,
         g.map.blocks_per_tile,
         if direct { ", inputs in AMP layout" } else { "" },
+        if engine_bias(op, &g) {
+            ", bias in the engine"
+        } else {
+            ""
+        },
         g.map.cost.total() * u64::from(passes),
         100.0 * g.map.peak_share(lw.machine)
     ));
@@ -263,6 +275,15 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         elem_bytes: 2,
         parts: out_parts,
     })
+}
+
+/// Whether `op`'s bias goes into the engine on grid `g`: a bias that does not
+/// vary with the row, and every row group's AMP call able to take it.
+fn engine_bias(op: &Linear<'_>, g: &Grid) -> bool {
+    !op.per_row
+        && g.rows
+            .iter()
+            .all(|&(_, r)| AmpMatmul::new(r, 1, 1).with_bias().is_some())
 }
 
 /// The ping-pong partial-sum buffers an AMP call's chunks need, added to `ops`.
@@ -297,6 +318,9 @@ struct Consts {
     /// for every replica was a third of a So400m lowering's time at batch 4).
     packed: BTreeMap<(u32, u32, u32, u32, u32), Vec<u8>>,
     bias: BTreeMap<(u32, u32, u32), BufId>,
+    /// A column group's bias, 16 values a block, by tile: what inner group 0's
+    /// first AMP call feeds the engine (`AmpMatmul::with_bias`).
+    engine_bias: BTreeMap<u32, BufId>,
 }
 
 /// Buffers and copies for one part of a pass's input (`chunks(j)`: inner group
@@ -455,6 +479,11 @@ fn one_pass(
     let mut own_pieces = std::collections::BTreeSet::new();
     let mut carries = Bufs::new();
     let mut residual_bufs = BTreeMap::new();
+    // A plain bias goes into the engine with inner group 0's first AMP call
+    // (chunk 0 of each block starts from it instead of zero), where every row
+    // group's split lets it (the planner's cost assumes the same): no bias slab
+    // beside the reduction and no `add_bias` after it.
+    let amp_bias = engine_bias(op, g);
     for part in 0..parts {
         // This part's chunks of inner group `j`, and their first chunk within it.
         let part_of = |j: usize| {
@@ -543,6 +572,14 @@ fn one_pass(
             if !direct && !rearrange {
                 mm = mm.row_major();
             }
+            let engine_bias = amp_bias && part == 0 && j == 0;
+            if engine_bias {
+                mm = mm.with_bias().ok_or_else(|| {
+                    PlanError::Unsupported(format!(
+                        "{name}: a bias in the engine on {rows} rows a tile, not an even split over the workers"
+                    ))
+                })?;
+            }
             if part > 0 {
                 mm = mm.continuing().ok_or_else(|| {
                 PlanError::Unsupported(format!(
@@ -629,6 +666,39 @@ fn one_pass(
             ];
             ops.extend(own_at.map(|at| ("own", at)));
             ops.extend(init.map(|buf| ("init", Loc { buf, offset: 0 })));
+            if engine_bias {
+                let bias = match consts.engine_bias.get(&tile) {
+                    Some(&b) => b,
+                    None => {
+                        let (b0, nb) = g.blocks[l];
+                        let v: Vec<f32> = (0..nb_pad)
+                            .flat_map(|q| (0..AMP_WIDTH).map(move |c| (q, c)))
+                            .map(|(q, c)| {
+                                if q < nb {
+                                    (op.bias)(0, (b0 + q) * AMP_WIDTH + c)
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .collect();
+                        let b = lw.constant(
+                            tile,
+                            format!("{name}.bias"),
+                            f16_bytes(v),
+                            Category::Weight,
+                        );
+                        consts.engine_bias.insert(tile, b);
+                        b
+                    }
+                };
+                ops.push((
+                    "bias",
+                    Loc {
+                        buf: bias,
+                        offset: 0,
+                    },
+                ));
+            }
             partial_bufs(lw, tile, name, rows, &mm, &mut ops);
             lw.call(tile, step, mm, &ops);
         }
@@ -714,7 +784,7 @@ fn one_pass(
         // when there is nothing to reduce); a 16-wide row per block is a call per
         // block but far fewer bytes. A per-row constant (the position embedding)
         // needs the whole slab.
-        let slab_bias = op.per_row || elems * 2 <= lw.opts.slab_bias_bytes;
+        let slab_bias = !amp_bias && (op.per_row || elems * 2 <= lw.opts.slab_bias_bytes);
         // Only the slab's real blocks (a prefix) have residual bytes; padding
         // blocks are never read downstream.
         let real = pc.real;
@@ -722,14 +792,32 @@ fn one_pass(
         let residual = residual_bufs.get(&(i, j, l)).copied();
         // The residual joins the reduction too when it covers the whole slab and no
         // GELU comes between.
-        let fused_residual = residual.filter(|_| pk > 1 && slab_bias && real == slab && !op.gelu);
+        let fused_residual =
+            residual.filter(|_| pk > 1 && (slab_bias || amp_bias) && real == slab && !op.gelu);
         let y = if pk > 1 {
             let y = lw.buffer(tile, format!("{name}.out"), elems * 2, Category::Activation);
             Loc { buf: y, offset: 0 }
         } else {
             p
         };
-        if slab_bias {
+        if amp_bias {
+            // The bias is in the partials already: the sum, with the fused
+            // residual as its one addend.
+            if pk > 1 {
+                let mut ops = vec![("in", p), ("out", y)];
+                ops.extend(fused_residual.map(|buf| ("b", Loc { buf, offset: 0 })));
+                let addends = ops.len() as u8 - 2;
+                lw.call(
+                    tile,
+                    step,
+                    ReduceAdd {
+                        addends,
+                        ..ReduceAdd::new(pk, elems)
+                    },
+                    &ops,
+                );
+            }
+        } else if slab_bias {
             let key = (tile, rows, if op.per_row { base } else { 0 });
             let bias = match consts.bias.get(&key) {
                 Some(&b) => b,

@@ -573,22 +573,29 @@ impl<'g> Walker<'g> {
         };
 
         let input_from = self.made_by.get(&a).cloned();
-        let out = self.mapped_linear(lw, (&op.name, input_from), &xv.t, n, |lw, map| {
-            linear::linear(
-                lw,
-                &linear::Linear {
-                    name: &op.name,
-                    x: &xv.t,
-                    w: &wp,
-                    n,
-                    bias: &bias_fn,
-                    per_row: row_const.is_some(),
-                    gelu,
-                    residual: residual.as_ref().map(|r| &r.t),
-                    map,
-                },
-            )
-        })?;
+        let per_row = row_const.is_some();
+        let out = self.mapped_linear(
+            lw,
+            (&op.name, input_from),
+            &xv.t,
+            (n, per_row),
+            |lw, map| {
+                linear::linear(
+                    lw,
+                    &linear::Linear {
+                        name: &op.name,
+                        x: &xv.t,
+                        w: &wp,
+                        n,
+                        bias: &bias_fn,
+                        per_row,
+                        gelu,
+                        residual: residual.as_ref().map(|r| &r.t),
+                        map,
+                    },
+                )
+            },
+        )?;
         let v = Val {
             t: out,
             cols: heads,
@@ -627,7 +634,7 @@ impl<'g> Walker<'g> {
         lw: &mut Lowering<'_>,
         (name, input_from): (&str, Option<String>),
         x: &DistTensor,
-        n: u32,
+        (n, per_row_bias): (u32, bool),
         lower: impl FnOnce(
             &mut Lowering<'_>,
             crate::matmul::MatmulMapping,
@@ -642,6 +649,7 @@ impl<'g> Walker<'g> {
             rearrange: lw.opts.rearrange_inputs,
             even_rows: lw.opts.even_rows,
             k_parts: 1,
+            per_row_bias,
         };
         let wbytes = u64::from(kp) * u64::from(n) * 2;
         let share = weight_floor(lw.machine, wbytes)

@@ -274,7 +274,7 @@ impl<'g> Walker<'g> {
             }
         };
         let vname = v_op.name.clone();
-        let z = self.mapped_linear(lw, (&vname, None), &y, n, |lw, map| {
+        let z = self.mapped_linear(lw, (&vname, None), &y, (n, false), |lw, map| {
             super::linear::linear(
                 lw,
                 &super::linear::Linear {
