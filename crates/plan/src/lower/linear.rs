@@ -286,6 +286,22 @@ fn engine_bias(op: &Linear<'_>, g: &Grid) -> bool {
             .all(|&(_, r)| AmpMatmul::new(r, 1, 1).with_bias().is_some())
 }
 
+/// The bias of a column group's (first block `b0`, `nb` blocks) local blocks
+/// `first..first + count`, one 16-wide row a block, zero for padding blocks.
+/// Not for a bias that varies with the row.
+fn block_bias(op: &Linear<'_>, (b0, nb): (u32, u32), first: u32, count: u32) -> Vec<f32> {
+    (first..first + count)
+        .flat_map(|q| (0..AMP_WIDTH).map(move |c| (q, c)))
+        .map(|(q, c)| {
+            if q < nb {
+                (op.bias)(0, (b0 + q) * AMP_WIDTH + c)
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
 /// The ping-pong partial-sum buffers an AMP call's chunks need, added to `ops`.
 fn partial_bufs(
     lw: &mut Lowering<'_>,
@@ -670,17 +686,7 @@ fn one_pass(
                 let bias = match consts.engine_bias.get(&tile) {
                     Some(&b) => b,
                     None => {
-                        let (b0, nb) = g.blocks[l];
-                        let v: Vec<f32> = (0..nb_pad)
-                            .flat_map(|q| (0..AMP_WIDTH).map(move |c| (q, c)))
-                            .map(|(q, c)| {
-                                if q < nb {
-                                    (op.bias)(0, (b0 + q) * AMP_WIDTH + c)
-                                } else {
-                                    0.0
-                                }
-                            })
-                            .collect();
+                        let v = block_bias(op, g.blocks[l], 0, nb_pad);
                         let b = lw.constant(
                             tile,
                             format!("{name}.bias"),
@@ -874,10 +880,7 @@ fn one_pass(
             let bias = match consts.bias.get(&key) {
                 Some(&b) => b,
                 None => {
-                    let v: Vec<f32> = (0..slab)
-                        .flat_map(|q| (0..AMP_WIDTH).map(move |c| (q, c)))
-                        .map(|(q, c)| value(0, q, c))
-                        .collect();
+                    let v = block_bias(op, g.blocks[l], pc.first, slab);
                     let b =
                         lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight);
                     consts.bias.insert(key, b);
