@@ -683,20 +683,10 @@ fn one_pass(
             ops.extend(own_at.map(|at| ("own", at)));
             ops.extend(init.map(|buf| ("init", Loc { buf, offset: 0 })));
             if engine_bias {
-                let bias = match consts.engine_bias.get(&tile) {
-                    Some(&b) => b,
-                    None => {
-                        let v = block_bias(op, g.blocks[l], 0, nb_pad);
-                        let b = lw.constant(
-                            tile,
-                            format!("{name}.bias"),
-                            f16_bytes(v),
-                            Category::Weight,
-                        );
-                        consts.engine_bias.insert(tile, b);
-                        b
-                    }
-                };
+                let bias = *consts.engine_bias.entry(tile).or_insert_with(|| {
+                    let v = block_bias(op, g.blocks[l], 0, nb_pad);
+                    lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
+                });
                 ops.push((
                     "bias",
                     Loc {
@@ -806,87 +796,51 @@ fn one_pass(
         } else {
             p
         };
-        if amp_bias {
-            // The bias is in the partials already: the sum, with the fused
-            // residual as its one addend.
-            if pk > 1 {
-                let mut ops = vec![("in", p), ("out", y)];
-                ops.extend(fused_residual.map(|buf| ("b", Loc { buf, offset: 0 })));
-                let addends = ops.len() as u8 - 2;
-                lw.call(
-                    tile,
-                    step,
-                    ReduceAdd {
-                        addends,
-                        ..ReduceAdd::new(pk, elems)
-                    },
-                    &ops,
-                );
-            }
-        } else if slab_bias {
+        // The whole-slab bias, a constant per tile and row count (and pass, for
+        // a per-row one).
+        let slab_b = slab_bias.then(|| {
             let key = (tile, rows, if op.per_row { base } else { 0 });
-            let bias = match consts.bias.get(&key) {
-                Some(&b) => b,
-                None => {
-                    let mut v = Vec::with_capacity(elems as usize);
-                    for q in 0..slab {
-                        for r in 0..rows {
-                            v.extend((0..AMP_WIDTH).map(|c| value(r0 + r, q, c)));
-                        }
+            let buf = *consts.bias.entry(key).or_insert_with(|| {
+                let mut v = Vec::with_capacity(elems as usize);
+                for q in 0..slab {
+                    for r in 0..rows {
+                        v.extend((0..AMP_WIDTH).map(|c| value(r0 + r, q, c)));
                     }
-                    let b =
-                        lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight);
-                    consts.bias.insert(key, b);
-                    b
                 }
-            };
-            let b = Loc {
-                buf: bias,
-                offset: 0,
-            };
-            if pk > 1 {
-                // The bias, then the fused residual, summed after the partials.
-                let mut ops = vec![("in", p), ("b", b), ("out", y)];
-                ops.extend(fused_residual.map(|buf| ("c", Loc { buf, offset: 0 })));
-                let addends = ops.len() as u8 - 2;
-                lw.call(
-                    tile,
-                    step,
-                    ReduceAdd {
-                        addends,
-                        ..ReduceAdd::new(pk, elems)
-                    },
-                    &ops,
-                );
-            } else {
-                lw.call(
-                    tile,
-                    step,
-                    tessera_kernels::Add::new(elems),
-                    &[("a", y), ("b", b), ("out", y)],
-                );
-            }
-        } else {
-            if pk > 1 {
-                lw.call(
-                    tile,
-                    step,
-                    ReduceAdd::new(pk, elems),
-                    &[("in", p), ("out", y)],
-                );
-            }
+                lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
+            });
+            Loc { buf, offset: 0 }
+        });
+        if pk > 1 {
+            // The partials, then the slab's bias and the fused residual, in one
+            // f32 sum (with the bias in the engine, the partials hold it).
+            let residual_at = fused_residual.map(|buf| Loc { buf, offset: 0 });
+            let addends: Vec<Loc> = slab_b.into_iter().chain(residual_at).collect();
+            let mut ops = vec![("in", p), ("out", y)];
+            ops.extend(["b", "c"].into_iter().zip(addends.iter().copied()));
+            lw.call(
+                tile,
+                step,
+                ReduceAdd {
+                    addends: addends.len() as u8,
+                    ..ReduceAdd::new(pk, elems)
+                },
+                &ops,
+            );
+        } else if let Some(b) = slab_b {
+            lw.call(
+                tile,
+                step,
+                tessera_kernels::Add::new(elems),
+                &[("a", y), ("b", b), ("out", y)],
+            );
+        }
+        if !amp_bias && !slab_bias {
             // One 16-wide bias row per block, broadcast over the block's rows.
-            let key = (tile, 0, u32::MAX);
-            let bias = match consts.bias.get(&key) {
-                Some(&b) => b,
-                None => {
-                    let v = block_bias(op, g.blocks[l], pc.first, slab);
-                    let b =
-                        lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight);
-                    consts.bias.insert(key, b);
-                    b
-                }
-            };
+            let bias = *consts.bias.entry((tile, 0, u32::MAX)).or_insert_with(|| {
+                let v = block_bias(op, g.blocks[l], pc.first, slab);
+                lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
+            });
             for q in 0..slab {
                 let at = Loc {
                     buf: y.buf,
