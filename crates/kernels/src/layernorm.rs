@@ -13,10 +13,6 @@
 //!    (computed in f32, rounded once): seven issues a group, where converting to
 //!    f32 and back took nine.
 //!
-//! Without the affine step (`LayerNorm::without_affine`, for a LayerNorm whose
-//! consumers carry `gamma` and `beta` in their weights and bias) pass 3 ends at
-//! `y`: six issues a group.
-//!
 //! Each group of four elements is one 64-bit load; the loops are rotated so the
 //! last operation of one group shares an issue with the first load of the next,
 //! with the first group peeled instead of over-reading past the row.
@@ -47,9 +43,6 @@ pub struct LayerNorm {
     /// Row length in elements; a multiple of 4.
     pub width: u32,
     pub eps: f32,
-    /// `gamma` and `beta` applied; without them (see [`LayerNorm::without_affine`])
-    /// the output is the normalised `x` alone.
-    pub affine: bool,
 }
 
 const STRIDE: u16 = 32;
@@ -151,20 +144,7 @@ impl LayerNorm {
     pub const NAME: &'static str = "layernorm";
 
     pub fn new(rows: u32, width: u32, eps: f32) -> LayerNorm {
-        LayerNorm {
-            rows,
-            width,
-            eps,
-            affine: true,
-        }
-    }
-
-    /// The same normalisation without `gamma` and `beta`, for a LayerNorm whose
-    /// consumers (linears) carry them in their weights and bias: pass 3 takes six
-    /// issues a group instead of seven, and no `gamma` or `beta` operand.
-    pub fn without_affine(mut self) -> LayerNorm {
-        self.affine = false;
-        self
+        LayerNorm { rows, width, eps }
     }
 
     fn groups(&self) -> u32 {
@@ -309,46 +289,12 @@ impl LayerNorm {
     }
 
     /// Pass 3 over `$m10 + 1` groups: x at `$m4`, y at `$m3`, gamma at `$m8`, beta
-    /// at `$m9` (with `affine`), mean pair `$a12:13`, rstd pair `$a6:7`.
-    fn normalise_pass(s: &mut Asm, affine: bool) {
+    /// at `$m9`, mean pair `$a12:13`, rstd pair `$a6:7`.
+    fn normalise_pass(s: &mut Asm) {
         Self::normalise_constants(s);
-        if !affine {
-            return Self::plain_pass(s);
-        }
         Self::normalise_group(s, false);
         s.rpt(m(10), |b| Self::normalise_group(b, true));
         s.i(fmac(FVec::F16V4, 8, 0, 10));
-        s.i(st64s(8, 3));
-    }
-
-    /// Pass 3 without `gamma` and `beta`: six issues a group, `y` taken out into
-    /// `$a8:9`. The repeat is rotated so that a group's load goes beside the
-    /// previous group's second `f16v2gina` and its store beside this group's
-    /// first product (the accumulators are drained before the products start);
-    /// the first group is peeled (nothing to store), the last group's second
-    /// `f16v2gina` and store follow the repeat, and nothing is read past the row.
-    fn plain_pass(s: &mut Asm) {
-        let acc = |x: u8| Inst::F16Acc {
-            a: a(x),
-            quad: false,
-        };
-        let gina = |d: u8| Inst::F16v2Gina { d: a(d) };
-        let cmac = |b: u8| Inst::F16v4Cmac { a: a(0), b: a(b) };
-        s.single_or_bundle(ld64s(0, 4));
-        // The peeled first group, singles, so that the `rpt` after it needs no
-        // padding.
-        for i in [cmac(6), cmac(4), acc(2), acc(12), gina(8)] {
-            s.i(i);
-        }
-        s.rpt(m(10), |b| {
-            b.b(ld64s(0, 4), gina(9));
-            b.b(st64s(8, 3), cmac(6));
-            b.i(cmac(4));
-            b.i(acc(2));
-            b.i(acc(12));
-            b.i(gina(8));
-        });
-        s.i(gina(9));
         s.i(st64s(8, 3));
     }
 
@@ -373,11 +319,9 @@ impl LayerNorm {
         Self::deviation_pass(s);
         Self::rstd(s);
         s.i(mov(m(4), m(2)));
-        if self.affine {
-            s.i(ld32m(m(8), m(0), 2)); // gamma
-            s.i(ld32m(m(9), m(0), 3)); // beta
-        }
-        Self::normalise_pass(s, self.affine);
+        s.i(ld32m(m(8), m(0), 2)); // gamma
+        s.i(ld32m(m(9), m(0), 3)); // beta
+        Self::normalise_pass(s);
         s.i(mov(m(2), m(4)));
         s.i(inti(IntOp::Sub, m(6), m(6), 1));
         s.brnz(m(6), row);
@@ -498,11 +442,9 @@ impl LayerNorm {
         Self::rstd(s);
         s.i(mov(m(4), m(2)));
         s.i(mov(m(3), m(5)));
-        if self.affine {
-            s.i(ld32m(m(8), m(0), 2)); // gamma chunk
-            s.i(ld32m(m(9), m(0), 3)); // beta chunk
-        }
-        Self::normalise_pass(s, self.affine);
+        s.i(ld32m(m(8), m(0), 2)); // gamma chunk
+        s.i(ld32m(m(9), m(0), 3)); // beta chunk
+        Self::normalise_pass(s);
         Self::split_next_row(s, row, true);
         entries
     }
@@ -517,8 +459,6 @@ impl LayerNorm {
         let g = u64::from(self.groups());
         match u64::from(r) {
             0 => 5,
-            // Without the affine step: a group's `fmac` and the two pointers go.
-            r if !self.affine => crate::issue_slots(t, 7 + r * (9 * g + 49), r),
             r => crate::issue_slots(t, 7 + r * (10 * g + 51), r),
         }
     }
@@ -538,7 +478,6 @@ impl LayerNorm {
         match launch {
             0 => 11 + r * (g + 16),
             1 => 11 + r * (2 * g + 24),
-            _ if !self.affine => crate::issue_slots(t, 12 + r * (6 * g + 46), r),
             _ => crate::issue_slots(t, 12 + r * (7 * g + 48), r),
         }
     }
@@ -580,8 +519,7 @@ pub(crate) fn split_snippet(entry: u32, state: u32, entries: &[u32], stride: u16
 
 impl Kernel for LayerNorm {
     fn symbol(&self) -> String {
-        let plain = if self.affine { "" } else { "_plain" };
-        format!("{}_r{}_w{}{plain}", Self::NAME, self.rows, self.width)
+        format!("{}_r{}_w{}", Self::NAME, self.rows, self.width)
     }
 
     fn validate(&self) -> Result<(), KernelError> {
@@ -623,12 +561,12 @@ impl Kernel for LayerNorm {
 
     fn contract(&self) -> Contract {
         let bytes = self.rows * self.width * 2;
-        let mut operands = vec![Operand::new("in", Role::Input, bytes, 8)];
-        if self.affine {
-            operands.push(Operand::new("gamma", Role::Weights, self.width * 2, 8));
-            operands.push(Operand::new("beta", Role::Weights, self.width * 2, 8));
-        }
-        operands.push(Operand::new("out", Role::Output, bytes, 8));
+        let operands = vec![
+            Operand::new("in", Role::Input, bytes, 8),
+            Operand::new("gamma", Role::Weights, self.width * 2, 8),
+            Operand::new("beta", Role::Weights, self.width * 2, 8),
+            Operand::new("out", Role::Output, bytes, 8),
+        ];
         if self.column_split() {
             let state = u32::from(SPLIT_STRIDE) * WORKERS + self.rows * SPLIT_ROW_BYTES;
             let mut c = simple_contract(self, operands, state);
@@ -644,15 +582,8 @@ impl Kernel for LayerNorm {
         let name = self.symbol();
         let inp = operand(addrs, &name, "in")?;
         let out = operand(addrs, &name, "out")?;
-        // Without the affine step its words are never read.
-        let (gamma, beta) = if self.affine {
-            (
-                operand(addrs, &name, "gamma")?,
-                operand(addrs, &name, "beta")?,
-            )
-        } else {
-            (0, 0)
-        };
+        let gamma = operand(addrs, &name, "gamma")?;
+        let beta = operand(addrs, &name, "beta")?;
         let row_bytes = self.width * 2;
         let inv_width = crate::mutation::factor("layernorm") / self.width as f32;
         let mut buf = StateBuf::default();
@@ -664,8 +595,8 @@ impl Kernel for LayerNorm {
                 let record = i as u32 * stride;
                 buf.u32(inp + g0 * 8)
                     .u32(out + g0 * 8)
-                    .u32(if self.affine { gamma + g0 * 8 } else { 0 })
-                    .u32(if self.affine { beta + g0 * 8 } else { 0 })
+                    .u32(gamma + g0 * 8)
+                    .u32(beta + g0 * 8)
                     .u32(self.rows)
                     .u32(g)
                     .f32(inv_width)

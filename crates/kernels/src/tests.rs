@@ -31,8 +31,6 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(AmpMatmul::new(24, 3, 2).with_bias().unwrap()),
         Box::new(AmpMatmul::new(24, 1, 3).row_major().with_bias().unwrap()),
         Box::new(LayerNorm::new(7, 1152, 1e-6)),
-        Box::new(LayerNorm::new(7, 1152, 1e-6).without_affine()),
-        Box::new(LayerNorm::new(2, 1152, 1e-6).without_affine()),
         Box::new(Gelu::new(4304)),
         Box::new(Add::new(1152)),
         Box::new(AddBias::new(3, 1152)),
