@@ -103,27 +103,43 @@ fn matmul_matches_reference() {
 
 /// Rows redirected to `own` (a reduction's own piece, whole workers' rows) come
 /// out there, block by block at `own`'s stride, with the same bits the plain
-/// product writes to `out`; the other rows land in `out` as before. Splits whose
+/// product writes to `out`; the other rows land in `out` as before; a biased
+/// product's too (inner group 0 of a linear reduced in pieces). Splits whose
 /// rows are not whole workers' are refused.
 #[test]
 fn own_rows_go_to_their_own_operand() {
-    for (rows, kc, nb, first, own_rows, rm) in [
+    for ((rows, kc, nb, first, own_rows, rm), biased) in [
         (36, 3, 2, 12, 12, false),
         (24, 1, 3, 0, 8, false),
         (48, 4, 2, 16, 24, true),
-    ] {
+    ]
+    .into_iter()
+    .flat_map(|shape| [(shape, false), (shape, true)])
+    {
         let mut plain = AmpMatmul::new(rows, kc, nb);
         if rm {
             plain = plain.row_major();
+        }
+        let c = case(&plain, u64::from(rows + kc));
+        let mut ins = inputs(&plain, &c);
+        if biased {
+            plain = plain.with_bias().expect("an even split");
+            ins.push((
+                "bias",
+                f16_bytes(&random_f16(
+                    &mut rng(u64::from(nb)),
+                    (nb * 16) as usize,
+                    1.0,
+                )),
+            ));
         }
         let stride = own_rows * 32 + 64;
         let k = plain
             .with_own_rows(first, own_rows, stride)
             .expect("whole workers");
-        let c = case(&plain, u64::from(rows + kc));
-        let want = run(&plain, &layout(&plain), &inputs(&plain, &c));
+        let want = run(&plain, &layout(&plain), &ins);
         want.assert_ok();
-        let got = run(&k, &layout(&k), &inputs(&k, &c));
+        let got = run(&k, &layout(&k), &ins);
         got.assert_ok();
         assert!(got.violations.is_empty(), "{:?}", got.violations);
         let (w, o) = (
