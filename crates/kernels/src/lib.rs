@@ -49,7 +49,7 @@ pub use contract::{CodeRequirement, Contract, MemClass, Operand, Role, Violation
 pub use elementwise::{Add, AddBias, ReduceAdd, ReduceNorm};
 pub use gelu::Gelu;
 pub use layernorm::LayerNorm;
-pub use matmul::{AmpMatmul, pack_chunk_major, pack_weights};
+pub use matmul::{AmpMatmul, AmpStart, pack_chunk_major, pack_weights};
 pub use mutation::{MUTABLE, set_mutation};
 pub use rearrange::Rearrange;
 pub use recip_sum::RecipSum;

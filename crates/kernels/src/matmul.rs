@@ -57,13 +57,32 @@ pub struct AmpMatmul {
     /// Rows of the result that go to operand `own` instead of `out`: see
     /// [`AmpMatmul::with_own_rows`].
     pub own: Option<OwnRows>,
-    /// Chunk 0 of every block reads partial sums from operand `init` (`[nb][rows][16]`,
-    /// what an earlier call over other chunks of K wrote as its `out`) instead of
-    /// starting from zero: see [`AmpMatmul::continuing`].
-    pub init: bool,
-    /// Chunk 0 of every block starts from operand `bias` (`[nb][16]` f16, one row
-    /// a block) instead of zero: see [`AmpMatmul::with_bias`].
-    pub bias: bool,
+    /// What chunk 0 of every block starts from.
+    pub start: AmpStart,
+}
+
+/// What chunk 0 of a block adds its products to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AmpStart {
+    /// Zero partial sums.
+    Zeros,
+    /// The partial sums in operand `init` (`[nb][rows][16]`, what an earlier call
+    /// over other chunks of K wrote as its `out`): see [`AmpMatmul::continuing`].
+    Init,
+    /// The block's 16 values of operand `bias` (`[nb][16]` f16) in every row: see
+    /// [`AmpMatmul::with_bias`].
+    Bias,
+}
+
+impl AmpStart {
+    /// How its chunk 0's workers feed the engine.
+    fn feed(self) -> Feed {
+        match self {
+            AmpStart::Zeros => Feed::Zeros,
+            AmpStart::Init => Feed::Partials,
+            AmpStart::Bias => Feed::Bias,
+        }
+    }
 }
 
 /// The register pairs a biased chunk 0 holds its block's bias in, one a phase:
@@ -121,8 +140,7 @@ impl AmpMatmul {
             nb,
             a_row_major: false,
             own: None,
-            init: false,
-            bias: false,
+            start: AmpStart::Zeros,
         }
     }
 
@@ -134,8 +152,8 @@ impl AmpMatmul {
     /// bias), and not with `init`, whose partial sums already carry it; otherwise
     /// `None`.
     pub fn with_bias(&self) -> Option<AmpMatmul> {
-        (self.table() && !self.init).then(|| AmpMatmul {
-            bias: true,
+        (self.table() && self.start != AmpStart::Init).then(|| AmpMatmul {
+            start: AmpStart::Bias,
             ..self.clone()
         })
     }
@@ -146,8 +164,8 @@ impl AmpMatmul {
     /// pass). Even row splits only, whose header table is then per block for
     /// chunk 0 too; otherwise `None`.
     pub fn continuing(&self) -> Option<AmpMatmul> {
-        (matches!(self.layout(), Rows::Even { .. }) && !self.bias).then(|| AmpMatmul {
-            init: true,
+        (self.table() && self.start != AmpStart::Bias).then(|| AmpMatmul {
+            start: AmpStart::Init,
             ..self.clone()
         })
     }
@@ -224,7 +242,7 @@ impl AmpMatmul {
             Rows::Few => few_rows(s, self.row_major_kc()),
             Rows::Even { q } => {
                 let count = Count::Imm(q as u16 - 2);
-                let feeds: &[Feed] = if self.bias {
+                let feeds: &[Feed] = if self.start == AmpStart::Bias {
                     &[Feed::Partials, Feed::Zeros, Feed::Bias]
                 } else {
                     &[Feed::Partials, Feed::Zeros]
@@ -310,7 +328,7 @@ impl AmpMatmul {
     /// Calls of the table's per-block first calls: a continuing or biased
     /// product's chunk 0 when it is not also the last chunk.
     fn firsts(&self) -> u32 {
-        if (self.init || self.bias) && self.kc > 1 {
+        if self.start != AmpStart::Zeros && self.kc > 1 {
             self.nb
         } else {
             0
@@ -480,20 +498,18 @@ impl AmpMatmul {
         let shared = c.state + Self::CALL_HEADERS * firsts;
         s.i(setzi(m(1), shared));
         s.i(setzi(m(2), c.w)); // advanced 16 bytes by every weight load
-        let chunk0 = if self.init {
-            m(3)
-        } else {
-            s.i(setzi(
-                m(0),
-                if self.bias {
-                    c.bias_entry
-                } else {
-                    c.zero_entry
-                },
-            ));
-            m(0)
+        let chunk0 = match self.start {
+            AmpStart::Init => m(3),
+            AmpStart::Zeros => {
+                s.i(setzi(m(0), c.zero_entry));
+                m(0)
+            }
+            AmpStart::Bias => {
+                s.i(setzi(m(0), c.bias_entry));
+                m(0)
+            }
         };
-        if self.kc > 1 || self.init {
+        if self.kc > 1 || self.start == AmpStart::Init {
             s.i(setzi(m(3), c.entry));
         }
         if firsts > 0 {
@@ -978,10 +994,13 @@ impl Kernel for AmpMatmul {
             Some(o) => format!("_own{}x{}", o.first, o.rows),
             None => String::new(),
         };
-        let init = if self.init { "_init" } else { "" };
-        let bias = if self.bias { "_bias" } else { "" };
+        let start = match self.start {
+            AmpStart::Zeros => "",
+            AmpStart::Init => "_init",
+            AmpStart::Bias => "_bias",
+        };
         format!(
-            "{}_r{}_kc{}_nb{}{rm}{own}{init}{bias}",
+            "{}_r{}_kc{}_nb{}{rm}{own}{start}",
             Self::NAME,
             self.rows,
             self.kc,
@@ -1002,16 +1021,10 @@ impl Kernel for AmpMatmul {
         {
             return Err(invalid(&name, "operand larger than tile memory"));
         }
-        if self.init && !self.table() {
+        if self.start != AmpStart::Zeros && !self.table() {
             return Err(invalid(
                 &name,
-                "partial sums to continue from need an even split of at least two rows a worker",
-            ));
-        }
-        if self.bias && (self.init || !self.table()) {
-            return Err(invalid(
-                &name,
-                "a bias in the engine needs an even split of at least two rows a worker, and no partial sums to continue from",
+                "partial sums or a bias to start from need an even split of at least two rows a worker",
             ));
         }
         if self.own.is_some_and(|o| !self.own_fits(o)) {
@@ -1074,7 +1087,7 @@ impl Kernel for AmpMatmul {
             separate_all(&mut ops, &["a", "own"]);
             outputs.push("own");
         }
-        if self.init {
+        if self.start == AmpStart::Init {
             // Chunk 0 streams `init` with A and writes `p0`, or the output when
             // it is also the last chunk.
             ops.push(Operand::new("init", Role::Input, rb * self.nb, 8));
@@ -1087,7 +1100,7 @@ impl Kernel for AmpMatmul {
                 }
             }
         }
-        if self.bias {
+        if self.start == AmpStart::Bias {
             // Loaded alone, before the rows stream: no element rule.
             ops.push(Operand::new("bias", Role::Weights, 32 * self.nb, 8));
         }
@@ -1138,23 +1151,6 @@ impl Kernel for AmpMatmul {
                 Some(o) => Some((o, operand(addrs, &self.symbol(), "own")?)),
                 None => None,
             };
-            // A continuing product's chunk 0 reads block b of `init`.
-            let init = if self.init {
-                Some(operand(addrs, &self.symbol(), "init")?)
-            } else {
-                None
-            };
-            // In table order: a call a block where the call names a block (the
-            // last chunk's output, a continuing chunk 0's partial-in), one call
-            // shared by every block otherwise. The last chunk's workers write
-            // that block of `out` or of `own`.
-            // A biased product's chunk 0 names block b's bias, the same for every
-            // worker.
-            let bias = if self.bias {
-                Some(operand(addrs, &self.symbol(), "bias")?)
-            } else {
-                None
-            };
             // The partial-in of a call: rows of a buffer (each worker at its own)
             // or a block's bias (every worker at the same).
             #[derive(Clone, Copy)]
@@ -1162,15 +1158,29 @@ impl Kernel for AmpMatmul {
                 Rows(u32),
                 Bias(u32),
             }
+            // Chunk 0's partial-in for block b: block b of `init`, or block b's
+            // bias.
+            let start = match self.start {
+                AmpStart::Zeros => None,
+                AmpStart::Init => Some((
+                    Pin::Rows(operand(addrs, &self.symbol(), "init")?),
+                    self.block_bytes(),
+                )),
+                AmpStart::Bias => Some((Pin::Bias(operand(addrs, &self.symbol(), "bias")?), 32)),
+            };
+            // In table order: a call a block where the call names a block (the
+            // last chunk's output, a continuing or biased chunk 0's partial-in),
+            // one call shared by every block otherwise. The last chunk's workers
+            // write that block of `out` or of `own`.
             let mut calls = Vec::new();
             for (c, &(a, pin, out)) in self.headers(addrs)?.iter().enumerate() {
                 let last = c as u32 + 1 == self.kc;
-                let pin_of = |b: u32| match (init, bias) {
-                    (Some(base), _) if c == 0 => Some(Pin::Rows(base + b * self.block_bytes())),
-                    (_, Some(base)) if c == 0 => Some(Pin::Bias(base + b * 32)),
+                let pin_of = |b: u32| match start {
+                    Some((Pin::Rows(base), step)) if c == 0 => Some(Pin::Rows(base + b * step)),
+                    Some((Pin::Bias(base), step)) if c == 0 => Some(Pin::Bias(base + b * step)),
                     _ => (pin != 0).then_some(Pin::Rows(pin)),
                 };
-                if last || (c == 0 && (init.is_some() || bias.is_some())) {
+                if last || (c == 0 && start.is_some()) {
                     calls.extend((0..self.nb).map(|b| (a, pin_of(b), out, last.then_some(b))));
                 } else {
                     calls.push((a, pin_of(0), out, None));
@@ -1227,14 +1237,7 @@ impl Kernel for AmpMatmul {
         // instances (one to four chunks, one to three blocks) are walked once per
         // timing and row count and extended linearly: the planner asks for
         // thousands of estimates.
-        let first = if self.init {
-            First::Init
-        } else if self.bias {
-            First::Bias
-        } else {
-            First::Zeros
-        };
-        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb, self.a_row_major, first);
+        let walk = |kc: u32, nb: u32| walked(t, self.rows, kc, nb, self.a_row_major, self.start);
         let per_chunk = |nb: u32| -> u64 {
             if self.table() {
                 // Chunks after the first run in pairs from five on (an odd one
@@ -1270,21 +1273,12 @@ impl Kernel for AmpMatmul {
     }
 }
 
-/// What chunk 0 of a block starts from: zeros, a continuing product's partial
-/// sums, or a biased product's bias.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum First {
-    Zeros,
-    Init,
-    Bias,
-}
-
 /// Cycles of the snippet of `AmpMatmul::new(rows, kc, nb)` walked with its workers
 /// (cached: see `estimate_cycles_with`).
-fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, first: First) -> u64 {
+fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, start: AmpStart) -> u64 {
     use std::collections::HashMap;
     use std::sync::Mutex;
-    type Key = (u32, u32, u32, u32, u32, bool, First);
+    type Key = (u32, u32, u32, u32, u32, bool, AmpStart);
     use foldhash::fast::FixedState;
     // A hash map: the planner looks up thousands of row counts many times over.
     static WALKS: Mutex<HashMap<Key, u64, FixedState>> =
@@ -1296,7 +1290,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, first: First
         kc,
         nb,
         row_major,
-        first,
+        start,
     );
     if let Some(&c) = WALKS.lock().ok().as_ref().and_then(|w| w.get(&key)) {
         return c;
@@ -1305,10 +1299,10 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, first: First
     if row_major {
         k = k.row_major();
     }
-    k = match first {
-        First::Zeros => k,
-        First::Init => k.continuing().unwrap_or(k),
-        First::Bias => k.with_bias().unwrap_or(k),
+    k = match start {
+        AmpStart::Zeros => k,
+        AmpStart::Init => k.continuing().unwrap_or(k),
+        AmpStart::Bias => k.with_bias().unwrap_or(k),
     };
     // Placeholder addresses: the snippet's timing does not depend on them, and
     // `supervisor_words` does not insist on a shape that fits a tile (the walked
@@ -1331,7 +1325,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, first: First
             .map(|(_, r)| k.worker_issues(r, feed))
             .collect()
     };
-    let chunk0 = issues(if k.bias { Feed::Bias } else { Feed::Zeros });
+    let chunk0 = issues(k.start.feed());
     let partials = issues(Feed::Partials);
     let c = k
         .supervisor_words(&call, crate::ESTIMATE_CODE_BASE)
@@ -1339,7 +1333,7 @@ fn walked(t: &Timing, rows: u32, kc: u32, nb: u32, row_major: bool, first: First
             // Run `k` is chunk `k % kc`; chunk 0 has no partial-in unless the
             // product continues from one.
             crate::supervisor_cycles(t, &words, |run| {
-                if !k.init && (run as u32).is_multiple_of(kc.max(1)) {
+                if (run as u32).is_multiple_of(kc.max(1)) {
                     chunk0.clone()
                 } else {
                     partials.clone()
