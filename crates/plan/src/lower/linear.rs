@@ -286,20 +286,24 @@ fn engine_bias(op: &Linear<'_>, g: &Grid) -> bool {
             .all(|&(_, r)| AmpMatmul::new(r, 1, 1).with_bias().is_some())
 }
 
-/// The bias of a column group's (first block `b0`, `nb` blocks) local blocks
-/// `first..first + count`, one 16-wide row a block, zero for padding blocks.
-/// Not for a bias that varies with the row.
-fn block_bias(op: &Linear<'_>, (b0, nb): (u32, u32), first: u32, count: u32) -> Vec<f32> {
+/// Row `row`'s bias over a column group's (first block `b0`, `nb` blocks) local
+/// blocks `first..first + count`, 16 values a block, zero for padding blocks
+/// (any row for a bias that does not vary with the row).
+fn block_bias<'a>(
+    op: &'a Linear<'a>,
+    (b0, nb): (u32, u32),
+    (first, count): (u32, u32),
+    row: u32,
+) -> impl Iterator<Item = f32> + 'a {
     (first..first + count)
         .flat_map(|q| (0..AMP_WIDTH).map(move |c| (q, c)))
-        .map(|(q, c)| {
+        .map(move |(q, c)| {
             if q < nb {
-                (op.bias)(0, (b0 + q) * AMP_WIDTH + c)
+                (op.bias)(row, (b0 + q) * AMP_WIDTH + c)
             } else {
                 0.0
             }
         })
-        .collect()
 }
 
 /// The ping-pong partial-sum buffers an AMP call's chunks need, added to `ops`.
@@ -588,20 +592,21 @@ fn one_pass(
             if !direct && !rearrange {
                 mm = mm.row_major();
             }
+            // Both forms need an even row split, which the planner (parts) and
+            // `engine_bias` (the bias) checked before choosing them.
+            let uneven = |what: &str| {
+                PlanError::Unsupported(format!(
+                    "{name}: {what} on {rows} rows a tile, not an even split over the workers"
+                ))
+            };
             let engine_bias = amp_bias && part == 0 && j == 0;
             if engine_bias {
-                mm = mm.with_bias().ok_or_else(|| {
-                    PlanError::Unsupported(format!(
-                        "{name}: a bias in the engine on {rows} rows a tile, not an even split over the workers"
-                    ))
-                })?;
+                mm = mm
+                    .with_bias()
+                    .ok_or_else(|| uneven("a bias in the engine"))?;
             }
             if part > 0 {
-                mm = mm.continuing().ok_or_else(|| {
-                PlanError::Unsupported(format!(
-                    "{name}: parts of K on {rows} rows a tile, not an even split over the workers"
-                ))
-            })?;
+                mm = mm.continuing().ok_or_else(|| uneven("parts of K"))?;
             }
             let w_at = Loc {
                 buf: wbuf,
@@ -684,7 +689,7 @@ fn one_pass(
             ops.extend(init.map(|buf| ("init", Loc { buf, offset: 0 })));
             if engine_bias {
                 let bias = *consts.engine_bias.entry(tile).or_insert_with(|| {
-                    let v = block_bias(op, g.blocks[l], 0, nb_pad);
+                    let v = block_bias(op, g.blocks[l], (0, nb_pad), 0);
                     lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
                 });
                 ops.push((
@@ -767,15 +772,7 @@ fn one_pass(
             buf: *recv_bufs.get(&(i, j, l)).unwrap_or(&p_bufs[&(i, j, l)]),
             offset: 0,
         };
-        let (b0, nb) = g.blocks[l];
-        let value = |r: u32, q: u32, c: u32| {
-            let local = pc.first + q;
-            if local < nb {
-                (op.bias)(r, (b0 + local) * AMP_WIDTH + c)
-            } else {
-                0.0
-            }
-        };
+        let (b0, _) = g.blocks[l];
         // A whole-slab bias goes into the reduction's sum (or is one fast `add`
         // when there is nothing to reduce); a 16-wide row per block is a call per
         // block but far fewer bytes. A per-row constant (the position embedding)
@@ -801,12 +798,9 @@ fn one_pass(
         let slab_b = slab_bias.then(|| {
             let key = (tile, rows, if op.per_row { base } else { 0 });
             let buf = *consts.bias.entry(key).or_insert_with(|| {
-                let mut v = Vec::with_capacity(elems as usize);
-                for q in 0..slab {
-                    for r in 0..rows {
-                        v.extend((0..AMP_WIDTH).map(|c| value(r0 + r, q, c)));
-                    }
-                }
+                let v = (pc.first..pc.first + slab).flat_map(|q| {
+                    (r0..r0 + rows).flat_map(move |r| block_bias(op, g.blocks[l], (q, 1), r))
+                });
                 lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
             });
             Loc { buf, offset: 0 }
@@ -838,7 +832,7 @@ fn one_pass(
         if !amp_bias && !slab_bias {
             // One 16-wide bias row per block, broadcast over the block's rows.
             let bias = *consts.bias.entry((tile, 0, u32::MAX)).or_insert_with(|| {
-                let v = block_bias(op, g.blocks[l], pc.first, slab);
+                let v = block_bias(op, g.blocks[l], (pc.first, slab), 0);
                 lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
             });
             for q in 0..slab {
