@@ -144,6 +144,14 @@ impl AmpMatmul {
         }
     }
 
+    /// Whether a call on `rows` rows splits them evenly over the workers, at
+    /// least two each: what [`AmpMatmul::continuing`] and
+    /// [`AmpMatmul::with_bias`] need (the header table names each block's
+    /// partial-in).
+    pub fn splits_evenly(rows: u32) -> bool {
+        AmpMatmul::new(rows, 1, 1).table()
+    }
+
     /// The same product with the bias added in the engine: chunk 0 of each
     /// block feeds the block's 16 bias values (held in registers) where it
     /// would feed zero partial sums, so a linear's bias costs four loads a

@@ -244,12 +244,11 @@ impl MatmulMapping {
         } else {
             a_bytes + out_bytes.max(carry) + carry + partial_bytes
         };
-        // Every row group's call continues, the last (smaller) group's too.
+        // Parts of K and the bias in the engine need every row group's call to
+        // split its rows evenly, the last (smaller) group's too.
         let last_rows = shape.rows - (pr - 1) * rows_t;
-        // The bias in the engine needs every row group's first call to take it.
-        let amp_bias = !shape.per_row_bias
-            && mm.with_bias().is_some()
-            && AmpMatmul::new(last_rows, kc_t, nb_t).with_bias().is_some();
+        let even = AmpMatmul::splits_evenly(rows_t) && AmpMatmul::splits_evenly(last_rows);
+        let amp_bias = !shape.per_row_bias && even;
         // Constant bias bytes: a block's 16 values on the tiles that feed them
         // to the engine, else the slab the reduction sums.
         let bias_bytes = if amp_bias {
@@ -257,11 +256,7 @@ impl MatmulMapping {
         } else {
             slab_bytes
         };
-        let parts_ok = parts == 1
-            || (!rearranged
-                && parts <= smallest_group
-                && mm.continuing().is_some()
-                && AmpMatmul::new(last_rows, kc_t, nb_t).continuing().is_some());
+        let parts_ok = parts == 1 || (!rearranged && parts <= smallest_group && even);
         // A strategy in parts that cannot continue is refused: no budget holds it.
         let bytes_per_tile = if parts_ok {
             weight_bytes + bias_bytes + transient

@@ -280,10 +280,7 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
 /// Whether `op`'s bias goes into the engine on grid `g`: a bias that does not
 /// vary with the row, and every row group's AMP call able to take it.
 fn engine_bias(op: &Linear<'_>, g: &Grid) -> bool {
-    !op.per_row
-        && g.rows
-            .iter()
-            .all(|&(_, r)| AmpMatmul::new(r, 1, 1).with_bias().is_some())
+    !op.per_row && g.rows.iter().all(|&(_, r)| AmpMatmul::splits_evenly(r))
 }
 
 /// Row `row`'s bias over a column group's (first block `b0`, `nb` blocks) local
