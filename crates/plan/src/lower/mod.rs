@@ -1288,8 +1288,9 @@ fn weight_floor(machine: &Machine, wbytes: u64) -> u64 {
 /// Strategies a linear offers the finalist search.
 const MAX_CANDIDATES: usize = 6;
 /// Strategies beyond the activation budget a linear offers: the growth phase
-/// tries them cheapest first (the So400m layer at batch 4: `mlp.fc1`'s cheapest,
-/// in 3 parts of K, fits at no budget; its third, in 6 parts, does).
+/// tries them cheapest first (the So400m layer at batch 4, while its biases were
+/// slabs: `mlp.fc1`'s cheapest, in 3 parts of K, fitted at no budget; its third,
+/// in 6 parts, did).
 const MAX_BEYOND_BUDGET: usize = 4;
 
 /// Lowers `graph` to a tile plan for `machine`.
@@ -1417,50 +1418,75 @@ fn grow(
         try_beyond(&beyond, |i| {
             let mut t = o.clone();
             t.choices.insert(op.clone(), i);
-            // At the budgets as they stand, then at smaller weight budgets in steps of
-            // `GROW_STEP` down to the fit loop's next one (the So400m layer at batch
-            // 4 fits `mlp.fc2` in one pass at 320 KiB, where 288 KiB, the quarter
-            // below 384, is 2.2k cycles slower); no further: each lowering of that
-            // layer takes seconds, and a strategy that needs more gives up more
-            // replicas than it saves.
-            // The budgets are lowered a thread's worth at a time (each lowering of
-            // that layer takes seconds), and judged in order as one at a time would.
-            let trials: Vec<LowerOptions> = grow_budgets(&t)
-                .into_iter()
-                .map(|w| LowerOptions {
-                    weight_bytes: w,
-                    ..t.clone()
-                })
-                .collect();
-            let mut fitted = false;
-            let mut kept = false;
-            'budgets: for batch in trials.chunks(rayon::current_num_threads().max(1)) {
-                let plans: Vec<Result<TilePlan, PlanError>> = batch
-                    .par_iter()
-                    .map(|t| lower_with(machine, graph, weights, t))
-                    .collect();
-                for (t, p) in batch.iter().zip(plans) {
-                    let p = p?;
-                    if max_live_bytes(&p) > limit {
-                        continue;
+            // (fitted somewhere, kept)
+            Ok(
+                match grow_trial(machine, graph, weights, &t, limit, best)? {
+                    GrowTrial::Nowhere => (false, false),
+                    GrowTrial::NoCheaper => (true, false),
+                    GrowTrial::Cheaper(kept) => {
+                        (best, plan, o) = *kept;
+                        (true, true)
                     }
-                    fitted = true;
-                    let e = crate::estimate(machine, &p).cycles;
-                    if e < best {
-                        best = e;
-                        plan = p;
-                        o = t.clone();
-                        kept = true;
-                    }
-                    // Where it fits and is no cheaper, fewer replicas will not be
-                    // cheaper.
-                    break 'budgets;
-                }
-            }
-            Ok((fitted, kept))
+                },
+            )
         })?;
     }
     Ok((plan, o))
+}
+
+/// What one strategy of the growth phase came to ([`grow_trial`]).
+enum GrowTrial {
+    /// It fitted at no budget.
+    Nowhere,
+    /// Where it first fitted, its estimate was not below the plan's.
+    NoCheaper,
+    /// Where it first fitted, its estimate, plan and options.
+    Cheaper(Box<(u64, TilePlan, LowerOptions)>),
+}
+
+/// Lowers the options `t` (a strategy chosen) at the budgets as they stand, then
+/// at smaller weight budgets in steps of `GROW_STEP` down to the fit loop's next
+/// one (the So400m layer at batch 4 fits `mlp.fc2` in one pass at 320 KiB, where
+/// 288 KiB, the quarter below 384, is 2.2k cycles slower); no further: each
+/// lowering of that layer takes seconds, and a strategy that needs more gives up
+/// more replicas than it saves. The first budget whose plan keeps within `limit`
+/// decides, against the estimate `best`: where it fits and is no cheaper, fewer
+/// replicas will not be cheaper. The budgets are lowered a thread's worth at a
+/// time, and judged in order as one at a time would.
+fn grow_trial(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    t: &LowerOptions,
+    limit: u64,
+    best: u64,
+) -> Result<GrowTrial, PlanError> {
+    let trials: Vec<LowerOptions> = grow_budgets(t)
+        .into_iter()
+        .map(|w| LowerOptions {
+            weight_bytes: w,
+            ..t.clone()
+        })
+        .collect();
+    for batch in trials.chunks(rayon::current_num_threads().max(1)) {
+        let plans: Vec<Result<TilePlan, PlanError>> = batch
+            .par_iter()
+            .map(|t| lower_with(machine, graph, weights, t))
+            .collect();
+        for (t, p) in batch.iter().zip(plans) {
+            let p = p?;
+            if max_live_bytes(&p) > limit {
+                continue;
+            }
+            let e = crate::estimate(machine, &p).cycles;
+            return Ok(if e < best {
+                GrowTrial::Cheaper(Box::new((e, p, t.clone())))
+            } else {
+                GrowTrial::NoCheaper
+            });
+        }
+    }
+    Ok(GrowTrial::Nowhere)
 }
 
 /// Tries a linear's strategies beyond the activation budget, `(index, bytes a
@@ -1710,13 +1736,10 @@ fn lower_with(
 mod fit_tests {
     use super::*;
 
-    /// Growth tries a strategy at the budget as it stands, then every 32 KiB down
-    /// to the fit loop's next smaller budget (a quarter less), that one included;
-    /// at the floor only the budget itself.
     /// The order of a linear's strategies beyond the budget: cheapest first until
-    /// one is kept, past ones that fit nowhere (batch 4's `mlp.fc1`: in 3 and 4
-    /// parts of K it fits at no budget, in 6 it does), skipping one as large as
-    /// one that fitted nowhere.
+    /// one is kept, past ones that fit nowhere (batch 4's `mlp.fc1` while its
+    /// bias was a slab: in 3 and 4 parts of K it fitted at no budget, in 6 it
+    /// did), skipping one as large as one that fitted nowhere.
     #[test]
     fn growth_tries_strategies_beyond_the_budget_until_one_is_kept() {
         let beyond = [(6, 362_752), (7, 335_872), (8, 308_992), (9, 355_968)];
@@ -1735,6 +1758,9 @@ mod fit_tests {
         assert!(try_beyond(&small, |_| Err(PlanError::Unsupported("x".into()))).is_err());
     }
 
+    /// Growth tries a strategy at the budget as it stands, then every 32 KiB down
+    /// to the fit loop's next smaller budget (a quarter less), that one included;
+    /// at the floor only the budget itself.
     #[test]
     fn growth_tries_budgets_between_the_fit_loops_steps() {
         let kib = |w: u64| LowerOptions {
