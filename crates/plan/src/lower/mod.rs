@@ -56,8 +56,10 @@ pub struct LowerOptions {
     /// where the plan still fits and its estimate falls.
     pub transient_bytes: u64,
     /// Largest bias slab (a bias broadcast over a tile's output rows, one `add`)
-    /// per matmul tile; above it the bias is kept as one row per block and added
-    /// block by block (slower, far smaller).
+    /// per matmul tile, where the bias cannot go into the engine (a row split
+    /// that is not even over the workers); above it the bias is kept as one row
+    /// per block and added block by block (slower, far smaller). A bias that
+    /// varies with the row is a slab whatever its size.
     pub slab_bias_bytes: u32,
     /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
     /// keeps the kernel's true contract.
