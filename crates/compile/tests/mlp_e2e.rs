@@ -121,8 +121,10 @@ fn run_chosen(shapes: &[(usize, usize)], wanted: impl Fn(&str) -> bool) -> Vec<S
                         continue;
                     };
                     let err = run_compiled(&graph, &weights, &compiled);
+                    // These runs stay within 0.0035 of the reference; a bias
+                    // added once an inner group is off by about its size (0.02).
                     assert!(
-                        err < 0.05,
+                        err < 0.01,
                         "{}={i} ({}): max abs error {err}",
                         c.op,
                         cand.grid
