@@ -12,21 +12,29 @@ use std::ops::Range;
 
 use tessera_host::{BindingSpec, HostPlan, SliceSpec, TileHost};
 use tessera_isa::{Inst, MReg, Word, encode};
+use tessera_kernels::exchange::{ExchangePart, LINK};
 use tessera_kernels::{Call as KCall, OperandAddrs, code_bytes};
 use tessera_machine::Machine;
 use tessera_package::{
-    BindingKind, ExchangeProgram, Package, Perms, Segment, Symbol, SymbolKind, TileImage, Transfer,
+    BindingKind, ExchangeProgram, Package, Perms, Segment, Symbol, SymbolKind, TileImage,
 };
 use tessera_place::TilePlacement;
+use tessera_plan::exchange_code::{TilePart, exchange_parts};
 use tessera_plan::{BindingDir, BufId, Buffer, Call, Category, StepKind, TilePlan};
 
 use crate::CompileError;
 use crate::requests::{Item, Problems, buffer_request_name};
 
+/// The symbol (and segment) of a tile's exchange code.
+pub const EXCHANGE_SYMBOL: &str = "exchange";
+
 /// Code sizes per tile, known before placement.
 #[derive(Debug, Clone, Default)]
 pub struct SizedCode {
     pub tiles: Vec<TileCode>,
+    /// Every tile's part of each exchange phase (by the plan's exchange index,
+    /// then tile), before addresses.
+    pub exchange_parts: Vec<Vec<TilePart>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -38,6 +46,11 @@ pub struct TileCode {
     /// Indices into `plan.calls`, in program order.
     pub calls: Vec<usize>,
     pub supervisor_bytes: u32,
+    /// Offset of each exchange phase's block in the tile's exchange code (by the
+    /// plan's exchange index; `None` where the tile has no part) and the code's
+    /// bytes.
+    pub exchange_blocks: Vec<Option<u32>>,
+    pub exchange_bytes: u32,
 }
 
 fn kernel_err(tile: u32, kernel: String, e: impl ToString) -> CompileError {
@@ -71,18 +84,31 @@ fn initial_phases(host: &HostPlan) -> Range<usize> {
 /// snippets clobber `$m0..=$m12` only, and nothing lives across steps.
 const HOST_REG: MReg = MReg(13);
 
+/// Where a supervisor program finds things: a buffer's address, a kernel
+/// symbol's code address, the tile's exchange block for an exchange id (none
+/// when the tile has no part).
+struct Where<'a> {
+    addr: &'a dyn Fn(BufId) -> u32,
+    entry: &'a dyn Fn(&str) -> u32,
+    xblock: &'a dyn Fn(u16) -> Option<u32>,
+}
+
 /// The supervisor program of one tile: the input host phases, each step's calls, a
-/// sync and exchange per exchange phase, the output host phases, then exit. `addr`
-/// gives a buffer's address, `entry` a kernel symbol's code address.
+/// sync and the tile's exchange code per exchange phase, the output host phases,
+/// then exit.
 fn supervisor_words(
     plan: &TilePlan,
     tile: u32,
     code: &TileCode,
     base: u32,
-    addr: &dyn Fn(BufId) -> u32,
-    entry: &dyn Fn(&str) -> u32,
+    at: &Where<'_>,
     host: &HostCode<'_>,
 ) -> Result<Vec<Word>, CompileError> {
+    let Where {
+        addr,
+        entry,
+        xblock,
+    } = *at;
     let host_err = |e: tessera_host::HostError| CompileError::Host(e.to_string());
     let mut words = Vec::new();
     let mut pc = base;
@@ -114,7 +140,12 @@ fn supervisor_words(
             }
             StepKind::Exchange(id) => {
                 words.push(Word::Single(Inst::SyncGlobal));
-                words.push(Word::Single(Inst::Exchange { id: *id }));
+                // A tile with a part calls its block, which ends with the
+                // `exchange`; one without ends the phase in place.
+                words.push(Word::Single(match xblock(*id) {
+                    Some(target) => Inst::Call { link: LINK, target },
+                    None => Inst::Exchange { id: *id },
+                }));
                 pc += 8;
             }
             StepKind::HostIn | StepKind::HostOut => {
@@ -148,6 +179,32 @@ fn operand_addrs(call: &Call, addr: &dyn Fn(BufId) -> u32) -> OperandAddrs {
 /// provisional descriptor blocks.
 pub fn size_code(plan: &TilePlan, host: &HostPlan) -> Result<SizedCode, CompileError> {
     let mut tiles: Vec<TileCode> = vec![TileCode::default(); plan.tiles as usize];
+    let parts: Vec<Vec<TilePart>> = plan
+        .exchanges
+        .par_iter()
+        .map(|x| exchange_parts(plan, x))
+        .collect();
+    for (xi, x) in plan.exchanges.iter().enumerate() {
+        for (tile, p) in parts[xi].iter().enumerate() {
+            let code = &mut tiles[tile];
+            if p.is_empty() {
+                code.exchange_blocks.push(None);
+                continue;
+            }
+            let max = usize::from(u16::MAX) + 1;
+            if p.max_message() > max {
+                return Err(CompileError::ExchangeMessages {
+                    tile: tile as u32,
+                    exchange: x.id,
+                    name: x.name.clone(),
+                    messages: p.max_message(),
+                    max,
+                });
+            }
+            code.exchange_blocks.push(Some(code.exchange_bytes));
+            code.exchange_bytes += part_at(p, &|_| 0).code_bytes();
+        }
+    }
     for (ci, call) in plan.calls.iter().enumerate() {
         tiles[call.tile as usize].calls.push(ci);
     }
@@ -171,10 +228,50 @@ pub fn size_code(plan: &TilePlan, host: &HostPlan) -> Result<SizedCode, CompileE
             inputs: initial_phases(host),
             outputs: host.phases_of(BindingKind::Output),
         };
-        let words = supervisor_words(plan, tile as u32, code, 0, &|_| 0, &|_| 0, &hc)?;
+        let blocks = block_of(plan, &code.exchange_blocks, 0);
+        let at = Where {
+            addr: &|_| 0,
+            entry: &|_| 0,
+            xblock: &blocks,
+        };
+        let words = supervisor_words(plan, tile as u32, code, 0, &at, &hc)?;
         code.supervisor_bytes = code_bytes(&words);
     }
-    Ok(SizedCode { tiles })
+    Ok(SizedCode {
+        tiles,
+        exchange_parts: parts,
+    })
+}
+
+/// A tile's part of an exchange at the addresses `addr` gives.
+fn part_at(p: &TilePart, addr: &dyn Fn(BufId) -> u32) -> ExchangePart {
+    ExchangePart {
+        sends: p
+            .sends
+            .iter()
+            .map(|(l, bytes)| (addr(l.buf) + l.offset, *bytes))
+            .collect(),
+        recvs: p
+            .recvs
+            .iter()
+            .map(|&(src, msg, l)| {
+                let msg = u16::try_from(msg).expect("message counts checked when sized");
+                (src, msg, addr(l.buf) + l.offset)
+            })
+            .collect(),
+    }
+}
+
+/// The address of a tile's block for each exchange id, from the blocks' offsets
+/// and the exchange code's base.
+fn block_of(plan: &TilePlan, blocks: &[Option<u32>], base: u32) -> impl Fn(u16) -> Option<u32> {
+    let by_id: HashMap<u16, Option<u32>> = plan
+        .exchanges
+        .iter()
+        .zip(blocks)
+        .map(|(x, b)| (x.id, b.map(|o| base + o)))
+        .collect();
+    move |id| by_id.get(&id).copied().flatten()
 }
 
 fn encode_words(tile: u32, what: &str, words: &[Word]) -> Result<Vec<u8>, CompileError> {
@@ -237,6 +334,9 @@ pub fn addresses(
                 Some(Item::Supervisor) => {
                     code_addr[tile].insert(String::new(), addr);
                 }
+                Some(Item::ExchangeCode) => {
+                    code_addr[tile].insert(EXCHANGE_SYMBOL.into(), addr);
+                }
                 None => unreachable!("placement invented request `{}`", a.id),
             }
         }
@@ -282,7 +382,14 @@ pub fn emit(
                 inputs: inputs.clone(),
                 outputs: outputs.clone(),
             };
-            let sup = supervisor_words(plan, tile, code, sup_base, &addr, &entry, &hc)?;
+            let x_base = codes.get(EXCHANGE_SYMBOL).copied().unwrap_or(0);
+            let blocks = block_of(plan, &code.exchange_blocks, x_base);
+            let at = Where {
+                addr: &addr,
+                entry: &entry,
+                xblock: &blocks,
+            };
+            let sup = supervisor_words(plan, tile, code, sup_base, &at, &hc)?;
             segments.extend(tile_host.package_segments());
             let bytes = encode_words(tile, "supervisor", &sup)?;
             assert_eq!(
@@ -303,6 +410,34 @@ pub fn emit(
                 bytes,
                 perms: rx,
             });
+            if code.exchange_bytes > 0 {
+                let mut words = Vec::new();
+                for (xi, x) in plan.exchanges.iter().enumerate() {
+                    if code.exchange_blocks[xi].is_some() {
+                        let p = &sized.exchange_parts[xi][tile as usize];
+                        words.extend(part_at(p, &addr).words(x.id));
+                    }
+                }
+                let bytes = encode_words(tile, EXCHANGE_SYMBOL, &words)?;
+                assert_eq!(
+                    bytes.len() as u32,
+                    code.exchange_bytes,
+                    "exchange code size changed"
+                );
+                symbols.push(Symbol {
+                    name: EXCHANGE_SYMBOL.into(),
+                    addr: x_base,
+                    size: code.exchange_bytes,
+                    kind: SymbolKind::Code,
+                });
+                segments.push(Segment {
+                    name: EXCHANGE_SYMBOL.into(),
+                    addr: x_base,
+                    size: code.exchange_bytes,
+                    bytes,
+                    perms: rx,
+                });
+            }
             for (symbol, size) in &code.kernels {
                 let base = codes[symbol];
                 let k = plan.calls[code.representative[symbol]].kernel.kernel();
@@ -377,20 +512,6 @@ pub fn emit(
         .map(|x| ExchangeProgram {
             id: x.id,
             name: x.name.clone(),
-            transfers: x
-                .copies
-                .iter()
-                .map(|c| Transfer {
-                    src_tile: plan.buffer(c.src.buf).tile,
-                    src_addr: addr(c.src.buf) + c.src.offset,
-                    bytes: c.bytes,
-                    dsts: c
-                        .dsts
-                        .iter()
-                        .map(|d| (plan.buffer(d.buf).tile, addr(d.buf) + d.offset))
-                        .collect(),
-                })
-                .collect(),
         })
         .collect();
     // The package carries each weight image; the host streams it at initialisation.

@@ -57,6 +57,18 @@ pub enum CompileError {
     },
     #[error("host transfer planning: {0}")]
     Host(String),
+    /// A tile sends or lands more messages of one source in one exchange phase
+    /// than the 16-bit message field of `recv` can name.
+    #[error(
+        "exchange #{exchange} ({name}) on tile {tile}: {messages} messages of one tile, above the {max} a `recv` can name"
+    )]
+    ExchangeMessages {
+        tile: u32,
+        exchange: u16,
+        name: String,
+        messages: usize,
+        max: usize,
+    },
     #[error("the assembled package is invalid (a compiler bug): {0}")]
     Package(String),
 }
@@ -226,6 +238,8 @@ pub struct CompileReport {
     pub estimated: tessera_plan::PlanEstimate,
     pub exchange_copies: usize,
     pub kernel_calls: usize,
+    /// Code bytes by category: the largest on one tile, and over all tiles.
+    pub code: CodeSummary,
     /// Size of the written package; 0 until someone writes it (`tessera compile`).
     pub package_bytes: usize,
     pub compile_ms: f64,
@@ -243,6 +257,52 @@ pub struct CompileReport {
     /// Lowerings placement refused before this one (each retried with an eighth
     /// less weight budget).
     pub placement_retries: u32,
+}
+
+/// Code bytes by category, as placed in the tiles' executable region.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CodeSummary {
+    /// The most on one tile, category by category (not necessarily one tile's).
+    pub max_per_tile: CodeBytes,
+    /// Over all tiles.
+    pub total: CodeBytes,
+    /// The tile holding the most exchange code.
+    pub exchange_code_tile: u32,
+    /// Messages sent and landed by that tile, over all exchange phases.
+    pub exchange_messages_on_that_tile: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CodeBytes {
+    pub supervisor: u64,
+    pub kernels: u64,
+    pub exchange_code: u64,
+}
+
+impl CodeSummary {
+    fn of(sized: &emit::SizedCode) -> CodeSummary {
+        let mut s = CodeSummary::default();
+        for (tile, c) in sized.tiles.iter().enumerate() {
+            let kernels: u64 = c.kernels.iter().map(|(_, b)| u64::from(*b)).sum();
+            let (m, t) = (&mut s.max_per_tile, &mut s.total);
+            m.supervisor = m.supervisor.max(u64::from(c.supervisor_bytes));
+            m.kernels = m.kernels.max(kernels);
+            t.supervisor += u64::from(c.supervisor_bytes);
+            t.kernels += kernels;
+            t.exchange_code += u64::from(c.exchange_bytes);
+            if u64::from(c.exchange_bytes) > m.exchange_code {
+                m.exchange_code = u64::from(c.exchange_bytes);
+                s.exchange_code_tile = tile as u32;
+            }
+        }
+        s.exchange_messages_on_that_tile = sized
+            .exchange_parts
+            .iter()
+            .filter_map(|parts| parts.get(s.exchange_code_tile as usize))
+            .map(|p| (p.sends.len() + p.recvs.len()) as u64)
+            .sum();
+        s
+    }
 }
 
 /// Wall time of each compile stage, in milliseconds.
@@ -556,6 +616,7 @@ fn compile_plan_with(
         estimated,
         exchange_copies: plan.exchanges.iter().map(|x| x.copies.len()).sum(),
         kernel_calls: plan.calls.len(),
+        code: CodeSummary::of(&sized),
         package_bytes: 0,
         compile_ms: start.elapsed().as_secs_f64() * 1e3,
         stage_ms: StageTimes {

@@ -16,6 +16,7 @@ pub enum Item {
     Buffer(BufId),
     Kernel(String),
     Supervisor,
+    ExchangeCode,
 }
 
 /// The placement problems of a plan and the way back from request names.
@@ -86,6 +87,13 @@ pub fn tile_problems(plan: &TilePlan, sized: &SizedCode) -> Problems {
                 code.supervisor_bytes,
             ));
             items[tile].insert("code:supervisor".into(), Item::Supervisor);
+        }
+        if code.exchange_bytes > 0 {
+            let name = format!("code:{}", crate::emit::EXCHANGE_SYMBOL);
+            let mut r = code_request(name.clone(), code.exchange_bytes);
+            r.category = Some("exchange_code".into());
+            problems[tile].requests.push(r);
+            items[tile].insert(name, Item::ExchangeCode);
         }
         for (symbol, bytes) in &code.kernels {
             let name = format!("code:{symbol}");

@@ -17,7 +17,7 @@ use std::path::Path;
 use tessera_machine::Machine;
 use tessera_package::{
     BindingKind, BindingSlice, ExchangeProgram, HostBinding, Package, Perms, Segment, Symbol,
-    SymbolKind, TileImage, Transfer,
+    SymbolKind, TileImage,
 };
 
 /// One error, located at `file:line:col` (1-based; line 0 means the whole file).
@@ -130,12 +130,6 @@ enum Stmt {
         id: Expr,
         id_col: usize,
         name: String,
-    },
-    Transfer {
-        src_tile: Expr,
-        src_addr: Expr,
-        bytes: Expr,
-        dsts: Vec<(Expr, Expr)>,
     },
     Binding {
         kind: BindingKind,
@@ -369,19 +363,6 @@ fn directive(d: &str, col: usize, c: &mut Cursor) -> Result<Stmt, SyntaxError> {
             };
             Stmt::Exchange { id, id_col, name }
         }
-        ".transfer" => {
-            let src_tile = c.expr()?;
-            let src_addr = c.expr()?;
-            let bytes = c.expr()?;
-            c.expect(&Tok::Arrow, "`->` before the destinations")?;
-            let dsts = list(c, |c| Ok((c.expr()?, c.expr()?)))?;
-            Stmt::Transfer {
-                src_tile,
-                src_addr,
-                bytes,
-                dsts,
-            }
-        }
         ".binding" => {
             let kcol = c.col();
             let kind = match c.name("`input`, `output` or `weight`")?.0.as_str() {
@@ -441,7 +422,6 @@ struct Block {
 struct ExchangeSrc {
     id: (Expr, usize, usize),
     name: String,
-    transfers: Vec<(usize, usize, Stmt)>,
 }
 
 struct BindingSrc {
@@ -584,14 +564,7 @@ impl<'a> Assembler<'a> {
                 Stmt::Exchange { id, id_col, name } => exchanges.push(ExchangeSrc {
                     id: (id.clone(), l.line, *id_col),
                     name: name.clone(),
-                    transfers: Vec::new(),
                 }),
-                Stmt::Transfer { .. } => match exchanges.last_mut() {
-                    Some(x) => x.transfers.push((l.line, col, stmt.clone())),
-                    None => {
-                        return Err(self.diag(l.line, col, "`.transfer` outside an `.exchange`"));
-                    }
-                },
                 Stmt::Binding { kind, name, bytes } => bindings.push(BindingSrc {
                     line: l.line,
                     col,
@@ -690,40 +663,9 @@ impl<'a> Assembler<'a> {
                     format!("exchange id {id} is out of range 0..=65535"),
                 )
             })?;
-            let mut transfers = Vec::new();
-            for (line, col, t) in &x.transfers {
-                let Stmt::Transfer {
-                    src_tile,
-                    src_addr,
-                    bytes,
-                    dsts,
-                } = t
-                else {
-                    continue;
-                };
-                let st = eval_tile(src_tile, *line)?;
-                let src_addr = eval_on(src_addr, st, *line)?;
-                let bytes = eval_on(bytes, st, *line)?;
-                let mut d = Vec::new();
-                for (dt, da) in dsts {
-                    let dtv = eval_tile(dt, *line)?;
-                    let dav = eval_on(da, dtv, *line)?;
-                    d.push((
-                        u32_of(dtv, *line, *col, "destination tile")?,
-                        u32_of(dav, *line, *col, "destination address")?,
-                    ));
-                }
-                transfers.push(Transfer {
-                    src_tile: u32_of(st, *line, *col, "source tile")?,
-                    src_addr: u32_of(src_addr, *line, *col, "source address")?,
-                    bytes: u32_of(bytes, *line, *col, "transfer length")?,
-                    dsts: d,
-                });
-            }
             out_exchanges.push(ExchangeProgram {
                 id,
                 name: x.name.clone(),
-                transfers,
             });
         }
 

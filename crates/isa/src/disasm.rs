@@ -416,21 +416,6 @@ fn exchanges_and_bindings(out: &mut String, p: &Package) {
             format!(" {}", quote_name(&x.name))
         };
         let _ = writeln!(out, "\n.exchange {}{name}", x.id);
-        for t in &x.transfers {
-            let dsts: Vec<String> = t
-                .dsts
-                .iter()
-                .map(|(tile, addr)| format!("{tile} {addr:#x}"))
-                .collect();
-            let _ = writeln!(
-                out,
-                ".transfer {} {:#x} {} -> {}",
-                t.src_tile,
-                t.src_addr,
-                t.bytes,
-                dsts.join(", ")
-            );
-        }
     }
     for b in &p.bindings {
         let kind = match b.kind {

@@ -89,6 +89,9 @@ pub mod opcode {
     pub const LD2X64_PACE_STRIDE: u8 = 0x24;
     pub const LDST64_PACE_STRIDE: u8 = 0x25;
     pub const LD2XST64_PACE_STRIDE: u8 = 0x26;
+    pub const SEND: u8 = 0x27;
+    pub const MUX: u8 = 0x28;
+    pub const RECV: u8 = 0x29;
 
     pub const F_BIN: u8 = 0x40;
     pub const F_MAC: u8 = 0x41;
@@ -229,6 +232,9 @@ pub fn inst_name(inst: &Inst) -> &'static str {
         Inst::SyncGlobal => "sync global",
         Inst::Exchange { .. } => "exchange",
         Inst::HostXfer { .. } => "hostxfer",
+        Inst::Send { .. } => "send",
+        Inst::Mux { .. } => "mux",
+        Inst::Recv { .. } => "recv",
         Inst::Mark { .. } => "mark",
         Inst::FBin { .. } => "fbin",
         Inst::FMac { .. } => "fmac",
@@ -514,6 +520,9 @@ pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
         Inst::SyncGlobal => word(SYNC_GLOBAL, 0),
         Inst::Exchange { id } => word(EXCHANGE, u32::from(id)),
         Inst::HostXfer { desc } => word(HOST_XFER, r0(c.m("desc", desc)?)),
+        Inst::Send { a, bytes } => word(SEND, r0(c.m("a", a)?) | u32::from(bytes)),
+        Inst::Mux { tile } => word(MUX, c.range("tile", tile, 0, 0xf_ffff)?),
+        Inst::Recv { a, msg } => word(RECV, r0(c.m("a", a)?) | u32::from(msg)),
         Inst::Mark { tag } => word(MARK, u32::from(tag)),
         Inst::FBin { op, vec, d, a, b } => {
             let p = vec.is_pair();
@@ -923,6 +932,26 @@ pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
             0xffff,
         ),
         HOST_XFER => (Inst::HostXfer { desc: MReg(f0) }, 0xf00000),
+        SEND => (
+            Inst::Send {
+                a: MReg(f0),
+                bytes: field(w, 0, 16) as u16,
+            },
+            0xf0_ffff,
+        ),
+        MUX => (
+            Inst::Mux {
+                tile: field(w, 0, 20),
+            },
+            0xf_ffff,
+        ),
+        RECV => (
+            Inst::Recv {
+                a: MReg(f0),
+                msg: field(w, 0, 16) as u16,
+            },
+            0xf0_ffff,
+        ),
         MARK => (
             Inst::Mark {
                 tag: field(w, 0, 16) as u16,

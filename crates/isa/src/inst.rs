@@ -326,11 +326,29 @@ pub enum Inst {
     SyncLocal,
     /// Chip-wide barrier: every tile's supervisor must arrive.
     SyncGlobal,
-    /// Carry out this tile's part of exchange program `id` of the package. Must
-    /// follow a `SyncGlobal`; every tile named in the program must execute it in the
-    /// same superstep.
+    /// End this tile's part of exchange phase `id`: the sends and receives its
+    /// exchange code issued since the `SyncGlobal` are carried out together with
+    /// every other tile's. Must follow a `SyncGlobal`; a tile whose messages another
+    /// tile receives must end the same phase in the same superstep.
     Exchange {
         id: u16,
+    },
+    /// Exchange code: broadcast `bytes` bytes from `$mA` on this tile's exchange bus
+    /// as its next message of the current exchange phase (messages are numbered from
+    /// 0 in issue order). Supervisor only, between a `sync global` and `exchange`.
+    Send {
+        a: MReg,
+        bytes: u16,
+    },
+    /// Exchange code: point this tile's incoming mux at tile `tile`'s bus.
+    Mux {
+        tile: u32,
+    },
+    /// Exchange code: land message `msg` of the tile the incoming mux selects at
+    /// `$mA` (its length is the sender's).
+    Recv {
+        a: MReg,
+        msg: u16,
     },
     /// Carry out the host transfers described by the descriptor list at `$mDesc`
     /// (format in docs/isa.md, host section).
@@ -515,6 +533,9 @@ impl Inst {
                 | Inst::SyncLocal
                 | Inst::SyncGlobal
                 | Inst::Exchange { .. }
+                | Inst::Send { .. }
+                | Inst::Mux { .. }
+                | Inst::Recv { .. }
                 | Inst::HostXfer { .. }
         )
     }
@@ -671,6 +692,8 @@ impl Inst {
                 r |= m_bit(entry) | m_bit(state)
             }
             Inst::HostXfer { desc } => r |= m_bit(desc),
+            Inst::Send { a, .. } | Inst::Recv { a, .. } => r |= m_bit(a),
+            Inst::Mux { .. } => {}
             _ => {}
         }
         RegUse {

@@ -782,7 +782,7 @@ fn fun_name(op: FUnOp) -> &'static str {
         .map_or("?", |(n, _)| n)
 }
 
-const PLAIN_MNEMONICS: [&str; 29] = [
+const PLAIN_MNEMONICS: [&str; 32] = [
     "nop",
     "exit",
     "setzi",
@@ -810,6 +810,9 @@ const PLAIN_MNEMONICS: [&str; 29] = [
     "sync",
     "exchange",
     "hostxfer",
+    "send",
+    "mux",
+    "recv",
     "mark",
     "amp",
 ];
@@ -1198,6 +1201,26 @@ pub(crate) fn lower_inst(
                 id: o.uimm(0, 0xffff, "exchange id")? as u16,
             })
         }
+        "send" => {
+            o.count(2, "$mA, bytes")?;
+            one(Inst::Send {
+                a: o.m(0)?,
+                bytes: o.uimm(1, 0xffff, "message bytes")? as u16,
+            })
+        }
+        "mux" => {
+            o.count(1, "source tile")?;
+            one(Inst::Mux {
+                tile: o.uimm(0, 0xf_ffff, "source tile")?,
+            })
+        }
+        "recv" => {
+            o.count(2, "$mA, message")?;
+            one(Inst::Recv {
+                a: o.m(0)?,
+                msg: o.uimm(1, 0xffff, "message index")? as u16,
+            })
+        }
         "hostxfer" => {
             o.count(1, "$mDesc")?;
             one(Inst::HostXfer { desc: o.m(0)? })
@@ -1535,6 +1558,9 @@ impl fmt::Display for Inst {
             Inst::SyncGlobal => f.write_str("sync global"),
             Inst::Exchange { id } => write!(f, "exchange {id}"),
             Inst::HostXfer { desc } => write!(f, "hostxfer {}", M(desc)),
+            Inst::Send { a, bytes } => write!(f, "send {}, {bytes}", M(a)),
+            Inst::Mux { tile } => write!(f, "mux {tile}"),
+            Inst::Recv { a, msg } => write!(f, "recv {}, {msg}", M(a)),
             Inst::Mark { tag } => write!(f, "mark {tag}"),
             Inst::FBin { op, vec, d, a, b } => {
                 let p = vec.is_pair();

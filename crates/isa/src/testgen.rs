@@ -145,6 +145,9 @@ pub fn main_inst() -> BoxedStrategy<Inst> {
         Just(Inst::SyncGlobal),
         any::<u16>().prop_map(|id| Inst::Exchange { id }),
         mreg().prop_map(|desc| Inst::HostXfer { desc }),
+        (mreg(), any::<u16>()).prop_map(|(a, bytes)| Inst::Send { a, bytes }),
+        (0u32..1 << 20).prop_map(|tile| Inst::Mux { tile }),
+        (mreg(), any::<u16>()).prop_map(|(a, msg)| Inst::Recv { a, msg }),
         any::<u16>().prop_map(|tag| Inst::Mark { tag }),
     ]
     .boxed()

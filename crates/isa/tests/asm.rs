@@ -205,7 +205,7 @@ fn explicit_symbol_sizes_kinds_and_entry() {
 fn tiles_replicate_and_resolve_their_own_labels() {
     let p = asm(
         ".machine small\n.tiles 8\n.tile all\n.section code 0x4c000 rx\n  bri x\n.tile 2..4, 7\n.section code\n  exit\n.tile 0..=7\n.section code\nx: exit\n\
-         .exchange 1 e\n.transfer 2 x 4 -> 7 x, 0 x\n.binding weight w 8\n.slice 3 x 0 8\n",
+         .exchange 1 e\n.binding weight w 8\n.slice 3 x 0 8\n",
     );
     assert_eq!(p.tiles.len(), 8);
     let with_extra: Vec<u32> = p
@@ -225,9 +225,7 @@ fn tiles_replicate_and_resolve_their_own_labels() {
     };
     assert_eq!(x_of(2), 0x4c008);
     assert_eq!(x_of(0), 0x4c004);
-    let t = &p.exchanges[0].transfers[0];
-    assert_eq!((t.src_tile, t.src_addr), (2, 0x4c008));
-    assert_eq!(t.dsts, [(7, 0x4c008), (0, 0x4c004)]);
+    assert_eq!((p.exchanges[0].id, p.exchanges[0].name.as_str()), (1, "e"));
     assert_eq!(p.bindings[0].slices[0].tile_addr, 0x4c008);
     // The package survives its own format.
     assert_eq!(read_package(&write_package(&p)).unwrap(), p);
@@ -374,8 +372,9 @@ fn errors_are_located_and_clear() {
             "5:7: tile range 4..=4 is empty or outside 0..4",
         ),
         (
+            // Exchange is code now: the package lists no transfers.
             "  exit\n.transfer 0 0 4 -> 1 0\n",
-            "5:1: `.transfer` outside an `.exchange`",
+            "5:1: unknown directive `.transfer`",
         ),
         (
             "  exit\n.exchange 70000 big\n",
@@ -424,7 +423,7 @@ fn file_level_errors() {
         "{e}"
     );
     let e = asm_err(
-        ".machine small\n.tile 0\n.section c 0x4c000 rx\nx: exit\n.exchange 1\n.transfer 0 x 4 -> 1 x\n",
+        ".machine small\n.tile 0\n.section c 0x4c000 rx\nx: exit\n.binding input b 4\n.slice 1 x 0 4\n",
     );
     assert!(
         e.starts_with("6:") && e.contains("undefined symbol `x` on tile 1"),

@@ -23,6 +23,7 @@ mod asm;
 mod blocks_to_rows;
 pub mod contract;
 mod elementwise;
+pub mod exchange;
 mod gelu;
 mod layernorm;
 mod matmul;

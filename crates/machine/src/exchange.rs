@@ -88,6 +88,28 @@ impl ExchangeLoad {
         let busiest = self.sent.max().max(self.received.max());
         self.overhead + busiest.div_ceil(self.rate * u64::from(self.group))
     }
+
+    /// The phase's cycles when each tile first runs its exchange code, `code(t)`
+    /// cycles of instructions, and only then moves its bytes: the fixed overhead,
+    /// then the tile whose code and data together take longest. With no code this
+    /// is [`ExchangeLoad::cycles`].
+    pub fn cycles_with(&self, code: impl Fn(u32) -> u64) -> u64 {
+        let per = self.rate * u64::from(self.group);
+        let dense = (0..self.sent.dense.len()).map(|t| {
+            let bytes = self.sent.dense[t].max(self.received.dense[t]);
+            code(t as u32) + bytes.div_ceil(per)
+        });
+        let beyond = self
+            .sent
+            .beyond
+            .keys()
+            .chain(self.received.beyond.keys())
+            .map(|&t| {
+                let get = |c: &Counts| c.beyond.get(&t).copied().unwrap_or(0);
+                code(t) + get(&self.sent).max(get(&self.received)).div_ceil(per)
+            });
+        self.overhead + dense.chain(beyond).max().unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -146,6 +168,59 @@ mod tests {
                 oracle(&m, &transfers),
                 "case {case}: {transfers:?}"
             );
+            assert_eq!(load.cycles_with(|_| 0), load.cycles(), "case {case}");
+            // With code: each tile's code, then its own bytes.
+            let code = |t: u32| u64::from(t * 7 % 23);
+            assert_eq!(
+                load.cycles_with(code),
+                oracle_with_code(&m, &transfers, code),
+                "case {case}: {transfers:?}"
+            );
         }
+    }
+
+    fn oracle_with_code(
+        m: &Machine,
+        transfers: &[(u32, u64, Vec<u32>)],
+        code: impl Fn(u32) -> u64,
+    ) -> u64 {
+        let span = m.tiles + 5;
+        (0..span)
+            .map(|t| {
+                // The tile's own sends and receives, alone, through the plain rule.
+                let own: Vec<(u32, u64, Vec<u32>)> = transfers
+                    .iter()
+                    .map(|(src, bytes, dsts)| {
+                        let b = if *src == t { *bytes } else { 0 };
+                        let d: Vec<u32> = dsts.clone();
+                        (*src, b, d)
+                    })
+                    .collect();
+                let sent = oracle(m, &own) - u64::from(m.timing.exchange_overhead_cycles);
+                let recv: Vec<(u32, u64, Vec<u32>)> = transfers
+                    .iter()
+                    .map(|(_, bytes, dsts)| (u32::MAX, *bytes, dsts.clone()))
+                    .collect();
+                let received = received_by(m, &recv, t);
+                code(t) + sent.max(received)
+            })
+            .max()
+            .unwrap_or(0)
+            + u64::from(m.timing.exchange_overhead_cycles)
+    }
+
+    /// Cycles tile `t` spends receiving, by the plain rule.
+    fn received_by(m: &Machine, transfers: &[(u32, u64, Vec<u32>)], t: u32) -> u64 {
+        let g = u64::from(m.timing.tiles_per_shared_exchange_bus.max(1));
+        let mut units = 0;
+        for (_, bytes, dsts) in transfers {
+            let set: std::collections::BTreeSet<u32> = dsts.iter().copied().collect();
+            if set.contains(&t) {
+                let first = u64::from(t) / g * g;
+                let whole = (first..first + g).all(|u| set.contains(&(u as u32)));
+                units += if whole { *bytes } else { bytes * g };
+            }
+        }
+        units.div_ceil(u64::from(m.timing.exchange_bytes_per_cycle.max(1)) * g)
     }
 }

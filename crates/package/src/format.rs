@@ -11,7 +11,7 @@ use tessera_machine::Machine;
 /// The eight bytes every package starts with.
 pub const MAGIC: [u8; 8] = *b"TSRPKG\0\0";
 /// The format version this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 const SECTION_MACHINE: u32 = 1;
 const SECTION_TILES: u32 = 2;
@@ -109,12 +109,6 @@ pub enum PackageError {
     #[error("tile {tile}: symbol `{name}`: {reason}")]
     BadSymbol {
         tile: u32,
-        name: String,
-        reason: String,
-    },
-    #[error("exchange {id} (`{name}`): {reason}")]
-    BadExchange {
-        id: u16,
         name: String,
         reason: String,
     },
@@ -236,17 +230,6 @@ fn exchanges_section(p: &Package) -> Vec<u8> {
     for x in &p.exchanges {
         put_u16(&mut out, x.id);
         put_str(&mut out, &x.name);
-        put_len(&mut out, x.transfers.len());
-        for t in &x.transfers {
-            put_u32(&mut out, t.src_tile);
-            put_u32(&mut out, t.src_addr);
-            put_u32(&mut out, t.bytes);
-            put_len(&mut out, t.dsts.len());
-            for &(tile, addr) in &t.dsts {
-                put_u32(&mut out, tile);
-                put_u32(&mut out, addr);
-            }
-        }
     }
     out
 }
@@ -615,37 +598,13 @@ fn read_tiles(body: &[u8]) -> Result<Vec<TileImage>, PackageError> {
 
 fn read_exchanges(body: &[u8]) -> Result<Vec<ExchangeProgram>, PackageError> {
     let mut r = Reader::new(body, "exchanges");
-    // id, name length, transfer count.
-    let n = r.count("exchange programs", 10)?;
+    // id, name length.
+    let n = r.count("exchange programs", 6)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let id = r.u16("exchange id")?;
         let name = r.string()?;
-        let nt = r.count("transfers", 16)?;
-        let mut transfers = Vec::with_capacity(nt);
-        for _ in 0..nt {
-            let src_tile = r.u32("source tile")?;
-            let src_addr = r.u32("source address")?;
-            let bytes = r.u32("transfer length")?;
-            let nd = r.count("destinations", 8)?;
-            let mut dsts = Vec::with_capacity(nd);
-            for _ in 0..nd {
-                let tile = r.u32("destination tile")?;
-                let addr = r.u32("destination address")?;
-                dsts.push((tile, addr));
-            }
-            transfers.push(Transfer {
-                src_tile,
-                src_addr,
-                bytes,
-                dsts,
-            });
-        }
-        out.push(ExchangeProgram {
-            id,
-            name,
-            transfers,
-        });
+        out.push(ExchangeProgram { id, name });
     }
     r.finish()?;
     Ok(out)
@@ -721,9 +680,6 @@ pub fn validate(p: &Package) -> Result<(), PackageError> {
     ids.sort_unstable();
     if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
         return Err(PackageError::DuplicateExchange { id: w[0] });
-    }
-    for x in &p.exchanges {
-        validate_exchange(&m, x)?;
     }
     let mut names: Vec<&str> = p.bindings.iter().map(|b| b.name.as_str()).collect();
     names.sort_unstable();
@@ -868,49 +824,6 @@ fn validate_tile(m: &Machine, t: &TileImage) -> Result<(), PackageError> {
             name: w[0].to_string(),
             reason: "defined twice".into(),
         });
-    }
-    Ok(())
-}
-
-fn validate_exchange(m: &Machine, x: &ExchangeProgram) -> Result<(), PackageError> {
-    let err = |reason: String| PackageError::BadExchange {
-        id: x.id,
-        name: x.name.clone(),
-        reason,
-    };
-    for (i, t) in x.transfers.iter().enumerate() {
-        if t.bytes == 0 {
-            return Err(err(format!("transfer {i} moves no bytes")));
-        }
-        if t.src_tile >= m.tiles {
-            return Err(err(format!(
-                "transfer {i}: source tile {} does not exist ({} tiles)",
-                t.src_tile, m.tiles
-            )));
-        }
-        if !in_sram(m, t.src_addr, u64::from(t.bytes)) {
-            return Err(err(format!(
-                "transfer {i}: source range {:#x}+{} is outside tile SRAM",
-                t.src_addr, t.bytes
-            )));
-        }
-        if t.dsts.is_empty() {
-            return Err(err(format!("transfer {i} has no destination")));
-        }
-        for &(tile, addr) in &t.dsts {
-            if tile >= m.tiles {
-                return Err(err(format!(
-                    "transfer {i}: destination tile {tile} does not exist ({} tiles)",
-                    m.tiles
-                )));
-            }
-            if !in_sram(m, addr, u64::from(t.bytes)) {
-                return Err(err(format!(
-                    "transfer {i}: destination range {addr:#x}+{} on tile {tile} is outside tile SRAM",
-                    t.bytes
-                )));
-            }
-        }
     }
     Ok(())
 }

@@ -65,22 +65,14 @@ pub struct TileImage {
     pub symbols: Vec<Symbol>,
 }
 
-/// One move of bytes from a tile to one or more tiles in an exchange phase.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Transfer {
-    pub src_tile: u32,
-    pub src_addr: u32,
-    pub bytes: u32,
-    /// (tile, address) of each receiver.
-    pub dsts: Vec<(u32, u32)>,
-}
-
-/// The transfers of one exchange phase, executed by the `exchange #id` instruction.
+/// The name of exchange phase `id`, for traces and profiles. What moves is the
+/// tiles' own exchange code (`send`, `mux`, `recv`, ended by `exchange id`), which
+/// lives in their segments like any other code: the package holds no list of
+/// transfers beside it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExchangeProgram {
     pub id: u16,
     pub name: String,
-    pub transfers: Vec<Transfer>,
 }
 
 /// The direction and lifetime of a host binding.

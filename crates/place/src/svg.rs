@@ -25,6 +25,7 @@ pub fn category_colour(category: &str) -> &'static str {
         "partials" | "partial" => "#e15759",
         "vertex_state" => "#76b7b2",
         "code" | "executable" => "#59a14f",
+        "exchange_code" => "#b07aa1",
         "host descriptors" | "reserved" => "#9c755f",
         _ => "#bab0ac",
     }
@@ -213,6 +214,7 @@ pub fn render_svg(machine: &Machine, problem: &TileProblem, placement: &TilePlac
         "partials",
         "vertex_state",
         "code",
+        "exchange_code",
         "host descriptors",
         "other",
     ]

@@ -1,7 +1,8 @@
 //! A whole-plan cycle estimate, read off a finished tile plan: each compute step
 //! costs its busiest tile's kernel estimates, each exchange step the simulator's
-//! exchange rule (fixed overhead, then the busiest tile's send or receive bytes,
-//! with whole shared-bus groups receiving at the group's rate), and every step a
+//! exchange rule (fixed overhead, then the tile whose exchange code and send or
+//! receive bytes take longest, with whole shared-bus groups receiving at the
+//! group's rate), and every step a
 //! sync. Host transfers are left out: they are the same for every plan of a model.
 //! What the finalist search ranks plans by, and what `bench select` checks against
 //! the simulator.
@@ -49,7 +50,7 @@ pub fn estimate_steps(machine: &Machine, plan: &TilePlan) -> (PlanEstimate, Vec<
             }
             StepKind::Exchange(id) => {
                 if let Some(x) = plan.exchanges.iter().find(|x| x.id == *id) {
-                    steps[s] = exchange_cycles(machine, plan, &x.copies);
+                    steps[s] = exchange_cycles(machine, plan, x);
                     e.exchange += steps[s];
                     e.sync += u64::from(t.sync_cycles);
                 }
@@ -61,9 +62,9 @@ pub fn estimate_steps(machine: &Machine, plan: &TilePlan) -> (PlanEstimate, Vec<
     (e, steps)
 }
 
-fn exchange_cycles(machine: &Machine, plan: &TilePlan, copies: &[crate::ir::Copy]) -> u64 {
+fn exchange_cycles(machine: &Machine, plan: &TilePlan, x: &crate::ir::Exchange) -> u64 {
     let mut load = tessera_machine::ExchangeLoad::new(machine);
-    for c in copies {
+    for c in &x.copies {
         let src = plan.buffer(c.src.buf).tile;
         load.add(
             src,
@@ -71,5 +72,7 @@ fn exchange_cycles(machine: &Machine, plan: &TilePlan, copies: &[crate::ir::Copy
             c.dsts.iter().map(|d| plan.buffer(d.buf).tile),
         );
     }
-    load.cycles()
+    let parts = crate::exchange_code::exchange_parts(plan, x);
+    let code = crate::exchange_code::code_cycles(machine, &parts);
+    load.cycles_with(|t| code.get(t as usize).copied().unwrap_or(0))
 }

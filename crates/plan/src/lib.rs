@@ -6,6 +6,7 @@
 
 pub mod dist;
 pub mod estimate;
+pub mod exchange_code;
 pub mod ir;
 mod lower;
 pub mod matmul;

@@ -19,7 +19,7 @@
   var COL = { compute: '#4e79a7', exchange: '#f28e2b', host: '#9c755f', sync: '#bab0ac' };
   var CAT = {
     activations: '#4e79a7', weights: '#f28e2b', partials: '#e15759', vertex_state: '#76b7b2',
-    code: '#59a14f', 'host descriptors': '#9c755f'
+    code: '#59a14f', exchange_code: '#b07aa1', 'host descriptors': '#9c755f'
   };
   var KIND = { linear: '#4e79a7', attention: '#e15759', layer_norm: '#76b7b2', output: '#59a14f' };
 
@@ -266,7 +266,7 @@
 
   // SRAM viewer ---------------------------------------------------------------
   var legend = document.getElementById('sram-legend');
-  ['activations', 'weights', 'partials', 'code', 'vertex_state', 'host descriptors', 'other'].forEach(function (c) {
+  ['activations', 'weights', 'partials', 'code', 'exchange_code', 'vertex_state', 'host descriptors', 'other'].forEach(function (c) {
     el('i', { style: 'background:' + catColour(c) }, legend);
     legend.appendChild(document.createTextNode(c + ' '));
   });

@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     pub code_dirty: bool,
     /// Which contexts hold the issue slots.
     pub barrel: Barrel,
+    /// What the supervisor's exchange code has issued since the last global sync.
+    pub xlog: crate::exchange::ExchangeLog,
 }
 
 /// Per-run constants.
@@ -806,6 +808,29 @@ fn exec_main<const SUP: bool, const F16C: bool>(
                 count: count.into(),
                 body,
             });
+        }
+        // Only the supervisor gets here (supervisor-only, checked above).
+        Inst::Send { a, bytes } => {
+            let addr = mr(ctx, a);
+            if !env.layout.range_ok(addr, u32::from(bytes)) {
+                return Err(trap(
+                    FaultKind::InvalidExchangeConfiguration,
+                    format!("send of {bytes} bytes at {addr:#x} reaches outside SRAM"),
+                    Some(addr),
+                ));
+            }
+            sh.xlog.sends.push((addr, u32::from(bytes)));
+        }
+        Inst::Mux { tile } => sh.xlog.mux = Some(tile),
+        Inst::Recv { a, msg } => {
+            let Some(src) = sh.xlog.mux else {
+                return Err(trap(
+                    FaultKind::InvalidExchangeConfiguration,
+                    format!("recv of message {msg} with no incoming mux set"),
+                    None,
+                ));
+            };
+            sh.xlog.recvs.push((mr(ctx, a), src, msg));
         }
         Inst::Exit
         | Inst::Run { .. }

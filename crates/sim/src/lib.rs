@@ -15,6 +15,7 @@
 
 mod barrel;
 pub mod bench;
+mod exchange;
 mod fault;
 mod fp;
 mod interp;
@@ -194,17 +195,6 @@ pub struct SimReport {
     pub trace: Vec<TraceEvent>,
 }
 
-/// An exchange program as the simulator runs it: the tiles it names, what is
-/// wrong with it whatever the state (ranges, overlapping writes), its cycles, and
-/// its writes per destination tile (transfer, address).
-struct ExchangePlan {
-    named: Vec<u32>,
-    faults: Vec<(u32, String)>,
-    cost: u64,
-    /// Indexed by tile slot.
-    writes: Vec<Vec<(u32, u32)>>,
-}
-
 /// A loaded package, ready to run.
 pub struct Simulator {
     machine: Machine,
@@ -216,7 +206,6 @@ pub struct Simulator {
     bindings: Vec<Vec<u8>>,
     binding_index: HashMap<String, usize>,
     exchange_index: HashMap<u16, usize>,
-    exchange_plans: Vec<Option<Arc<ExchangePlan>>>,
     dirty: bool,
     /// Wall time of the last run inside its parallel per-tile sections (loading
     /// the tiles, running them to their next stop): what the rest of a run's wall
@@ -278,6 +267,7 @@ impl Simulator {
                         weights: [[0.0; 16]; 16],
                         code_dirty: false,
                         barrel: barrel::Barrel::default(),
+                        xlog: Default::default(),
                     },
                     sup: Default::default(),
                     workers: Vec::new(),
@@ -285,6 +275,7 @@ impl Simulator {
                     faults: Vec::new(),
                     trace: Vec::new(),
                     computed_since_sync: false,
+                    released: 0,
                 };
                 t.reset(
                     image,
@@ -352,7 +343,6 @@ impl Simulator {
         let t0 = std::time::Instant::now();
         let tiles_copy: Vec<TileImage> = package.tiles.par_iter().cloned().collect();
         let parallel = parallel + t0.elapsed();
-        let exchanges = package.exchanges.len();
         let package = Package {
             machine_toml: package.machine_toml.clone(),
             tiles: tiles_copy,
@@ -378,7 +368,6 @@ impl Simulator {
             slot_of,
             bindings,
             binding_index,
-            exchange_plans: vec![None; exchanges],
             exchange_index,
             dirty: false,
             parallel,
@@ -512,6 +501,7 @@ impl Simulator {
             for t in &mut self.tiles {
                 if t.state == TileState::AtSync {
                     t.sup.clock = resume;
+                    t.released = resume;
                     t.state = TileState::Running;
                     t.computed_since_sync = false;
                 }
@@ -634,7 +624,7 @@ impl Simulator {
     }
 
     /// Carries out every exchange that tiles stopped at, each as one BSP exchange
-    /// phase: all sources are read before any destination is written.
+    /// phase matched from the tiles' exchange code (`exchange::match_phase`).
     fn exchanges(&mut self, tracing: bool, chip_trace: &mut Vec<TraceEvent>) {
         let mut by_id: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
         for (i, t) in self.tiles.iter().enumerate() {
@@ -643,13 +633,12 @@ impl Simulator {
             }
         }
         for (id, executers) in by_id {
-            let Some(&xi) = self.exchange_index.get(&id) else {
+            if !self.exchange_index.contains_key(&id) {
                 for &s in &executers {
                     self.exchange_fault(s, format!("the package has no exchange program #{id}"));
                 }
                 continue;
-            };
-            let plan = self.exchange_plan(xi);
+            }
             let mut bad = false;
             for &s in &executers {
                 if self.tiles[s].computed_since_sync {
@@ -660,185 +649,45 @@ impl Simulator {
                     bad = true;
                 }
             }
-            // Every named tile must execute this exchange now.
-            let missing: Vec<u32> = plan
-                .named
-                .iter()
-                .copied()
-                .filter(|t| {
-                    !self.slot_of.get(t).is_some_and(|&s| {
-                        matches!(self.tiles[s].state, TileState::AtExchange { id: i, .. } if i == id)
-                    })
-                })
-                .collect();
-            if !missing.is_empty() {
-                let list = tile_list(&missing);
-                let name = &self.package.exchanges[xi].name;
-                let cause = format!(
-                    "exchange #{id} ({name}): tiles {list} did not execute it in this superstep"
-                );
-                for &s in &executers {
-                    if self.tiles[s].state != TileState::Faulted {
-                        self.exchange_fault(s, cause.clone());
-                    }
-                }
-                continue;
-            }
             if bad {
                 continue;
             }
-            if !plan.faults.is_empty() {
-                for (t, cause) in &plan.faults {
-                    let s = self.slot_of[t];
-                    if self.tiles[s].state != TileState::Faulted {
-                        self.exchange_fault(s, cause.clone());
-                    }
-                }
-                continue;
-            }
-            // Copy: read every source, then write each destination tile, the tiles
-            // in parallel (a tile's writes never overlap, checked above).
-            let start = self.layout.start;
-            let transfers = &self.package.exchanges[xi].transfers;
-            let tiles = &self.tiles;
-            let slot_of = &self.slot_of;
             let t0 = std::time::Instant::now();
-            let data: Vec<Vec<u8>> = transfers
-                .par_iter()
-                .map(|x| {
-                    let t = &tiles[slot_of[&x.src_tile]];
-                    let off = (x.src_addr - start) as usize;
-                    t.sh.mem[off..off + x.bytes as usize].to_vec()
-                })
-                .collect();
-            self.tiles
-                .par_iter_mut()
-                .zip(&plan.writes)
-                .for_each(|(t, writes)| {
-                    for &(k, da) in writes {
-                        let bytes = &data[k as usize];
-                        let off = (da - start) as usize;
-                        t.sh.mem[off..off + bytes.len()].copy_from_slice(bytes);
-                        write_code_check(&mut t.sh, start, da, bytes.len() as u32);
+            let matched = exchange::match_phase(
+                &self.machine,
+                &self.layout,
+                &self.tiles,
+                &self.slot_of,
+                id,
+                &executers,
+            );
+            let matched = match matched {
+                Ok(m) => m,
+                Err(faults) => {
+                    for (s, cause) in faults {
+                        self.exchange_fault(s, cause);
                     }
-                });
+                    continue;
+                }
+            };
+            exchange::land(&mut self.tiles, &self.layout, &matched);
             self.parallel += t0.elapsed();
             let begin = executers
                 .iter()
-                .map(|&s| self.tiles[s].clock())
-                .max()
+                .map(|&s| self.tiles[s].released)
+                .min()
                 .unwrap_or(0);
             for &s in &executers {
                 let t = &mut self.tiles[s];
-                t.sup.clock = begin + plan.cost;
+                t.sup.clock = matched.end;
                 t.state = TileState::Running;
+                t.sh.xlog = Default::default();
             }
             if tracing {
                 chip_trace.push(chip_event(begin, TraceKind::ExchangeStart { id }));
-                chip_trace.push(chip_event(begin + plan.cost, TraceKind::ExchangeEnd { id }));
+                chip_trace.push(chip_event(matched.end, TraceKind::ExchangeEnd { id }));
             }
         }
-    }
-
-    /// What an exchange program needs checked and arranged before it runs, which
-    /// does not change between runs: made once per program, when it first runs.
-    fn exchange_plan(&mut self, xi: usize) -> Arc<ExchangePlan> {
-        if let Some(p) = &self.exchange_plans[xi] {
-            return p.clone();
-        }
-        let program = &self.package.exchanges[xi];
-        let id = program.id;
-        // By tile id for the machine's tiles (images exist for no others): a phase
-        // at batch 4 has hundreds of thousands of transfers, and with maps keyed
-        // by tile this was the largest part of the simulator's serial time.
-        let tiles = self.machine.tiles as usize;
-        let mut is_named = vec![false; tiles];
-        let mut beyond: Vec<u32> = Vec::new();
-        let mut name = |t: u32| match is_named.get_mut(t as usize) {
-            Some(n) => *n = true,
-            None => beyond.push(t),
-        };
-        // Ranges, then overlapping writes per destination tile.
-        let mut ranges: Vec<Vec<(u32, u32, u32)>> = vec![Vec::new(); tiles];
-        let mut faults: Vec<(u32, String)> = Vec::new();
-        for (k, x) in program.transfers.iter().enumerate() {
-            name(x.src_tile);
-            if !self.layout.range_ok(x.src_addr, x.bytes) {
-                faults.push((
-                    x.src_tile,
-                    format!(
-                        "exchange #{id} transfer {k}: source {:#x}+{} on tile {} is outside SRAM",
-                        x.src_addr, x.bytes, x.src_tile
-                    ),
-                ));
-            }
-            for &(dt, da) in &x.dsts {
-                name(dt);
-                if !self.layout.range_ok(da, x.bytes) {
-                    faults.push((
-                        dt,
-                        format!(
-                            "exchange #{id} transfer {k}: destination {da:#x}+{} on tile {dt} is outside SRAM",
-                            x.bytes
-                        ),
-                    ));
-                } else if x.bytes > 0
-                    && let Some(r) = ranges.get_mut(dt as usize)
-                {
-                    // A tile past the machine's has no image: the program faults
-                    // as missing it before its writes would matter.
-                    r.push((da, da + x.bytes, k as u32));
-                }
-            }
-        }
-        let mut named: Vec<u32> = (0..tiles as u32)
-            .filter(|&t| is_named[t as usize])
-            .collect();
-        beyond.sort_unstable();
-        beyond.dedup();
-        named.extend(beyond);
-        // Each destination tile's writes in address order and its first overlap,
-        // the tiles in parallel.
-        let t0 = std::time::Instant::now();
-        let checked: Vec<Option<String>> = ranges
-            .par_iter_mut()
-            .enumerate()
-            .map(|(dt, r)| {
-                r.sort_unstable();
-                r.windows(2).find(|w| w[1].0 < w[0].1).map(|w| {
-                    format!(
-                        "exchange #{id}: conflict: transfers {} and {} both write bytes {:#x}..{:#x} of tile {dt}",
-                        w[0].2,
-                        w[1].2,
-                        w[1].0,
-                        w[0].1.min(w[1].1)
-                    )
-                })
-            })
-            .collect();
-        self.parallel += t0.elapsed();
-        faults.extend(
-            checked
-                .into_iter()
-                .enumerate()
-                .filter_map(|(dt, f)| f.map(|f| (dt as u32, f))),
-        );
-        let mut writes: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.tiles.len()];
-        for (dt, r) in ranges.into_iter().enumerate() {
-            // A tile without an image is named and missing: the program faults
-            // before anything is written.
-            if let Some(&s) = self.slot_of.get(&(dt as u32)) {
-                writes[s] = r.into_iter().map(|(da, _, k)| (k, da)).collect();
-            }
-        }
-        let plan = Arc::new(ExchangePlan {
-            named,
-            faults,
-            cost: exchange_cycles(&self.machine, &program.transfers),
-            writes,
-        });
-        self.exchange_plans[xi] = Some(plan.clone());
-        plan
     }
 
     /// Carries out the host transfers of every tile stopped at `hostxfer`, as one
@@ -1108,18 +957,6 @@ struct HostRecord {
     len: u32,
 }
 
-/// Cycles of one exchange phase, by the machine's rule ([`ExchangeLoad`]).
-fn exchange_cycles(machine: &Machine, transfers: &[tessera_package::Transfer]) -> u64 {
-    let mut load = tessera_machine::ExchangeLoad::new(machine);
-    for x in transfers {
-        load.add(x.src_tile, u64::from(x.bytes), x.dsts.iter().map(|d| d.0));
-    }
-    load.cycles()
-}
-
-/// Cycles an `amp` step (64 f16 MACs, one issue) holds its worker beyond the issue.
-/// Six workers each issuing a step per round demand 64 MACs per cycle; a tile whose
-/// AMP retires fewer makes each step wait for it, in whole rounds of the barrel.
 fn amp_extra_cycles(machine: &Machine) -> u64 {
     let round = u64::from(machine.timing.worker_issue_interval.max(1));
     let rate = u64::from(machine.timing.amp_f16_macs_per_cycle.max(1));
@@ -1136,16 +973,7 @@ fn chip_event(cycle: u64, kind: TraceKind) -> TraceEvent {
     }
 }
 
-fn tile_list(tiles: &[u32]) -> String {
-    let shown: Vec<String> = tiles.iter().take(8).map(|t| t.to_string()).collect();
-    if tiles.len() > 8 {
-        format!("{} (and {} more)", shown.join(", "), tiles.len() - 8)
-    } else {
-        shown.join(", ")
-    }
-}
-
-fn write_code_check(sh: &mut Shared, sram_start: u32, addr: u32, len: u32) {
+pub(crate) fn write_code_check(sh: &mut Shared, sram_start: u32, addr: u32, len: u32) {
     if sh.prog.overlaps(addr, len) {
         Arc::make_mut(&mut sh.prog).redecode(&sh.mem, sram_start, addr, len);
     }

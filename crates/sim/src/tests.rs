@@ -114,6 +114,7 @@ fn exec_env<const SUP: bool>(
         weights: [[0.0; 16]; 16],
         code_dirty: false,
         barrel: crate::barrel::Barrel::new(6, 6),
+        xlog: Default::default(),
     };
     let mut ctx = Ctx {
         pc: CODE,

@@ -45,6 +45,9 @@ pub(crate) struct Tile {
     /// Workers were started since the last global sync (an exchange must not
     /// follow compute without a sync).
     pub computed_since_sync: bool,
+    /// The cycle the last global sync released this tile: where its exchange
+    /// code's time starts.
+    pub released: u64,
 }
 
 /// The text of an instruction in fault reports.
@@ -86,6 +89,8 @@ impl Tile {
         self.faults.clear();
         self.trace.clear();
         self.computed_since_sync = false;
+        self.released = 0;
+        self.sh.xlog = Default::default();
     }
 
     pub fn clock(&self) -> u64 {
@@ -143,6 +148,22 @@ impl Tile {
                 Stop::Super { inst, pc, word } => (inst, pc, word),
             };
             let issue = self.sup.last_issue;
+            // Exchange code belongs between a global sync and its `exchange`.
+            if !matches!(inst, Inst::Exchange { .. }) && !self.sh.xlog.is_empty() {
+                let t = trap(
+                    FaultKind::InvalidExchangeConfiguration,
+                    format!(
+                        "`{}` with exchange code not ended by `exchange` ({} sends, {} receives pending)",
+                        word_text(&word),
+                        self.sh.xlog.sends.len(),
+                        self.sh.xlog.recvs.len()
+                    ),
+                    None,
+                );
+                self.fault(image, Context::Supervisor, *t, pc, Some(word), issue);
+                self.state = TileState::Faulted;
+                return;
+            }
             match inst {
                 Inst::Exit => {
                     self.sup.clock = self.sup.clock.max(self.workers_done());

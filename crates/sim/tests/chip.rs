@@ -132,8 +132,13 @@ fn run_entry_must_be_executable() {
     assert_eq!(f.address, Some(R1));
 }
 
-/// A tile that stores `value` at `R1`, syncs, runs exchange `id`, syncs, exits.
-fn exchange_tile(tile: u32, value: u32, ids: &[u16]) -> TileImage {
+/// One tile's part of one phase: its sends ((address, bytes)) and receives
+/// ((source tile, message, address)).
+type Part<'a> = (u16, &'a [(u32, u16)], &'a [(u32, u16, u32)]);
+
+/// A tile that stores `value` at `R1`, syncs, runs its parts of exchange phases
+/// as inline exchange code, syncs, exits.
+fn exchange_tile(tile: u32, value: u32, parts: &[Part<'_>]) -> TileImage {
     let mut t = TileBuilder::new(tile);
     t.words(&[
         li(1, R1),
@@ -145,41 +150,24 @@ fn exchange_tile(tile: u32, value: u32, ids: &[u16]) -> TileImage {
         }),
         s(Inst::SyncGlobal),
     ]);
-    for &id in ids {
-        t.push(s(Inst::Exchange { id }));
+    for &(id, sends, recvs) in parts {
+        t.words(&exchange_part(id, sends, recvs));
     }
     t.words(&[s(Inst::SyncGlobal), s(Inst::Exit)]);
     t.data("buf", R1, vec![0; 64]);
     t.image()
 }
 
-fn transfer(src: u32, src_addr: u32, bytes: u32, dsts: &[(u32, u32)]) -> Transfer {
-    Transfer {
-        src_tile: src,
-        src_addr,
-        bytes,
-        dsts: dsts.to_vec(),
-    }
-}
-
 #[test]
 fn exchange_copies_with_bsp_semantics() {
-    // Tiles 0 and 1 swap their first word; tile 0 also broadcasts to 2 and 3.
-    let x = ExchangeProgram {
-        id: 7,
-        name: "swap".into(),
-        transfers: vec![
-            transfer(0, R1, 4, &[(1, R1), (2, R1 + 8), (3, R1 + 8)]),
-            transfer(1, R1, 4, &[(0, R1)]),
-        ],
-    };
+    // Tiles 0 and 1 swap their first word; tile 0's word also goes to 2 and 3.
     let tiles = vec![
-        exchange_tile(0, 100, &[7]),
-        exchange_tile(1, 101, &[7]),
-        exchange_tile(2, 102, &[7]),
-        exchange_tile(3, 103, &[7]),
+        exchange_tile(0, 100, &[(7, &[(R1, 4)], &[(1, 0, R1)])]),
+        exchange_tile(1, 101, &[(7, &[(R1, 4)], &[(0, 0, R1)])]),
+        exchange_tile(2, 102, &[(7, &[], &[(0, 0, R1 + 8)])]),
+        exchange_tile(3, 103, &[(7, &[], &[(0, 0, R1 + 8)])]),
     ];
-    let p = package(&Machine::small(), tiles, vec![x], vec![]);
+    let p = package(&Machine::small(), tiles, vec![phase(7)], vec![]);
     let (sim, r) = run(&p);
     assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
     let word = |t, a| {
@@ -200,74 +188,78 @@ fn exchange_copies_with_bsp_semantics() {
 }
 
 #[test]
-fn exchange_id_mismatch_is_an_invalid_configuration() {
-    let x = |id| ExchangeProgram {
-        id,
-        name: format!("x{id}"),
-        transfers: vec![transfer(0, R1, 4, &[(1, R1)])],
-    };
-    let tiles = vec![exchange_tile(0, 1, &[1]), exchange_tile(1, 2, &[2])];
-    let p = package(&Machine::small(), tiles, vec![x(1), x(2)], vec![]);
+fn a_receive_from_a_tile_in_another_phase_is_an_invalid_configuration() {
+    // Tile 0 sends in phase 1; tile 1 ends phase 2 and wants tile 0's message.
+    let tiles = vec![
+        exchange_tile(0, 1, &[(1, &[(R1, 4)], &[])]),
+        exchange_tile(1, 2, &[(2, &[], &[(0, 0, R1 + 8)])]),
+    ];
+    let p = package(&Machine::small(), tiles, vec![phase(1), phase(2)], vec![]);
     let (_, r) = run(&p);
-    assert_eq!(r.faults.len(), 2, "{:#?}", r.faults);
-    for f in &r.faults {
-        assert_eq!(f.kind, FaultKind::InvalidExchangeConfiguration);
-        assert_eq!(f.context, Context::Supervisor);
-        assert!(f.instruction.starts_with("exchange"), "{}", f.instruction);
-    }
-    assert!(
-        r.faults[0].cause.contains("tiles 1 did not execute"),
-        "{}",
-        r.faults[0].cause
+    assert_eq!(r.faults.len(), 1, "{:#?}", r.faults);
+    let f = &r.faults[0];
+    assert_eq!(
+        (f.tile, f.kind, f.context),
+        (
+            1,
+            FaultKind::InvalidExchangeConfiguration,
+            Context::Supervisor
+        )
     );
+    assert!(f.instruction.starts_with("exchange"), "{}", f.instruction);
     assert!(
-        r.faults[1].cause.contains("tiles 0 did not execute"),
+        f.cause
+            .contains("receives message 0 of tile 0, which did not end exchange #2"),
         "{}",
-        r.faults[1].cause
+        f.cause
     );
-    // A program that does not exist.
-    let tiles = vec![exchange_tile(0, 1, &[9])];
+    // A phase the package does not name.
+    let tiles = vec![exchange_tile(0, 1, &[(9, &[], &[])])];
     let (_, r) = run(&package(&Machine::small(), tiles, vec![], vec![]));
     assert_eq!(r.faults[0].kind, FaultKind::InvalidExchangeConfiguration);
     assert!(r.faults[0].cause.contains("no exchange program #9"));
 }
 
 #[test]
-fn exchange_naming_a_tile_past_the_machine_faults_as_missing() {
-    // Tile ids past the machine's have no image; the program names them, so the
-    // tiles that execute it fault, in the same words as for any missing tile.
+fn a_receive_from_a_tile_past_the_machine_or_of_an_unsent_message_faults() {
     let m = Machine::small();
     let far = m.tiles + 100;
-    let x = ExchangeProgram {
-        id: 1,
-        name: "far".into(),
-        transfers: vec![
-            transfer(0, R1, 8, &[(1, R1 + 16), (far, R1)]),
-            transfer(far + 1, R1, 8, &[(1, R1 + 32)]),
-        ],
-    };
-    let tiles = (0..2).map(|t| exchange_tile(t, t, &[1])).collect();
-    let (_, r) = run(&package(&m, tiles, vec![x], vec![]));
+    let tiles = vec![
+        exchange_tile(0, 0, &[(1, &[(R1, 8)], &[])]),
+        exchange_tile(1, 1, &[(1, &[], &[(0, 1, R1 + 16)])]),
+        exchange_tile(2, 2, &[(1, &[], &[(far, 0, R1 + 16)])]),
+    ];
+    let (_, r) = run(&package(&m, tiles, vec![phase(1)], vec![]));
     assert_eq!(r.faults.len(), 2, "{:#?}", r.faults);
-    let list = format!("tiles {far}, {}", far + 1);
-    for f in &r.faults {
-        assert_eq!(f.kind, FaultKind::InvalidExchangeConfiguration);
-        assert!(f.cause.contains(&list), "{}", f.cause);
-    }
+    assert!(
+        r.faults[0]
+            .cause
+            .contains("message 1 of tile 0, which sent 1")
+    );
+    assert!(
+        r.faults[1]
+            .cause
+            .contains(&format!("message 0 of tile {far}, which did not end")),
+        "{}",
+        r.faults[1].cause
+    );
 }
 
 #[test]
-fn overlapping_exchange_destinations_conflict() {
-    let x = ExchangeProgram {
-        id: 1,
-        name: "clash".into(),
-        transfers: vec![
-            transfer(0, R1, 8, &[(2, R1 + 16)]),
-            transfer(1, R1, 8, &[(2, R1 + 20)]),
-        ],
+fn overlapping_landings_conflict() {
+    let tiles = |second: u32| {
+        vec![
+            exchange_tile(0, 0, &[(1, &[(R1, 8)], &[])]),
+            exchange_tile(1, 1, &[(1, &[(R1, 8)], &[])]),
+            exchange_tile(2, 2, &[(1, &[], &[(0, 0, R1 + 16), (1, 0, second)])]),
+        ]
     };
-    let tiles = (0..3).map(|t| exchange_tile(t, t, &[1])).collect();
-    let (_, r) = run(&package(&Machine::small(), tiles, vec![x], vec![]));
+    let (_, r) = run(&package(
+        &Machine::small(),
+        tiles(R1 + 20),
+        vec![phase(1)],
+        vec![],
+    ));
     assert_eq!(r.faults.len(), 1, "{:#?}", r.faults);
     assert_eq!(r.faults[0].tile, 2);
     assert_eq!(r.faults[0].kind, FaultKind::InvalidExchangeConfiguration);
@@ -276,18 +268,117 @@ fn overlapping_exchange_destinations_conflict() {
         "{}",
         r.faults[0].cause
     );
-    // Adjacent, non-overlapping destinations are fine.
-    let x = ExchangeProgram {
-        id: 1,
-        name: "adjacent".into(),
-        transfers: vec![
-            transfer(0, R1, 8, &[(2, R1 + 16)]),
-            transfer(1, R1, 8, &[(2, R1 + 24)]),
-        ],
-    };
-    let tiles = (0..3).map(|t| exchange_tile(t, t, &[1])).collect();
-    let (_, r) = run(&package(&Machine::small(), tiles, vec![x], vec![]));
+    // Adjacent, non-overlapping landings are fine.
+    let (_, r) = run(&package(
+        &Machine::small(),
+        tiles(R1 + 24),
+        vec![phase(1)],
+        vec![],
+    ));
     assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
+}
+
+#[test]
+fn exchange_code_faults_where_it_goes_wrong() {
+    let m = Machine::small();
+    // A receive with no mux set faults at the `recv`.
+    let mut t = TileBuilder::new(0);
+    t.words(&[
+        s(Inst::SyncGlobal),
+        li(0, R1),
+        s(Inst::Recv { a: MReg(0), msg: 0 }),
+        s(Inst::Exchange { id: 1 }),
+        s(Inst::Exit),
+    ]);
+    t.data("buf", R1, vec![0; 64]);
+    let (_, r) = run(&package(&m, vec![t.image()], vec![phase(1)], vec![]));
+    assert_eq!(r.faults.len(), 1, "{:#?}", r.faults);
+    assert!(r.faults[0].instruction.starts_with("recv"));
+    assert!(r.faults[0].cause.contains("no incoming mux"));
+    // A send reaching past SRAM faults at the `send`.
+    let end = m.sram_end() - 8;
+    let mut t = TileBuilder::new(0);
+    t.words(&[
+        s(Inst::SyncGlobal),
+        li(0, end),
+        s(Inst::Send {
+            a: MReg(0),
+            bytes: 16,
+        }),
+        s(Inst::Exchange { id: 1 }),
+        s(Inst::Exit),
+    ]);
+    let (_, r) = run(&package(&m, vec![t.image()], vec![phase(1)], vec![]));
+    assert_eq!(r.faults.len(), 1, "{:#?}", r.faults);
+    assert!(r.faults[0].instruction.starts_with("send"));
+    assert_eq!(r.faults[0].address, Some(end));
+    // Exchange code not ended by `exchange` before the next sync.
+    let mut t = TileBuilder::new(0);
+    t.words(&[
+        s(Inst::SyncGlobal),
+        li(0, R1),
+        s(Inst::Send {
+            a: MReg(0),
+            bytes: 4,
+        }),
+        s(Inst::SyncGlobal),
+        s(Inst::Exit),
+    ]);
+    t.data("buf", R1, vec![0; 64]);
+    let (_, r) = run(&package(&m, vec![t.image()], vec![], vec![]));
+    assert_eq!(r.faults.len(), 1, "{:#?}", r.faults);
+    assert_eq!(r.faults[0].kind, FaultKind::InvalidExchangeConfiguration);
+    assert!(r.faults[0].cause.contains("not ended by `exchange`"));
+}
+
+/// The bytes that move are the ones the decoded exchange code says: a receive
+/// word whose message field is corrupted in the package lands another message,
+/// or faults when there is none.
+#[test]
+fn a_corrupted_exchange_instruction_moves_other_data_or_faults() {
+    let tiles = || {
+        vec![
+            exchange_tile(0, 0x1111, &[(1, &[(R1, 4), (R1 + 4, 4)], &[])]),
+            exchange_tile(1, 0, &[(1, &[], &[(0, 0, R1 + 8)])]),
+        ]
+    };
+    let clean = package(&Machine::small(), tiles(), vec![phase(1)], vec![]);
+    let (sim, r) = run(&clean);
+    assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
+    assert_eq!(
+        sim.read_memory(1, R1 + 8, 4).unwrap(),
+        &0x1111u32.to_le_bytes()
+    );
+    // Find tile 1's `recv $m0, 0` in its code and rewrite its message field.
+    let corrupt = |msg: u16| {
+        let mut p = clean.clone();
+        let want = tessera_isa::encode_inst(&Inst::Recv { a: MReg(0), msg: 0 }).unwrap();
+        let seg = p.tiles[1]
+            .segments
+            .iter_mut()
+            .find(|s| s.name == "code")
+            .expect("code segment");
+        let at = seg
+            .bytes
+            .chunks_exact(4)
+            .position(|w| w == want.to_le_bytes())
+            .expect("the recv word");
+        let w = tessera_isa::encode_inst(&Inst::Recv { a: MReg(0), msg }).unwrap();
+        seg.bytes[4 * at..4 * at + 4].copy_from_slice(&w.to_le_bytes());
+        p
+    };
+    // Message 1 is the zeroed word after tile 0's value: other data lands.
+    let (sim, r) = run(&corrupt(1));
+    assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
+    assert_eq!(sim.read_memory(1, R1 + 8, 4).unwrap(), &[0, 0, 0, 0]);
+    // Message 2 was never sent: a fault naming it.
+    let (_, r) = run(&corrupt(2));
+    assert_eq!(r.faults.len(), 1, "{:#?}", r.faults);
+    assert!(
+        r.faults[0]
+            .cause
+            .contains("message 2 of tile 0, which sent 2")
+    );
 }
 
 #[test]
@@ -308,11 +399,7 @@ fn exchange_needs_a_sync_after_compute() {
     ]);
     assert_eq!(t.label("nothing"), CODE + 24);
     t.push(s(Inst::Exit));
-    let x = ExchangeProgram {
-        id: 1,
-        name: "x".into(),
-        transfers: vec![transfer(0, R1, 4, &[(0, R1 + 8)])],
-    };
+    let x = phase(1);
     let mut img = t.image();
     img.segments.push(Segment {
         name: "buf".into(),

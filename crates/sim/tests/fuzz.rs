@@ -60,12 +60,6 @@ fn exchanges() -> Vec<ExchangeProgram> {
     vec![ExchangeProgram {
         id: 1,
         name: "x".into(),
-        transfers: vec![Transfer {
-            src_tile: 0,
-            src_addr: R1,
-            bytes: 16,
-            dsts: vec![(1, R1 + 64)],
-        }],
     }]
 }
 

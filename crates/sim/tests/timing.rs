@@ -52,52 +52,35 @@ fn host_phases(r: &SimReport) -> Vec<u64> {
 }
 
 /// A tile that syncs, runs exchange 1, syncs and exits, with 16 KiB at R1.
-fn exchanging_tile(tile: u32) -> TileImage {
-    let mut t = TileBuilder::new(tile);
-    t.words(&[
-        s(Inst::SyncGlobal),
-        s(Inst::Exchange { id: 1 }),
-        s(Inst::SyncGlobal),
-        s(Inst::Exit),
-    ]);
-    t.data("buf", R1, vec![0; 16384]);
-    t.image()
-}
-
 /// The exchange phase's cycles for `transfers` (src tile, bytes, destination tiles),
-/// on the four tiles of `small`. Each source sends from R1 (+4 KiB per transfer it
-/// sends); each destination receives at R1 + 8 KiB (+4 KiB per transfer received).
-fn exchange(transfers: &[(u32, u32, &[u32])]) -> u64 {
-    let mut sent = [0u32; 4];
-    let mut got = [0u32; 4];
-    let transfers = transfers
-        .iter()
-        .map(|&(src, bytes, dsts)| {
-            let src_addr = R1 + 4096 * sent[src as usize];
-            sent[src as usize] += 1;
-            let dsts = dsts
-                .iter()
-                .map(|&d| {
-                    let a = R1 + 8192 + 4096 * got[d as usize];
-                    got[d as usize] += 1;
-                    (d, a)
-                })
-                .collect();
-            Transfer {
-                src_tile: src,
-                src_addr,
-                bytes,
-                dsts,
-            }
+/// on the four tiles of `small`, each tile running its part as inline exchange
+/// code (`common::exchange_part`). Each source sends from R1 (+4 KiB per message
+/// it sends); each destination receives at R1 + 8 KiB (+4 KiB per message it
+/// receives).
+fn exchange(transfers: &[(u32, u16, &[u32])]) -> u64 {
+    let mut sends: Vec<Vec<(u32, u16)>> = vec![Vec::new(); 4];
+    let mut recvs: Vec<Vec<(u32, u16, u32)>> = vec![Vec::new(); 4];
+    for &(src, bytes, dsts) in transfers {
+        let msg = sends[src as usize].len() as u16;
+        sends[src as usize].push((R1 + 4096 * u32::from(msg), bytes));
+        for &d in dsts {
+            let k = recvs[d as usize].len() as u32;
+            recvs[d as usize].push((src, msg, R1 + 8192 + 4096 * k));
+        }
+    }
+    let tiles = (0..4)
+        .map(|t| {
+            let mut b = TileBuilder::new(t);
+            b.push(s(Inst::SyncGlobal));
+            recvs[t as usize].sort_by_key(|r| (r.0, r.1));
+            b.words(&exchange_part(1, &sends[t as usize], &recvs[t as usize]));
+            b.words(&[s(Inst::SyncGlobal), s(Inst::Exit)]);
+            b.data("buf", R1, vec![0; 32768]);
+            b.image()
         })
         .collect();
-    let x = ExchangeProgram {
-        id: 1,
-        name: "x".into(),
-        transfers,
-    };
-    let tiles = (0..4).map(exchanging_tile).collect();
-    let (_, r) = run(&package(&Machine::small(), tiles, vec![x], vec![]));
+    let (_, r) = run(&package(&Machine::small(), tiles, vec![phase(1)], vec![]));
+    assert_eq!(r.status, tessera_sim::Status::Ok, "{:#?}", r.faults);
     let p = exchange_phases(&r);
     assert_eq!(p.len(), 1);
     p[0]
@@ -111,26 +94,55 @@ fn exchange_receive_rates() {
         u64::from(m.timing.exchange_bytes_per_cycle),
     );
     assert_eq!((o, rate), (100, 4));
-    // One sender, one receiver: 4096 bytes at 4 B/cycle.
-    assert_eq!(exchange(&[(2, 4096, &[0])]), 100 + 1024);
+    // The code of `exchange_part`: 7 cycles a send or receive, 1 a mux, 1 the
+    // `exchange`. So a tile sending one message runs 8 cycles of code, a tile
+    // receiving one 9, from two sources 17; a tile with no part 1.
+    // One sender, one receiver: 4096 bytes at 4 B/cycle, after the receiver's 9.
+    assert_eq!(exchange(&[(2, 4096, &[0])]), 100 + 9 + 1024);
     // Two tiles of one bus pair receiving different data: each at its own
     // 4 B/cycle, no penalty for sharing the pair.
-    assert_eq!(exchange(&[(2, 4096, &[0]), (3, 4096, &[1])]), 100 + 1024);
+    assert_eq!(
+        exchange(&[(2, 4096, &[0]), (3, 4096, &[1])]),
+        100 + 9 + 1024
+    );
     // One tile receiving from two senders: 8192 bytes through its 4 B/cycle.
-    assert_eq!(exchange(&[(2, 4096, &[0]), (3, 4096, &[0])]), 100 + 2048);
+    assert_eq!(
+        exchange(&[(2, 4096, &[0]), (3, 4096, &[0])]),
+        100 + 17 + 2048
+    );
     // Both tiles of a pair receiving the same two streams: each receives 8192
     // bytes at double width (8 B/cycle); each sender sends 4096 at 4 B/cycle.
     assert_eq!(
         exchange(&[(2, 4096, &[0, 1]), (3, 4096, &[0, 1])]),
-        100 + 1024
+        100 + 17 + 1024
     );
     // The same two streams to tiles of different pairs: no double width.
     assert_eq!(
         exchange(&[(0, 4096, &[1, 2]), (3, 4096, &[1, 2])]),
-        100 + 2048
+        100 + 17 + 2048
     );
-    // A sender is never faster than 4 B/cycle, whoever receives.
-    assert_eq!(exchange(&[(2, 8192, &[0, 1])]), 100 + 2048);
+    // A sender is never faster than 4 B/cycle, whoever receives: its 8 cycles
+    // of code, then 8192 bytes.
+    assert_eq!(exchange(&[(2, 8192, &[0, 1])]), 100 + 8 + 2048);
+}
+
+#[test]
+fn every_message_costs_its_code_on_both_sides() {
+    // Three 4-byte messages from tile 0 to tile 1: the sender runs 3 x 7 + 1 = 22
+    // cycles of code, then 12 bytes (3 cycles); the receiver 1 + 3 x 7 + 1 = 23,
+    // then 3. The phase is the receiver's 26 after the overhead.
+    assert_eq!(
+        exchange(&[(0, 4, &[1]), (0, 4, &[1]), (0, 4, &[1])]),
+        100 + 23 + 3
+    );
+    // The same 12 bytes as one message: 8 and 9 cycles of code.
+    assert_eq!(exchange(&[(0, 12, &[1])]), 100 + 9 + 3);
+    // A tile that lands one message from each of three sources switches its mux
+    // three times: 3 x (1 + 7) + 1 = 25, then 12 bytes.
+    assert_eq!(
+        exchange(&[(0, 4, &[3]), (1, 4, &[3]), (2, 4, &[3])]),
+        100 + 25 + 3
+    );
 }
 
 /// A tile that moves `inward` bytes in and `outward` bytes out in one `hostxfer`.

@@ -371,6 +371,18 @@ fn print_report(r: &CompileReport) {
         r.placement.search_mode,
         r.placement.place_ms
     );
+    let (m, t) = (&r.code.max_per_tile, &r.code.total);
+    eprintln!(
+        "  code per tile at most: supervisor {} bytes, kernels {}, exchange code {} (tile {}, {} messages); over all tiles: {}, {}, {}",
+        m.supervisor,
+        m.kernels,
+        m.exchange_code,
+        r.code.exchange_code_tile,
+        r.code.exchange_messages_on_that_tile,
+        t.supervisor,
+        t.kernels,
+        t.exchange_code
+    );
 }
 
 #[derive(Serialize)]

@@ -206,30 +206,47 @@ fn edit(p: &mut Package, rng: &mut Rng) {
                 _ => s.size = interesting(rng) as u32,
             }
         }
-        8 | 9 => {
-            let x = match pick_mut(&mut p.exchanges, rng) {
-                Some(x) => x,
-                None => {
-                    p.exchanges.push(ExchangeProgram {
-                        id: rng.random_range(0..8),
-                        name: "fuzz".into(),
-                        transfers: Vec::new(),
-                    });
-                    p.exchanges.last_mut().expect("just pushed")
-                }
+        8 => {
+            // A named phase, or a renamed one.
+            match pick_mut(&mut p.exchanges, rng) {
+                Some(x) if rng.random_bool(0.5) => x.id = rng.random_range(0..4),
+                _ => p.exchanges.push(ExchangeProgram {
+                    id: rng.random_range(0..8),
+                    name: "fuzz".into(),
+                }),
+            }
+        }
+        9 => {
+            // An exchange instruction written over a word of a code segment.
+            let Some(t) = pick_mut(&mut p.tiles, rng) else {
+                return;
             };
-            let src_tile = rng.random_range(0..4);
-            let dsts = (0..rng.random_range(0..4))
-                .map(|_| (rng.random_range(0..4), addr(rng, 0x9_0000)))
-                .collect();
-            x.transfers.push(Transfer {
-                src_tile,
-                src_addr: addr(rng, 0x9_0000),
-                bytes: [0, 4, 8, 64, 4096, u32::MAX][rng.random_range(0..6)],
-                dsts,
-            });
-            if rng.random_bool(0.2) {
-                x.id = rng.random_range(0..4);
+            let Some(s) = pick_mut(&mut t.segments, rng) else {
+                return;
+            };
+            if s.bytes.len() < 4 {
+                return;
+            }
+            let a = tessera_isa::MReg(rng.random_range(0..16));
+            let inst = match rng.random_range(0..4u32) {
+                0 => tessera_isa::Inst::Send {
+                    a,
+                    bytes: interesting(rng) as u16,
+                },
+                1 => tessera_isa::Inst::Mux {
+                    tile: rng.random_range(0..6),
+                },
+                2 => tessera_isa::Inst::Recv {
+                    a,
+                    msg: rng.random_range(0..4),
+                },
+                _ => tessera_isa::Inst::Exchange {
+                    id: rng.random_range(0..4),
+                },
+            };
+            if let Ok(w) = tessera_isa::encode_inst(&inst) {
+                let at = rng.random_range(0..s.bytes.len() / 4) * 4;
+                s.bytes[at..at + 4].copy_from_slice(&w.to_le_bytes());
             }
         }
         _ => {

@@ -1,4 +1,4 @@
-# Replicated code, a per-tile extra section, an exchange and host bindings.
+# Replicated code, per-tile sections, exchange code and host bindings.
 .machine small
 .tiles 6
 
@@ -7,7 +7,7 @@
 .entry main
 main:
     sync global
-    exchange 3
+    call $m14, xcode
     bri done
 done:
     exit
@@ -22,9 +22,40 @@ flag:
     .symbol flag 8
     .zero 4
 
+# Each tile's part of exchange 3: tiles 0 and 5 send, tiles 1, 2 and 4 receive.
+.tile 0, 5
+.section xcode 0x4d000 rx
+xcode:
+    setzi $m0, buf
+    send $m0, 16
+    exchange 3
+    br $m14
+
+.tile 1, 2
+.section xcode 0x4d000 rx
+xcode:
+    mux 0
+    setzi $m0, buf + 8
+    recv $m0, 0
+    exchange 3
+    br $m14
+
+.tile 3
+.section xcode 0x4d000 rx
+xcode:
+    exchange 3
+    br $m14
+
+.tile 4
+.section xcode 0x4d000 rx
+xcode:
+    mux 5
+    setzi $m0, buf
+    recv $m0, 0
+    exchange 3
+    br $m14
+
 .exchange 3 halo
-.transfer 0 buf 8 -> 1 flag, 2 buf + 8
-.transfer 5 buf 16 -> 4 buf
 
 .binding input x 32
 .slice 0 buf 0 16
