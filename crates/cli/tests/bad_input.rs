@@ -97,6 +97,49 @@ fn tiles_beyond_the_machine_are_refused_with_the_range() {
     }
 }
 
+/// A `small` machine with four workers used to compile, run on four workers and
+/// report a mismatch with nothing on stderr: the kernels split their work six
+/// ways. It is refused before anything is built, naming the field and what the
+/// kernels accept; so is a repeat limit below the counts the kernels emit.
+#[test]
+fn machines_the_kernels_cannot_target_are_refused() {
+    let dir = scratch("machine");
+    let show = tessera(&["machine", "show", "small"]);
+    assert_eq!(show.code, 0, "{}", show.text());
+    for (edit, needle) in [
+        (
+            ("workers = 6", "workers = 4"),
+            "`workers` = 4 is out of range (accepted: 6, the worker count every kernel is written for)",
+        ),
+        (
+            ("rpt_max_count = 4095", "rpt_max_count = 255"),
+            "`rpt_max_count` = 255 is out of range (accepted: 4095 to 65535)",
+        ),
+    ] {
+        assert!(show.stdout.contains(edit.0), "{}", show.stdout);
+        let toml = write(&dir, "m.toml", &show.stdout.replace(edit.0, edit.1));
+        let out = dir.join("o.tpk");
+        for args in [
+            vec![
+                "compile",
+                "--size",
+                "tiny",
+                "--machine",
+                s(&toml),
+                "-o",
+                s(&out),
+            ],
+            vec!["run", "--size", "tiny", "--machine", s(&toml)],
+        ] {
+            let r = tessera(&args);
+            assert_eq!(r.code, 2, "{args:?}: {}", r.text());
+            assert!(r.stderr.contains(needle), "{args:?}: {}", r.stderr);
+            assert!(r.stderr.contains("m.toml"), "{args:?}: {}", r.stderr);
+            assert!(!out.exists(), "{args:?} wrote a package");
+        }
+    }
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();

@@ -63,6 +63,58 @@ fn tiny_layer_runs_and_validates() {
     }
     assert!(v["max_abs_error"].as_f64().unwrap() <= v["tolerance"].as_f64().unwrap());
     assert!(v["cosine"].as_f64().unwrap() > 0.9999);
+    // The run's FLOP are what the tiles execute, the rows' sum: the pooling head's
+    // absorbed key and value projections run on no tile and are not credited.
+    let executed: u64 = ops.iter().map(|o| o["flop"].as_u64().unwrap()).sum();
+    assert_eq!(v["flop"].as_u64(), Some(executed), "{text}");
+    // Each linear says which AMP mode its FLOP are held to; nothing else claims one.
+    for op in ops {
+        let want = (op["kind"] == "linear").then_some("f16");
+        assert_eq!(op["partials"].as_str(), want, "{op}");
+    }
+}
+
+/// `bench sensitivity --model layer`: every assumption halved and doubled, and the
+/// layer at the two ends of the shared-bus exchange rule, the same measurements as
+/// the halved cells where those are the same machines.
+#[test]
+fn sensitivity_reports_the_exchange_rule_at_its_ends() {
+    let r = common::tessera(&[
+        "bench",
+        "sensitivity",
+        "--model",
+        "layer",
+        "--size",
+        "tiny",
+        "--machine",
+        "small",
+        "--batch",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.text());
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(v["model"], "layer");
+    let bounds = v["exchange_rule_bounds"].as_array().expect("bounds");
+    let ends: Vec<_> = bounds
+        .iter()
+        .map(|b| (b["field"].as_str().unwrap(), b["value"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            ("tiles_per_shared_exchange_bus", 1),
+            ("exchange_bytes_per_cycle", 2)
+        ]
+    );
+    let rows = v["rows"].as_array().expect("rows");
+    for b in bounds {
+        assert!(b["cycles"].as_u64().unwrap() > 0, "{b}");
+        assert!(!b["reading"].as_str().unwrap().is_empty(), "{b}");
+        let row = rows.iter().find(|r| r["field"] == b["field"]).unwrap();
+        assert_eq!(row["halved"]["value"], b["value"], "{row}");
+        assert_eq!(row["halved"]["cycles"], b["cycles"], "{row}");
+    }
 }
 
 /// The layer's result is `pooled`; the tokens go to the host only when asked for,

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use tessera_kernels::MemClass as KClass;
 use tessera_place::{MemClass, Request, TileProblem};
 use tessera_plan::{BufId, TilePlan};
 
@@ -25,15 +24,6 @@ pub struct Problems {
     pub problems: Vec<TileProblem>,
     /// Per problem: request name -> item.
     pub items: Vec<BTreeMap<String, Item>>,
-}
-
-fn class(c: KClass) -> MemClass {
-    match c {
-        KClass::Any => MemClass::Any,
-        KClass::NonInterleaved => MemClass::NonInterleaved,
-        KClass::Interleaved => MemClass::Interleaved,
-        KClass::Executable => MemClass::Executable,
-    }
 }
 
 pub fn buffer_request_name(plan: &TilePlan, id: BufId) -> String {
@@ -61,7 +51,7 @@ pub fn tile_problems(plan: &TilePlan, sized: &SizedCode) -> Problems {
             end_round: 4,
             first: u64::from(b.first),
             last: u64::from(b.last),
-            class: class(b.class),
+            class: b.class,
             tail: u64::from(b.tail),
             loaded,
             category: Some(b.category.name().to_string()),

@@ -2,7 +2,8 @@
 //!
 //! The types mirror, but do not import, the placement engine's request types: the
 //! compiler maps a contract to placement requests, so placement can change its
-//! representation without touching every kernel. [`Contract::check`] verifies a
+//! representation without touching every kernel. The memory class is the exception:
+//! it is the machine's ([`tessera_machine::MemClass`]), which both read. [`Contract::check`] verifies a
 //! concrete set of addresses against the declared contract, using only the machine
 //! description, so tests and the compiler's placement checker share one reading of it.
 
@@ -28,28 +29,9 @@ pub enum Role {
     State,
 }
 
-/// Which memory an operand may live in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum MemClass {
-    #[default]
-    Any,
-    NonInterleaved,
-    Interleaved,
-    Executable,
-}
-
-impl MemClass {
-    /// Whether a region with these properties can hold this class.
-    pub fn admits(self, interleaved: bool, executable: bool) -> bool {
-        match self {
-            MemClass::Any => true,
-            MemClass::NonInterleaved => !interleaved,
-            MemClass::Interleaved => interleaved,
-            MemClass::Executable => executable,
-        }
-    }
-}
+// The memory map's own class, which placement reads too: one type, so the compiler
+// passes a contract's class to placement as it is.
+pub use tessera_machine::MemClass;
 
 /// One operand's requirements.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -62,11 +62,9 @@ pub use split_softmax::{ColExpShift, ColMax, ExpShift, RowMax};
 pub use transpose_blocks::TransposeBlocks;
 pub use zero_fill::ZeroFill;
 
-/// Worker contexts per tile; every kernel splits its work six ways.
-pub const WORKERS: u32 = 6;
-
-/// Largest `rpt` count (the 12-bit portable limit of the machine description).
-pub const RPT_MAX: u32 = 4095;
+// The worker count and repeat limit the kernels are written for are the machine's
+// facts, which `Machine::validate` holds every description to.
+pub use tessera_machine::{RPT_MAX, WORKERS};
 
 /// Errors from building a kernel call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

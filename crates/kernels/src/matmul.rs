@@ -133,6 +133,12 @@ enum Rows {
 impl AmpMatmul {
     pub const NAME: &'static str = "amp_matmul";
 
+    /// The type of the partial sums this kernel hands from one K chunk to the next
+    /// and writes out for a reduction over inner groups. It names the AMP mode the
+    /// machine's `amp_f16_macs_per_cycle` is the rate of, so that a report can say
+    /// which peak its FLOP are held to (inside a chunk the engine adds in f32).
+    pub const PARTIALS: &'static str = "f16";
+
     pub fn new(rows: u32, kc: u32, nb: u32) -> AmpMatmul {
         AmpMatmul {
             rows,

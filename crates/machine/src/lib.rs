@@ -40,8 +40,22 @@ pub enum MachineError {
 
 /// The most tiles a description may have: a few chips' worth.
 pub const MAX_TILES: u64 = 16_384;
-/// The most worker contexts per tile: `run` encodes worker numbers 0..=5.
-pub const MAX_WORKERS: u64 = 6;
+// The facts below are what every kernel is written for. They are constants rather
+// than fields because the emitted code bakes them in (six worker records, repeat
+// counts up to the limit, 16-wide weight blocks); `Machine::validate` refuses a
+// description that contradicts them, so no run reports a mismatch it cannot explain.
+
+/// Worker contexts per tile that the kernels split their work over (poplibs
+/// `CTXT_WORKERS`); `workers` must equal it.
+pub const WORKERS: u32 = 6;
+/// Largest `rpt` count the kernels emit: the 12-bit limit of the oldest part, kept
+/// so that the code runs on every part. `rpt_max_count` must be at least this.
+pub const RPT_MAX: u32 = 4095;
+/// Largest `rpt` count a description may state: the 16-bit count of later parts.
+pub const RPT_MAX_COUNT_LIMIT: u32 = 65_535;
+/// Rows and columns of the AMP's weight block (`W[16][16]` f16): a matmul's
+/// contraction and output dimensions are cut into pieces of this width.
+pub const AMP_WIDTH: u32 = 16;
 /// One past the highest byte address a description may use: addresses are 20-bit
 /// immediates in the instruction set.
 pub const ADDRESS_LIMIT: u64 = 1 << 20;
@@ -198,6 +212,41 @@ pub struct Machine {
     pub timing: Timing,
 }
 
+/// Which memory a buffer may live in: the region properties a kernel's access
+/// needs (kernels state it in their contracts, placement honours it), named once here
+/// because it is a property of the memory map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MemClass {
+    #[default]
+    Any,
+    NonInterleaved,
+    Interleaved,
+    /// Instruction fetch is possible: the executable region only.
+    Executable,
+}
+
+impl MemClass {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemClass::Any => "any",
+            MemClass::NonInterleaved => "non_interleaved",
+            MemClass::Interleaved => "interleaved",
+            MemClass::Executable => "executable",
+        }
+    }
+
+    /// Whether a region with these properties can hold this class.
+    pub fn admits(self, interleaved: bool, executable: bool) -> bool {
+        match self {
+            MemClass::Any => true,
+            MemClass::NonInterleaved => !interleaved,
+            MemClass::Interleaved => interleaved,
+            MemClass::Executable => executable,
+        }
+    }
+}
+
 /// A region index into [`Machine::regions`].
 pub type RegionId = usize;
 
@@ -328,8 +377,21 @@ impl Machine {
         let t = &self.timing;
         field("tiles", self.tiles.into(), 1..=MAX_TILES)?;
         field("clock_hz", self.clock_hz, 1_000_000..=20_000_000_000)?;
-        field("workers", self.workers.into(), 1..=MAX_WORKERS)?;
-        field("rpt_max_count", self.rpt_max_count.into(), 1..=65_535)?;
+        if self.workers != WORKERS {
+            return Err(MachineError::Field {
+                name: self.name.clone(),
+                field: "workers".into(),
+                value: self.workers.to_string(),
+                accepted: format!("{WORKERS}, the worker count every kernel is written for"),
+            });
+        }
+        // A higher limit is harmless (the kernels stay below theirs); a lower one
+        // would fault their repeat loops.
+        field(
+            "rpt_max_count",
+            self.rpt_max_count.into(),
+            u64::from(RPT_MAX)..=u64::from(RPT_MAX_COUNT_LIMIT),
+        )?;
         field("regions (count)", self.regions.len() as u64, 1..=16)?;
         field(
             "timing.amp_f16_macs_per_cycle",
@@ -613,7 +675,10 @@ mod tests {
             ("clock_hz", "0", |m| m.clock_hz = 0),
             ("workers", "0", |m| m.workers = 0),
             ("workers", "1000", |m| m.workers = 1000),
+            ("workers", "4", |m| m.workers = 4),
             ("rpt_max_count", "0", |m| m.rpt_max_count = 0),
+            ("rpt_max_count", "4094", |m| m.rpt_max_count = 4094),
+            ("rpt_max_count", "65536", |m| m.rpt_max_count = 65_536),
             ("regions (count)", "0", |m| m.regions.clear()),
             ("timing.amp_f16_macs_per_cycle", "0", |m| {
                 m.timing.amp_f16_macs_per_cycle = 0
@@ -694,6 +759,34 @@ mod tests {
                     "{text}"
                 );
             }
+        }
+    }
+
+    /// A description whose worker count or repeat limit the kernels were not
+    /// written for is refused, naming the field and what the kernels accept, rather
+    /// than compiled into code that runs on it and gives wrong answers.
+    #[test]
+    fn facts_the_kernels_bake_in_are_held_to_them() {
+        let four = Machine::small()
+            .to_toml()
+            .replace("workers = 6", "workers = 4");
+        let err = Machine::from_toml(&four, "four.toml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "machine `small (from four.toml)`: `workers` = 4 is out of range \
+             (accepted: 6, the worker count every kernel is written for)"
+        );
+        // The kernels stay below their own repeat limit, so a part with a higher
+        // one runs them as they are.
+        let mut wide = Machine::c600();
+        wide.rpt_max_count = RPT_MAX_COUNT_LIMIT;
+        wide.validate().unwrap();
+        wide.rpt_max_count = RPT_MAX;
+        wide.validate().unwrap();
+        for p in PRESETS {
+            let m = Machine::preset(p).unwrap();
+            assert_eq!(m.workers, WORKERS);
+            assert!(m.rpt_max_count >= RPT_MAX);
         }
     }
 

@@ -5,38 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Which memory a request may live in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum MemClass {
-    #[default]
-    Any,
-    NonInterleaved,
-    Interleaved,
-    /// Instruction fetch is possible: the executable region only.
-    Executable,
-}
-
-impl MemClass {
-    pub fn name(self) -> &'static str {
-        match self {
-            MemClass::Any => "any",
-            MemClass::NonInterleaved => "non_interleaved",
-            MemClass::Interleaved => "interleaved",
-            MemClass::Executable => "executable",
-        }
-    }
-
-    /// Whether a region with these properties can hold this class.
-    pub fn admits(self, interleaved: bool, executable: bool) -> bool {
-        match self {
-            MemClass::Any => true,
-            MemClass::NonInterleaved => !interleaved,
-            MemClass::Interleaved => interleaved,
-            MemClass::Executable => executable,
-        }
-    }
-}
+// The class is a fact of the memory map, defined with it; re-exported so that
+// problems keep naming it `tessera_place::MemClass`.
+pub use tessera_machine::MemClass;
 
 fn one() -> u64 {
     1

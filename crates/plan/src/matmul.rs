@@ -14,8 +14,9 @@ use serde::Serialize;
 use tessera_kernels::{Add, AmpMatmul, Kernel, Rearrange, ReduceAdd, WORKERS};
 use tessera_machine::Machine;
 
-/// AMP chunk width: 16 inputs by 16 outputs per weight load.
-pub const AMP_WIDTH: u32 = 16;
+/// AMP chunk width (16 inputs by 16 outputs per weight load): the machine's fact,
+/// named here too because the lowering rules count in it.
+pub use tessera_machine::AMP_WIDTH;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct MatmulShape {
