@@ -395,6 +395,71 @@ impl<'g> Walker<'g> {
         Ok(())
     }
 
+    /// The graph tensors of operation `i` and the operations fused with it, for
+    /// [`TilePlan::results`]: a tensor read outside the group (or a graph output)
+    /// is what the rule left on the tiles; one read only inside it never exists
+    /// whole.
+    fn results(&self, i: usize, fused: &[String], plan_op: usize) -> Vec<OpResult> {
+        let ops = self.graph.ops();
+        let mut group: Vec<usize> = vec![i];
+        for name in fused {
+            if let Some(j) = ops.iter().position(|o| &o.name == name) {
+                group.push(j);
+            }
+        }
+        let outputs: HashSet<TensorId> = self.graph.outputs().iter().map(|o| o.tensor).collect();
+        let mut out = Vec::new();
+        for &j in &group {
+            let op = &ops[j];
+            let t = op.output;
+            let read_outside = outputs.contains(&t)
+                || self.consumers[t.index()]
+                    .iter()
+                    .any(|c| !group.contains(&(c.0 as usize)));
+            let (stored, note) = match self.vals.get(&t) {
+                Some(v) if read_outside => {
+                    let scale = self.folded_scales.get(&t).copied().unwrap_or(1.0);
+                    let stored = StoredTensor {
+                        t: v.t.clone(),
+                        heads: match v.cols {
+                            Cols::Dense => None,
+                            Cols::Heads { heads, d, dp } => Some((heads, d, dp)),
+                        },
+                        offset: v.offset,
+                        scale,
+                    };
+                    let note = (scale != 1.0).then(|| {
+                        format!(
+                            "stored times the attention's scale {scale}, folded into the projection"
+                        )
+                    });
+                    (Some(stored), note)
+                }
+                _ if !read_outside => (
+                    None,
+                    Some(format!(
+                        "an intermediate of `{}`'s fused operations: never stored on its own",
+                        ops[i].name
+                    )),
+                ),
+                _ => (
+                    None,
+                    Some(format!(
+                        "folded away by `{}` (an absorbed projection): never computed",
+                        ops[i].name
+                    )),
+                ),
+            };
+            out.push(OpResult {
+                op: plan_op,
+                tensor: op.name.clone(),
+                stored,
+                note,
+            });
+        }
+        out
+    }
+
     /// `x @ W (+ b)` with `W` a 2-D parameter, and the epilogue that follows it
     /// alone: views, one per-row constant add, GELU, one residual add.
     fn linear(
@@ -1689,6 +1754,8 @@ fn lower_with(
                 OpKind::Gelu { .. } | OpKind::Add { .. } => "elementwise",
                 other => other.mnemonic(),
             };
+            let results = w.results(i, &fused, lw.plan.ops.len());
+            lw.plan.results.extend(results);
             lw.plan.ops.push(PlanOp {
                 name: op.name.clone(),
                 kind: kind.to_string(),
