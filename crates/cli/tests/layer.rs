@@ -142,6 +142,68 @@ fn a_one_percent_kernel_error_is_a_mismatch() {
     }
 }
 
+/// Every operation is checked where it ends, not only the outputs: one tile's
+/// block of `fc2`'s output, or of the attention's, scaled by 1.01 after its last
+/// step (the `--perturb` test hook) makes the run a mismatch at that operation and
+/// on that tile, the operations before it passing; unperturbed, every operation
+/// passes.
+#[test]
+fn a_one_percent_error_in_one_tiles_block_fails_at_its_operation() {
+    let run = |extra: &[&str]| -> (i32, serde_json::Value, String) {
+        let mut args = vec![
+            "run",
+            "--size",
+            "tiny",
+            "--machine",
+            "small",
+            "--finalists",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, text) = tessera(&args);
+        let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        (code, v, text)
+    };
+    let (code, v, text) = run(&[]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(v["status"], "ok");
+    assert!(v["mismatch"].is_null(), "{text}");
+    let ops = v["ops"].as_array().unwrap();
+    for op in ops.iter().filter(|o| o["kind"] != "output") {
+        assert_eq!(op["passed"], true, "{op}");
+        assert!(op["max_abs_error"].as_f64().unwrap() <= op["tolerance"].as_f64().unwrap());
+        assert!(op["worst_tile"].is_u64(), "{op}");
+    }
+    // A tensor that never exists on the tiles is named, with the reason.
+    let fc1 = ops
+        .iter()
+        .find(|o| o["name"] == "layers.0.mlp.fc1")
+        .unwrap();
+    let pre_gelu = &fc1["tensors"][0];
+    assert_eq!(pre_gelu["tensor"], "layers.0.mlp.fc1");
+    assert!(pre_gelu["max_abs_error"].is_null());
+    assert!(
+        pre_gelu["note"].as_str().unwrap().contains("never stored"),
+        "{fc1}"
+    );
+    for target in ["layers.0.mlp.fc2", "layers.0.attn.matmul"] {
+        let (code, v, text) = run(&["--perturb", target]);
+        assert_eq!(code, 1, "{text}");
+        assert_eq!(v["status"], "mismatch", "{text}");
+        let m = &v["mismatch"];
+        assert_eq!(m["op"], target, "{text}");
+        assert_eq!(m["worst_tile"], v["perturbed"]["tile"], "{text}");
+        assert!(m["max_abs_error"].as_f64().unwrap() > m["tolerance"].as_f64().unwrap());
+        let ops = v["ops"].as_array().unwrap();
+        let at = ops.iter().position(|o| o["name"] == target).unwrap();
+        for op in &ops[..at] {
+            assert_ne!(op["passed"], false, "{op}");
+        }
+        assert_eq!(ops[at]["passed"], false);
+    }
+}
+
 #[test]
 fn config_files_are_checked() {
     let dir = std::env::temp_dir().join(format!("tessera-layer-{}", std::process::id()));

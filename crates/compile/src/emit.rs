@@ -202,7 +202,7 @@ pub fn size_code(plan: &TilePlan, host: &HostPlan) -> Result<SizedCode, CompileE
                 });
             }
             code.exchange_blocks.push(Some(code.exchange_bytes));
-            code.exchange_bytes += part_at(p, &|_| 0).code_bytes();
+            code.exchange_bytes += p.code_bytes();
         }
     }
     for (ci, call) in plan.calls.iter().enumerate() {

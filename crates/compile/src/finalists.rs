@@ -329,15 +329,24 @@ fn select_once(
     let (finalists, results): (Vec<FinalistReport>, Vec<_>) = built.into_iter().unzip();
     let mut built = Vec::with_capacity(results.len());
     let mut first_err = None;
+    let mut first_unplaced = None;
     for r in results {
         match r {
             Ok(c) => built.push(Some(c)),
             Err(e) => {
-                first_err.get_or_insert(e);
+                if matches!(e, CompileError::DoesNotFit(_)) {
+                    first_unplaced.get_or_insert(e);
+                } else {
+                    first_err.get_or_insert(e);
+                }
                 built.push(None);
             }
         }
     }
+    // When none fits, a finalist placement refused is the report before one the
+    // fit limit kept from placement: smaller budgets (the caller's retry) help
+    // the first, and the best-ranked finalist may be only the second.
+    let first_err = first_unplaced.or(first_err);
     let mut sel = Selection {
         finalists,
         selected: 0,

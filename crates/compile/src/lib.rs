@@ -11,6 +11,7 @@
 mod emit;
 mod exploit;
 pub mod finalists;
+pub mod probe;
 mod requests;
 
 use std::time::Instant;
@@ -335,6 +336,9 @@ pub struct Compiled {
     /// Every tile's placement problem and placement, in tile order, when
     /// [`CompileOptions::keep_layouts`] asked for them.
     pub layouts: Option<Vec<TileLayout>>,
+    /// Every graph tensor the plan's operations compute, in lowering order, and
+    /// where a run leaves those that exist on the tiles (per-operation validation).
+    pub results: Vec<probe::ResultProbe>,
 }
 
 /// What one lowered operation moves and where it runs, read off the plan.
@@ -640,6 +644,7 @@ fn compile_plan_with(
         step_ops: plan.step_ops.clone(),
         exchange_steps: plan.exchanges.iter().map(|x| x.step).collect(),
         op_stats: op_stats(plan),
+        results: probe::probes(plan, &|b| addrs.0[b.0 as usize]),
         layouts: keep_layouts.then(|| {
             problems
                 .problems

@@ -70,12 +70,18 @@ impl ExchangePart {
 
     /// Bytes of the block (none for an empty part, which has no block).
     pub fn code_bytes(&self) -> u32 {
-        if self.is_empty() {
-            return 0;
-        }
         let groups = self.recvs.chunk_by(|a, b| a.0 == b.0).count();
-        4 * (2 * self.sends.len() + groups + 2 * self.recvs.len() + 2) as u32
+        block_bytes(self.sends.len(), self.recvs.len(), groups)
     }
+}
+
+/// Bytes of a block with `sends` messages sent and `recvs` landed from `groups`
+/// source tiles (none when it moves nothing: such a tile has no block).
+pub fn block_bytes(sends: usize, recvs: usize, groups: usize) -> u32 {
+    if sends == 0 && recvs == 0 {
+        return 0;
+    }
+    4 * (2 * sends + groups + 2 * recvs + 2) as u32
 }
 
 fn reg(r: usize) -> MReg {

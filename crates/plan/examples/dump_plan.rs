@@ -56,6 +56,45 @@ fn main() {
             Err(e) => return eprintln!("{e}"),
         };
     }
+    if args.get(4).map(String::as_str) == Some("xmsg") {
+        // Messages per tile by exchange phase: the largest tile's, with the sizes
+        // of what it lands.
+        let mut total = vec![0usize; plan.tiles as usize];
+        let all: Vec<_> = plan
+            .exchanges
+            .iter()
+            .map(|x| tessera_plan::exchange_code::exchange_parts(&plan, x))
+            .collect();
+        for parts in &all {
+            for (t, p) in parts.iter().enumerate() {
+                total[t] += p.sends.len() + p.recvs.len();
+            }
+        }
+        let (tile, most) = total.iter().enumerate().max_by_key(|x| x.1).unwrap();
+        println!("busiest tile {tile}: {most} messages");
+        for (x, parts) in plan.exchanges.iter().zip(&all) {
+            let p = &parts[tile];
+            let mut sizes: BTreeMap<u32, usize> = BTreeMap::new();
+            for r in &p.recvs {
+                let (src_parts, msg) = (&all, r.1);
+                let _ = src_parts;
+                let _ = msg;
+            }
+            for s in &p.sends {
+                *sizes.entry(s.1).or_default() += 1;
+            }
+            println!(
+                "{:>3} {:<28} sends {:>5} recvs {:>5} sources {:>4} send sizes {:?}",
+                x.id,
+                x.name,
+                p.sends.len(),
+                p.recvs.len(),
+                p.recv_groups().len(),
+                sizes.iter().take(6).collect::<Vec<_>>()
+            );
+        }
+        return;
+    }
     if args.get(4).map(String::as_str) == Some("cands") {
         for c in &plan.candidates {
             println!("{} chosen {}", c.op, c.chosen);

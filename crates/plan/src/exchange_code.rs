@@ -3,14 +3,14 @@
 //! (`tessera_kernels::exchange`) and for the estimate's cost of that code.
 //!
 //! A copy is one message of its source tile (several when it is longer than
-//! [`MAX_MESSAGE`]), numbered in the order of the phase's copies; every
-//! destination lands it. A tile lands its messages grouped by source tile in tile
+//! [`MAX_MESSAGE`]; one with the copies it continues, `coalesced`), numbered in
+//! source-buffer order; every destination lands it. A tile lands its messages grouped by source tile in tile
 //! order, so that its incoming mux switches once per source.
 
 use tessera_kernels::exchange::MAX_MESSAGE;
 use tessera_machine::Machine;
 
-use crate::ir::{Exchange, Loc, TilePlan};
+use crate::ir::{Copy, Exchange, Loc, TilePlan};
 
 /// One tile's part of one exchange phase.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,6 +34,12 @@ impl TilePart {
             .collect()
     }
 
+    /// Bytes of the tile's exchange code for this phase.
+    pub fn code_bytes(&self) -> u32 {
+        let groups = self.recvs.chunk_by(|a, b| a.0 == b.0).count();
+        tessera_kernels::exchange::block_bytes(self.sends.len(), self.recvs.len(), groups)
+    }
+
     /// The most messages of one source tile this part names (sent or landed): what
     /// the 16-bit message field must hold.
     pub fn max_message(&self) -> usize {
@@ -45,7 +51,7 @@ impl TilePart {
 /// Every tile's part of `x`, indexed by tile (empty parts for tiles it leaves out).
 pub fn exchange_parts(plan: &TilePlan, x: &Exchange) -> Vec<TilePart> {
     let mut parts = vec![TilePart::default(); plan.tiles as usize];
-    for c in &x.copies {
+    for c in coalesced(&x.copies) {
         let src = plan.buffer(c.src.buf).tile;
         let mut offset = 0;
         while offset < c.bytes {
@@ -76,6 +82,38 @@ pub fn exchange_parts(plan: &TilePlan, x: &Exchange) -> Vec<TilePart> {
     parts
 }
 
+/// The phase's copies with every run that continues another merged into it: a
+/// copy whose source bytes follow another's in the same buffer, and whose every
+/// destination follows that copy's matching destination in the same buffer, is
+/// one message with it. Redistributions cut tensors into rows and blocks, and a
+/// tile's consecutive pieces often travel together: each message saved is code
+/// on the sender and on every receiver. Same bytes, same places.
+fn coalesced(copies: &[Copy]) -> Vec<Copy> {
+    let mut order: Vec<&Copy> = copies.iter().collect();
+    order.sort_by_key(|c| (c.src.buf, c.src.offset));
+    let mut out: Vec<Copy> = Vec::with_capacity(order.len());
+    for c in order {
+        if let Some(last) = out.last_mut()
+            && continues(last, c)
+        {
+            last.bytes += c.bytes;
+            continue;
+        }
+        out.push(c.clone());
+    }
+    out
+}
+
+fn continues(a: &Copy, b: &Copy) -> bool {
+    a.src.buf == b.src.buf
+        && a.src.offset + a.bytes == b.src.offset
+        && a.dsts.len() == b.dsts.len()
+        && a.dsts
+            .iter()
+            .zip(&b.dsts)
+            .all(|(x, y)| x.buf == y.buf && x.offset + a.bytes == y.offset)
+}
+
 /// Cycles each tile's exchange code takes in phase `x` (from its parts).
 pub fn code_cycles(machine: &Machine, parts: &[TilePart]) -> Vec<u64> {
     parts
@@ -88,4 +126,17 @@ pub fn code_cycles(machine: &Machine, parts: &[TilePart]) -> Vec<u64> {
             )
         })
         .collect()
+}
+
+/// Bytes of exchange code each tile holds for the whole program: every phase's
+/// block. It lives in executable SRAM beside the tile's buffers, so the fit loop
+/// counts it.
+pub fn code_bytes_per_tile(plan: &TilePlan) -> Vec<u64> {
+    let mut bytes = vec![0u64; plan.tiles as usize];
+    for x in &plan.exchanges {
+        for (t, p) in exchange_parts(plan, x).iter().enumerate() {
+            bytes[t] += u64::from(p.code_bytes());
+        }
+    }
+    bytes
 }

@@ -255,6 +255,60 @@ pub struct TilePlan {
     pub ops: Vec<PlanOp>,
     /// The strategies each operation with a choice was offered, in lowering order.
     pub candidates: Vec<OpCandidates>,
+    /// The graph tensors each operation computes and where the ones that exist on
+    /// the tiles live when it ends, in lowering order: what a run can be checked
+    /// against op by op.
+    pub results: Vec<OpResult>,
+}
+
+/// One graph tensor an operation of [`TilePlan::ops`] computes (its own output or
+/// a fused operation's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpResult {
+    /// Index into [`TilePlan::ops`].
+    pub op: usize,
+    /// The graph operation whose output this is.
+    pub tensor: String,
+    /// Where it lives when the operation's last step ends; `None` when it never
+    /// exists whole on the tiles (an intermediate of a fused epilogue, a projection
+    /// folded away), with the reason in `note`.
+    pub stored: Option<StoredTensor>,
+    pub note: Option<String>,
+}
+
+/// How a graph tensor sits in a distributed tensor: as 2-D rows (the product of
+/// the leading dimensions of its merged form) and logical columns, each logical
+/// column `c` at stored column `offset + physical(c)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredTensor {
+    pub t: crate::dist::DistTensor,
+    /// `(heads, d, dp)`: `heads` runs of `d` logical columns, each stored in `dp`;
+    /// `None` for dense columns. A 4-D `[batch, heads, tokens, d]` graph tensor
+    /// with such a layout is stored merged, `[batch * tokens, heads * dp]`.
+    pub heads: Option<(u32, u32, u32)>,
+    pub offset: u32,
+    /// The stored values are the graph tensor's times this (an attention's scale
+    /// folded into its query projection); 1 otherwise.
+    pub scale: f32,
+}
+
+impl StoredTensor {
+    /// Stored column of logical column `c`.
+    pub fn stored_col(&self, c: u32) -> u32 {
+        self.offset
+            + match self.heads {
+                None => c,
+                Some((_, d, dp)) => (c / d) * dp + c % d,
+            }
+    }
+
+    /// Logical columns of the merged 2-D form.
+    pub fn logical_cols(&self) -> u32 {
+        match self.heads {
+            None => self.t.cols - self.offset,
+            Some((heads, d, _)) => heads * d,
+        }
+    }
 }
 
 /// One strategy a rule offered for an operation: what the finalist search chooses

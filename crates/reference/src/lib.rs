@@ -132,8 +132,32 @@ pub fn evaluate_with(
     inputs: &Inputs,
     options: &EvalOptions,
 ) -> Result<Outputs, RefError> {
-    let values = run(graph, weights, inputs, options, false)?;
+    let values = run(graph, weights, inputs, options, false, &[])?;
     collect_outputs(graph, &values)
+}
+
+/// Evaluates `graph` under `options` and returns its outputs by name and the
+/// values of the tensors in `keep` (in `keep`'s order), which are not released
+/// after their last use: a run's intermediate tensors checked op by op, without
+/// holding every tensor of the graph at once.
+pub fn evaluate_keeping(
+    graph: &Graph,
+    weights: &Weights,
+    inputs: &Inputs,
+    options: &EvalOptions,
+    keep: &[TensorId],
+) -> Result<(Outputs, Vec<HostTensor>), RefError> {
+    let values = run(graph, weights, inputs, options, false, keep)?;
+    let kept = keep
+        .iter()
+        .map(|&t| {
+            values
+                .get(t.index())
+                .and_then(Option::clone)
+                .ok_or(RefError::Released(t))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((collect_outputs(graph, &values)?, kept))
 }
 
 /// Evaluates `graph` and returns the value of every tensor, indexed by
@@ -144,7 +168,7 @@ pub fn evaluate_all(
     inputs: &Inputs,
     options: &EvalOptions,
 ) -> Result<Vec<HostTensor>, RefError> {
-    let values = run(graph, weights, inputs, options, true)?;
+    let values = run(graph, weights, inputs, options, true, &[])?;
     values
         .into_iter()
         .enumerate()
@@ -170,6 +194,7 @@ fn run(
     inputs: &Inputs,
     options: &EvalOptions,
     keep_all: bool,
+    keep: &[TensorId],
 ) -> Result<Vec<Option<HostTensor>>, RefError> {
     graph.validate()?;
     weights.check_params(graph)?;
@@ -186,6 +211,11 @@ fn run(
         }
         for o in graph.outputs() {
             last_use[o.tensor.index()] = usize::MAX;
+        }
+        for t in keep {
+            if let Some(u) = last_use.get_mut(t.index()) {
+                *u = usize::MAX;
+            }
         }
     }
 

@@ -15,6 +15,7 @@
 
 mod barrel;
 pub mod bench;
+mod capture;
 mod exchange;
 mod fault;
 mod fp;
@@ -25,6 +26,7 @@ mod program;
 mod tests;
 mod tile;
 
+pub use capture::{Capture, CapturePoint, Perturb};
 pub use fault::{Context, Fault, FaultKind};
 
 use interp::{Env, Shared, Trap, trap};
@@ -84,6 +86,10 @@ pub struct SimOptions {
     pub preload_bindings: bool,
     /// Record trace events.
     pub trace: bool,
+    /// Tile memory to copy out at superstep boundaries ([`Simulator::captured`]).
+    pub captures: Vec<Capture>,
+    /// Test hook: f16 values scaled in tile memory at superstep boundaries.
+    pub perturb: Vec<Perturb>,
 }
 
 impl Default for SimOptions {
@@ -92,6 +98,8 @@ impl Default for SimOptions {
             cycle_budget: DEFAULT_CYCLE_BUDGET,
             preload_bindings: false,
             trace: true,
+            captures: Vec::new(),
+            perturb: Vec::new(),
         }
     }
 }
@@ -207,6 +215,8 @@ pub struct Simulator {
     binding_index: HashMap<String, usize>,
     exchange_index: HashMap<u16, usize>,
     dirty: bool,
+    /// The last run's captures (`SimOptions::captures`), in request order.
+    captured: Vec<Option<Vec<u8>>>,
     /// Wall time of the last run inside its parallel per-tile sections (loading
     /// the tiles, running them to their next stop): what the rest of a run's wall
     /// time is compared against to find the serial share.
@@ -370,6 +380,7 @@ impl Simulator {
             binding_index,
             exchange_index,
             dirty: false,
+            captured: Vec::new(),
             parallel,
         })
     }
@@ -455,6 +466,7 @@ impl Simulator {
             self.reload();
         }
         self.dirty = true;
+        self.captured = vec![None; opts.captures.len()];
         if opts.preload_bindings {
             self.preload();
         }
@@ -483,6 +495,7 @@ impl Simulator {
                 )
             });
             if pending {
+                self.capture_at_exchanges(opts);
                 self.exchanges(opts.trace, &mut chip_trace);
                 self.host_transfers(opts.trace, &mut chip_trace);
                 if self.any_fault() {
@@ -523,6 +536,7 @@ impl Simulator {
         if opts.preload_bindings {
             self.collect_outputs();
         }
+        self.capture_at(CapturePoint::End, opts);
         // The last superstep ends with the run (every tile exited, or a fault), so
         // that the trace's phases add up to the run's cycles.
         if opts.trace {

@@ -79,6 +79,11 @@ pub struct ModelArgs {
     /// mismatch.
     #[arg(long, hide = true)]
     pub mutate_kernel: Option<String>,
+    /// Validation test hook: scale one tile's part of this plan operation's output
+    /// by 1.01 in tile memory where the operation ends (the simulator's
+    /// `Perturb`); the run must then report a mismatch at that operation.
+    #[arg(long, hide = true)]
+    pub perturb: Option<String>,
     /// Test hook: lower every multi-query attention with scores `Q K^T` and the row
     /// softmax, the path otherwise taken only where the transposed one does not
     /// apply.
@@ -465,6 +470,12 @@ struct RunJson<'a> {
     /// The smallest cosine similarity of any output with its reference.
     cosine: Option<f64>,
     outputs: &'a [OutputCheck],
+    /// The first operation, in program order, whose tensors differ from the
+    /// reference beyond their tolerance (`ops[].passed` false), with its worst tile.
+    mismatch: Option<&'a super::validate::Mismatch>,
+    /// The test hook's perturbation (`--perturb`), when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    perturbed: Option<&'a super::validate::Perturbed>,
     /// The encoder layers' operations (`layers.*`), as the seed's encoder interval.
     encoder: Option<Interval>,
     ops: &'a [OpRow],
@@ -571,6 +582,10 @@ struct OpRow {
     bound: &'static str,
     /// `floor_cycles / (cycles + host)`: how close the operation comes to its floor.
     floor_share: f64,
+    /// Its tensors compared with the reference where it ends (`max_abs_error`,
+    /// `tolerance`, `worst_tile`, `passed`, `tensors`).
+    #[serde(flatten)]
+    check: super::validate::OpCheck,
 }
 
 #[derive(Serialize)]
@@ -634,6 +649,7 @@ fn op_table(
                 floor_cycles: 0,
                 bound: "none",
                 floor_share: 0.0,
+                check: Default::default(),
             }
         })
         .collect();
@@ -1032,6 +1048,18 @@ pub(crate) struct Simulated {
 }
 
 fn simulate(json: bool, p: &Prepared, c: &Compiled) -> anyhow::Result<Simulated> {
+    simulate_with(json, p, c, Vec::new(), Vec::new())
+}
+
+/// [`simulate`], with tile memory copied out (and perturbed, a test hook) at
+/// superstep boundaries.
+fn simulate_with(
+    json: bool,
+    p: &Prepared,
+    c: &Compiled,
+    captures: Vec<tessera_sim::Capture>,
+    perturb: Vec<tessera_sim::Perturb>,
+) -> anyhow::Result<Simulated> {
     let pb = progress(json, "simulating");
     let t = Instant::now();
     let mut sim = Simulator::new(&c.package).context("loading the package")?;
@@ -1051,6 +1079,8 @@ fn simulate(json: bool, p: &Prepared, c: &Compiled) -> anyhow::Result<Simulated>
     let report = sim.run(&SimOptions {
         preload_bindings: false,
         trace: true,
+        captures,
+        perturb,
         ..SimOptions::default()
     });
     // The first host phases stream the weights once; what follows is one inference.
@@ -1096,6 +1126,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
         );
         print_report(&c.report);
     }
+    let req = super::validate::requests(&c, a.perturb.as_deref(), 1.01)?;
     let Simulated {
         report,
         profile,
@@ -1105,11 +1136,19 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
         simulate_ms,
         simulate_serial_ms,
         sim,
-    } = simulate(a.json, &p, &c)?;
+    } = simulate_with(a.json, &p, &c, req.captures.clone(), req.perturb.clone())?;
 
     let pb = progress(a.json, "reference");
     let t = Instant::now();
-    let want32 = tessera_reference::evaluate(&p.graph, &p.weights, &p.inputs)?;
+    // Every tensor an operation leaves on the tiles is kept for its check.
+    let keep = super::validate::wanted(&p.graph, &c)?;
+    let (want32, kept32) = tessera_reference::evaluate_keeping(
+        &p.graph,
+        &p.weights,
+        &p.inputs,
+        &tessera_reference::EvalOptions::default(),
+        &keep,
+    )?;
     // The reference that stores f16 where the program does (chunk partials, the
     // plan's inner groups, every f16 tensor): the program may differ from it only
     // by the kernels' own roundings, a few ulps.
@@ -1129,7 +1168,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             }
         }
     }
-    let want16 = tessera_reference::evaluate_with(&p.graph, &p.weights, &p.inputs, &f16_opts)?;
+    let (want16, kept16) =
+        tessera_reference::evaluate_keeping(&p.graph, &p.weights, &p.inputs, &f16_opts, &keep)?;
     let reference_ms = t.elapsed().as_secs_f64() * 1e3;
     pb.finish_and_clear();
     let mut outputs = Vec::new();
@@ -1159,7 +1199,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             passed: max_err.is_some_and(|e| e <= tol),
         });
     }
-    let passed = report.status == Status::Ok && outputs.iter().all(|o| o.passed);
+    let checks = super::validate::check(&c, &req, sim.captured(), &kept16, &kept32);
+    let mismatch = super::validate::first_mismatch(&c, &checks);
+    let passed =
+        report.status == Status::Ok && outputs.iter().all(|o| o.passed) && mismatch.is_none();
     // The worst output against its own tolerance speaks for the run.
     let worst = outputs
         .iter()
@@ -1169,7 +1212,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
         })
         .context("the model has no output")?;
     let peak = p.machine.peak_f16_flop_per_cycle() as f64;
-    let (ops, encoder, labels) = op_table(&p.machine, &p.graph, &c, &profile, peak, init_cycles);
+    let (mut ops, encoder, labels) =
+        op_table(&p.machine, &p.graph, &c, &profile, peak, init_cycles);
+    for (row, check) in ops.iter_mut().zip(&checks) {
+        row.check = check.clone();
+    }
     // What the tiles execute, as the rows count it: the graph's products would also
     // credit projections a rule absorbed, which no tile runs.
     let flop: u64 = ops.iter().map(|o| o.flop).sum();
@@ -1227,6 +1274,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
                 .reduce(f32::max),
             cosine: outputs.iter().filter_map(|o| o.cosine).reduce(f64::min),
             outputs: &outputs,
+            mismatch: mismatch.as_ref(),
+            perturbed: req.perturbed.as_ref(),
             encoder,
             ops: &ops,
             estimated: c.report.estimated,
@@ -1298,6 +1347,23 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
                 ),
                 _ => println!("output `{}`: none, the run faulted", o.name),
             }
+        }
+        print!("{}", super::validate::render(&c, &checks));
+        if let Some(pt) = &req.perturbed {
+            println!(
+                "perturbed (test hook): `{}` of `{}` on tile {}, times {}",
+                pt.tensor, pt.op, pt.tile, pt.factor
+            );
+        }
+        if let Some(m) = &mismatch {
+            println!(
+                "MISMATCH at operation `{}`: tensor `{}`, max abs error {:.6} on tile {} (tolerance {:.6})",
+                m.op,
+                m.tensor,
+                m.max_abs_error.unwrap_or(f32::NAN),
+                m.worst_tile.map_or("-".to_string(), |t| t.to_string()),
+                m.tolerance.unwrap_or(f32::NAN)
+            );
         }
         for f in report.faults.iter().take(24) {
             println!("  {f}");
@@ -1437,6 +1503,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
         seed: 1,
         weaken_rearrange_contract: false,
         mutate_kernel: None,
+        perturb: None,
         row_attention: false,
         whole_keys: false,
         unabsorbed_head: false,

@@ -56,6 +56,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
         cycle_budget: a.cycle_budget,
         preload_bindings: a.preload_bindings,
         trace: false,
+        ..SimOptions::default()
     });
     if a.json {
         super::print_json(&SimJson {

@@ -70,6 +70,7 @@ pub(crate) fn simulate(p: &Package, preload_bindings: bool) -> Result<String, St
         cycle_budget: CYCLE_BUDGET,
         preload_bindings,
         trace: false,
+        ..SimOptions::default()
     });
     assert_eq!(
         r.status == tessera_sim::Status::Ok,

@@ -395,6 +395,71 @@ impl<'g> Walker<'g> {
         Ok(())
     }
 
+    /// The graph tensors of operation `i` and the operations fused with it, for
+    /// [`TilePlan::results`]: a tensor read outside the group (or a graph output)
+    /// is what the rule left on the tiles; one read only inside it never exists
+    /// whole.
+    fn results(&self, i: usize, fused: &[String], plan_op: usize) -> Vec<OpResult> {
+        let ops = self.graph.ops();
+        let mut group: Vec<usize> = vec![i];
+        for name in fused {
+            if let Some(j) = ops.iter().position(|o| &o.name == name) {
+                group.push(j);
+            }
+        }
+        let outputs: HashSet<TensorId> = self.graph.outputs().iter().map(|o| o.tensor).collect();
+        let mut out = Vec::new();
+        for &j in &group {
+            let op = &ops[j];
+            let t = op.output;
+            let read_outside = outputs.contains(&t)
+                || self.consumers[t.index()]
+                    .iter()
+                    .any(|c| !group.contains(&(c.0 as usize)));
+            let (stored, note) = match self.vals.get(&t) {
+                Some(v) if read_outside => {
+                    let scale = self.folded_scales.get(&t).copied().unwrap_or(1.0);
+                    let stored = StoredTensor {
+                        t: v.t.clone(),
+                        heads: match v.cols {
+                            Cols::Dense => None,
+                            Cols::Heads { heads, d, dp } => Some((heads, d, dp)),
+                        },
+                        offset: v.offset,
+                        scale,
+                    };
+                    let note = (scale != 1.0).then(|| {
+                        format!(
+                            "stored times the attention's scale {scale}, folded into the projection"
+                        )
+                    });
+                    (Some(stored), note)
+                }
+                _ if !read_outside => (
+                    None,
+                    Some(format!(
+                        "an intermediate of `{}`'s fused operations: never stored on its own",
+                        ops[i].name
+                    )),
+                ),
+                _ => (
+                    None,
+                    Some(format!(
+                        "folded away by `{}` (an absorbed projection): never computed",
+                        ops[i].name
+                    )),
+                ),
+            };
+            out.push(OpResult {
+                op: plan_op,
+                tensor: op.name.clone(),
+                stored,
+                note,
+            });
+        }
+        out
+    }
+
     /// `x @ W (+ b)` with `W` a 2-D parameter, and the epilogue that follows it
     /// alone: views, one per-row constant add, GELU, one residual add.
     fn linear(
@@ -1573,10 +1638,19 @@ pub fn max_live_bytes(plan: &TilePlan) -> u64 {
     busiest(plan).2
 }
 
-/// The tile and step with the most bytes of buffers live, and those bytes.
+/// The tile and step with the most bytes live, and those bytes: the buffers live
+/// at the step and the tile's exchange code, which stays for the whole program.
 pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
     let steps = plan.steps.len();
     let mut live = vec![0u64; plan.tiles as usize * steps];
+    for (t, code) in crate::exchange_code::code_bytes_per_tile(plan)
+        .into_iter()
+        .enumerate()
+    {
+        for v in &mut live[t * steps..(t + 1) * steps] {
+            *v += code;
+        }
+    }
     for b in &plan.buffers {
         for s in b.first..=b.last.min(steps.saturating_sub(1) as Step) {
             live[b.tile as usize * steps + s as usize] += u64::from(b.bytes);
@@ -1689,6 +1763,8 @@ fn lower_with(
                 OpKind::Gelu { .. } | OpKind::Add { .. } => "elementwise",
                 other => other.mnemonic(),
             };
+            let results = w.results(i, &fused, lw.plan.ops.len());
+            lw.plan.results.extend(results);
             lw.plan.ops.push(PlanOp {
                 name: op.name.clone(),
                 kind: kind.to_string(),

@@ -1,0 +1,95 @@
+//! Copying tile memory out at superstep boundaries during a run: a simulator's
+//! privilege (hardware would need the program to send the bytes to the host), used
+//! to check every operation's output where it ends, not only what the program
+//! sends out. And its test hook: scaling f16 values in tile memory there, to see
+//! that the checks catch a wrong block.
+
+use crate::fp::{f16_to_f32, f32_to_f16};
+use crate::tile::TileState;
+use crate::{SimOptions, Simulator};
+
+/// A superstep boundary at which every tile has stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CapturePoint {
+    /// The tiles have reached exchange program `id`, which has not run yet: the
+    /// compute before it is done everywhere.
+    Exchange(u16),
+    /// The run has ended (every tile exited, or a superstep with a fault ended).
+    End,
+}
+
+/// `len` bytes of tile memory from `addr`, copied out at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capture {
+    pub at: CapturePoint,
+    pub tile: u32,
+    pub addr: u32,
+    pub len: u32,
+}
+
+/// Test hook: at `at`, before that point's captures, multiply the `len / 2` f16
+/// values from `addr` by `factor` (rounded to f16) in tile memory; the run goes on
+/// with them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Perturb {
+    pub at: CapturePoint,
+    pub tile: u32,
+    pub addr: u32,
+    pub len: u32,
+    pub factor: f32,
+}
+
+impl Simulator {
+    /// The bytes of each of the last run's [`SimOptions::captures`], in request
+    /// order: `None` for a point the run never reached (it faulted before) or a
+    /// range outside the tile's memory (or a tile without an image).
+    pub fn captured(&self) -> &[Option<Vec<u8>>] {
+        &self.captured
+    }
+
+    /// Perturbs and captures at the exchanges the tiles have stopped at.
+    pub(crate) fn capture_at_exchanges(&mut self, opts: &SimOptions) {
+        if opts.captures.is_empty() && opts.perturb.is_empty() {
+            return;
+        }
+        let mut ids: Vec<u16> = self
+            .tiles
+            .iter()
+            .filter_map(|t| match t.state {
+                TileState::AtExchange { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            self.capture_at(CapturePoint::Exchange(id), opts);
+        }
+    }
+
+    /// Perturbs, then captures, at `point`. A point reached again (a program that
+    /// runs an exchange twice) keeps its first capture.
+    pub(crate) fn capture_at(&mut self, point: CapturePoint, opts: &SimOptions) {
+        for p in opts.perturb.iter().filter(|p| p.at == point) {
+            let Some(&i) = self.slot_of.get(&p.tile) else {
+                continue;
+            };
+            if !self.layout.range_ok(p.addr, p.len) {
+                continue;
+            }
+            let off = (p.addr - self.layout.start) as usize;
+            let sh = &mut self.tiles[i].sh;
+            for v in sh.mem[off..off + p.len as usize].chunks_exact_mut(2) {
+                let x = f16_to_f32(u16::from_le_bytes([v[0], v[1]])) * p.factor;
+                v.copy_from_slice(&f32_to_f16(x).to_le_bytes());
+            }
+            crate::write_code_check(sh, self.layout.start, p.addr, p.len);
+        }
+        for (k, c) in opts.captures.iter().enumerate() {
+            if c.at != point || self.captured[k].is_some() {
+                continue;
+            }
+            self.captured[k] = self.read_memory(c.tile, c.addr, c.len).map(<[u8]>::to_vec);
+        }
+    }
+}
