@@ -140,3 +140,78 @@ pub fn code_bytes_per_tile(plan: &TilePlan) -> Vec<u64> {
     }
     bytes
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::ir::BufId;
+
+    /// Every (source byte, destination byte) pair the copies move: what merging
+    /// must keep exactly.
+    fn moves(copies: &[Copy]) -> BTreeSet<((u32, u32), (u32, u32))> {
+        let mut m = BTreeSet::new();
+        for c in copies {
+            for i in 0..c.bytes {
+                for d in &c.dsts {
+                    m.insert(((c.src.buf.0, c.src.offset + i), (d.buf.0, d.offset + i)));
+                }
+            }
+        }
+        m
+    }
+
+    fn loc(buf: u32, offset: u32) -> Loc {
+        Loc {
+            buf: BufId(buf),
+            offset,
+        }
+    }
+
+    #[test]
+    fn coalescing_keeps_every_byte_and_merges_only_runs() {
+        // Rows of a block sent in order to two tiles at matching offsets: one run.
+        let rows: Vec<Copy> = (0..8)
+            .map(|r| Copy {
+                src: loc(1, 32 * r),
+                bytes: 32,
+                dsts: vec![loc(5, 64 + 32 * r), loc(9, 32 * r)],
+            })
+            .collect();
+        let merged = coalesced(&rows);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(moves(&merged), moves(&rows));
+        // A gap at one destination breaks the run there.
+        let mut broken = rows.clone();
+        broken[4].dsts[1].offset += 2;
+        assert_eq!(coalesced(&broken).len(), 2);
+        assert_eq!(moves(&coalesced(&broken)), moves(&broken));
+        // Fixed-seed random copies: the same bytes move, never more messages.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u32| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % u64::from(n)) as u32
+        };
+        for case in 0..300 {
+            let copies: Vec<Copy> = (0..1 + next(12))
+                .map(|_| {
+                    let (sb, so, bytes) = (next(3), 8 * next(6), 8 * (1 + next(2)));
+                    let dsts = (0..1 + next(2))
+                        .map(|_| loc(10 + next(3), 8 * next(6)))
+                        .collect();
+                    Copy {
+                        src: loc(sb, so),
+                        bytes,
+                        dsts,
+                    }
+                })
+                .collect();
+            let merged = coalesced(&copies);
+            assert!(merged.len() <= copies.len(), "case {case}");
+            assert_eq!(moves(&merged), moves(&copies), "case {case}: {copies:?}");
+        }
+    }
+}
