@@ -114,6 +114,7 @@ fn exec_env<const SUP: bool>(
         weights: [[0.0; 16]; 16],
         code_dirty: false,
         barrel: crate::barrel::Barrel::new(6, 6),
+        hz: Default::default(),
     };
     let mut ctx = Ctx {
         pc: CODE,
@@ -153,6 +154,7 @@ fn exec_env<const SUP: bool>(
     assert_eq!(format!("{ctx:?}"), format!("{ctx2:?}"));
     assert_eq!(format!("{amp:?}"), format!("{amp2:?}"));
     assert!(sh.mem == sh2.mem, "memory differs between the two loops");
+    assert_eq!(format!("{:?}", sh.hz), format!("{:?}", sh2.hz));
     Run {
         ctx,
         sh,
