@@ -33,14 +33,35 @@ pub(crate) struct Span {
     pub last_write: u64,
 }
 
+/// A batch of consecutive AMP feeder bundles on the same three pointer
+/// registers (two loads, a store, each advancing by 8). Updating three spans on
+/// every feeder issue cost the AMP kernel a sixth of its time; a batch costs a
+/// compare per issue. Nothing else runs between the batch's issues (any other
+/// issue closes it first), so each stream covers `start` up to its register's
+/// value when the batch closes, and the batch's last issue is the one before.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Feed {
+    active: bool,
+    /// The three registers, packed four bits each.
+    regs: u16,
+    start: [u32; 3],
+}
+
+fn pack(regs: [MReg; 3]) -> u16 {
+    u16::from(regs[0].0 & 15) | (u16::from(regs[1].0 & 15) << 4) | (u16::from(regs[2].0 & 15) << 8)
+}
+
 /// What the running worker has done so far.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Log {
+    feed: Feed,
     /// The range being extended through each base register.
     open: [Span; 16],
     closed: Vec<Span>,
     /// Latest cycle at which this run read (`amp`) or wrote (`ampw`) the weights.
     weights_last: u64,
+    /// Latest cycle at which this run wrote them.
+    ampw_last: u64,
 }
 
 /// One finished worker run, kept while the supervisor may still issue during it.
@@ -103,11 +124,11 @@ pub(crate) struct Hazards {
     runs: Vec<RunRecord>,
     /// Span lists of retired runs, emptied, for the next runs to reuse.
     spare: Vec<Vec<Span>>,
-    /// Latest `ampw` by any worker run so far, and whose: a later-simulated
+    /// Latest `ampw` by any finished worker run, and whose: a later-simulated
     /// worker's `amp` before it in cycles read weights the simulator had already
     /// replaced.
     worker_ampw: (u64, u8),
-    /// Latest `amp` or `ampw` by any worker run so far, and whose.
+    /// Latest `amp` or `ampw` by any finished worker run, and whose.
     worker_weights: (u64, u8),
 }
 
@@ -126,13 +147,28 @@ impl Hazards {
     /// A worker run starts: its accesses are logged from here.
     pub fn begin(&mut self, worker: usize) {
         self.worker = worker as u8;
+        self.log.feed = Feed::default();
         self.log.open = [Span::default(); 16];
         self.log.closed = self.spare.pop().unwrap_or_default();
         self.log.weights_last = 0;
+        self.log.ampw_last = 0;
     }
 
     /// The run started by [`Hazards::begin`] took cycles `start..end`.
-    pub fn end(&mut self, start: u64, end: u64) {
+    /// `m` and `last_issue` are the worker's registers and latest issue when it
+    /// stopped.
+    pub fn end(&mut self, start: u64, end: u64, m: &[u32; 16], last_issue: u64) {
+        self.close_feed(m, last_issue);
+        // Later runs are checked against this one's weights accesses; its own
+        // came before its later ones, so it need not be (and the hot `amp`
+        // updates one field).
+        let w = self.worker;
+        if self.log.weights_last > self.worker_weights.0 {
+            self.worker_weights = (self.log.weights_last, w);
+        }
+        if self.log.ampw_last > self.worker_ampw.0 {
+            self.worker_ampw = (self.log.ampw_last, w);
+        }
         let mut spans = std::mem::take(&mut self.log.closed);
         spans.extend(self.log.open.iter().filter(|s| s.hi > s.lo));
         self.runs.push(RunRecord {
@@ -165,8 +201,95 @@ impl Hazards {
     /// register `base`, issued at cycle `t`.
     #[inline(always)]
     pub fn note(&mut self, base: MReg, addr: u32, len: u32, t: u64, write: bool) {
+        debug_assert!(!self.log.feed.active, "a feeder batch left open");
+        let r = (base.0 & 15) as usize;
+        let s = &mut self.log.open[r];
+        // The stream's next bytes: the common case, kept to a compare and stores.
+        if addr == s.hi {
+            s.hi = addr + len;
+            s.last = t;
+            if write {
+                s.last_write = t;
+            }
+        } else {
+            self.note_jump(r, addr, len, t, write);
+        }
+    }
+
+    /// The feeder bundle's accesses at cycle `t`: loads at `addrs[0]` and
+    /// `addrs[1]`, a store at `addrs[2]` (8 bytes each), through `regs` (whose
+    /// values `m` has not yet advanced); the first pointer then advances by
+    /// `inc0`. `prev` is the worker's issue before this one.
+    #[inline(always)]
+    pub fn feed(
+        &mut self,
+        m: &[u32; 16],
+        regs: [MReg; 3],
+        addrs: [u32; 3],
+        inc0: i64,
+        t: u64,
+        prev: u64,
+    ) {
+        let f = &self.log.feed;
+        if f.active && inc0 == 8 && f.regs == pack(regs) {
+            return;
+        }
+        self.feed_restart(m, regs, addrs, inc0, t, prev);
+    }
+
+    #[inline(never)]
+    fn feed_restart(
+        &mut self,
+        m: &[u32; 16],
+        regs: [MReg; 3],
+        addrs: [u32; 3],
+        inc0: i64,
+        t: u64,
+        prev: u64,
+    ) {
+        self.close_feed(m, prev);
+        if inc0 == 8 {
+            self.log.feed = Feed {
+                active: true,
+                regs: pack(regs),
+                start: addrs,
+            };
+        } else {
+            // A strided first stream jumps: this issue stands alone.
+            for (k, (r, a)) in regs.iter().zip(addrs).enumerate() {
+                self.note_jump((r.0 & 15) as usize, a, 8, t, k == 2);
+            }
+        }
+    }
+
+    /// Whether a feeder batch is open (the interpreter closes it before any
+    /// other issue).
+    #[inline(always)]
+    pub fn feeding(&self) -> bool {
+        self.log.feed.active
+    }
+
+    /// Closes the feeder batch, if any: `m` holds the registers after its last
+    /// issue, made at cycle `last`.
+    #[inline(never)]
+    pub fn close_feed(&mut self, m: &[u32; 16], last: u64) {
+        let f = std::mem::take(&mut self.log.feed);
+        if !f.active {
+            return;
+        }
+        for k in 0..3 {
+            let r = usize::from((f.regs >> (4 * k)) & 15);
+            let (lo, hi) = (f.start[k], m[r]);
+            if hi > lo {
+                self.note_jump(r, lo, hi - lo, last, k == 2);
+            }
+        }
+    }
+
+    #[inline(never)]
+    fn note_jump(&mut self, r: usize, addr: u32, len: u32, t: u64, write: bool) {
         let end = addr + len;
-        let s = &mut self.log.open[(base.0 & 15) as usize];
+        let s = &mut self.log.open[r];
         if addr <= s.hi && end >= s.lo {
             s.lo = s.lo.min(addr);
             s.hi = s.hi.max(end);
@@ -194,9 +317,6 @@ impl Hazards {
             return Err(self.weights_race("amp", t, self.worker_ampw, "loads them with `ampw`"));
         }
         self.log.weights_last = t;
-        if t > self.worker_weights.0 {
-            self.worker_weights = (t, self.worker);
-        }
         Ok(())
     }
 
@@ -207,8 +327,7 @@ impl Hazards {
             return Err(self.weights_race("ampw", t, w, "uses them"));
         }
         self.log.weights_last = t;
-        self.worker_weights = (t, self.worker);
-        self.worker_ampw = (t, self.worker);
+        self.log.ampw_last = t;
         Ok(())
     }
 

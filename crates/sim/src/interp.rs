@@ -376,6 +376,8 @@ pub(crate) fn run_portable<const SUP: bool, const F16C: bool>(
         ctx.issues += 1;
         ctx.instructions += n_inst;
         let before = ctx.clock;
+        // The previous issue, which closes a feeder batch (`hazard::Feed`).
+        let prev = ctx.last_issue;
         // Only the supervisor's timing depends on register use.
         let uses = if SUP {
             word_uses(word)
@@ -402,7 +404,7 @@ pub(crate) fn run_portable<const SUP: bool, const F16C: bool>(
         if let Word::Bundle(m, a) = word
             && !SUP
             && pc.is_multiple_of(8)
-            && feeder_bundle::<F16C>(sh, ctx, amp, env, m, a)
+            && feeder_bundle::<F16C>(sh, ctx, amp, env, m, a, prev)
         {
             ctx.m[15] = 0;
             ctx.a[15] = 0;
@@ -412,6 +414,9 @@ pub(crate) fn run_portable<const SUP: bool, const F16C: bool>(
                 prog = Arc::clone(&sh.prog);
             }
             continue;
+        }
+        if !SUP && sh.hz.feeding() {
+            sh.hz.close_feed(&ctx.m, prev);
         }
         let result = match word {
             Word::Single(i) => {
@@ -1222,6 +1227,7 @@ fn ld2xst64(
 /// and raises the fault. Same operations and order as the general path (operands
 /// read first, the aux result written last).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn feeder_bundle<const F16C: bool>(
     sh: &mut Shared,
     ctx: &mut Ctx,
@@ -1229,6 +1235,7 @@ fn feeder_bundle<const F16C: bool>(
     env: &Env,
     main: &Inst,
     aux: &Inst,
+    prev: u64,
 ) -> bool {
     let &Inst::Amp {
         out,
@@ -1279,9 +1286,8 @@ fn feeder_bundle<const F16C: bool>(
     if sh.hz.worker_amp(t).is_err() {
         return false;
     }
-    sh.hz.note(p0, a0, 8, t, false);
-    sh.hz.note(p1, a1, 8, t, false);
-    sh.hz.note(ps, a2, 8, t, true);
+    sh.hz
+        .feed(&ctx.m, [p0, p1, ps], [a0, a1, a2], inc0, t, prev);
     let sv = ar2(ctx, s);
     let result = amp_step::<F16C>(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
     ctx.clock += env.amp_extra;

@@ -336,7 +336,12 @@ impl Tile {
         wk.busy_cycles += wk.ctx.clock - start;
         let end = wk.busy_until;
         self.sh.barrel.hold(w, start, end);
-        self.sh.hz.end(start, end);
+        self.sh.hz.end(
+            start,
+            end,
+            &self.workers[w].ctx.m,
+            self.workers[w].ctx.last_issue,
+        );
         end
     }
 

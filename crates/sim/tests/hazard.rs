@@ -257,3 +257,45 @@ fn host_transfer_into_a_buffer_a_running_worker_reads_faults() {
     assert_eq!(f.instruction, "hostxfer $m4");
     assert!(f.cause.contains("store to 0x90000..0x90004"), "{}", f.cause);
 }
+
+/// Worker code streaming 40 AMP feeder bundles: loads from 0x90000 and
+/// 0x90008 on, stores from 0xa0000 on (320 bytes, the last at its 41st issue).
+const FEEDER: &str = "feeder:
+    setzi $m2, 0x90000
+    setzi $m3, 0x90008
+    setzi $m4, 0xa0000
+    rpt 40, 1
+    { ld2xst64pace $a0:1, $a2:3, $a4:5, $m2+=, $m3+=, $m4+= ; amp $a4:5, $a0:1, $a2:3, 0 }
+    exit";
+
+#[test]
+fn supervisor_store_into_an_amp_feeders_streams_faults() {
+    // Into the store stream's last bytes, and into the loads' (a separate run).
+    for (at, theirs) in [("0xa0138", "writes"), ("0x90100", "reads")] {
+        let r = run(&program(
+            &format!(
+                "    setzi $m2, feeder
+    setzi $m3, {at}
+    run $m2, $m3, 4
+    st32 $m3, $m3, 0
+    sync local
+    exit"
+            ),
+            FEEDER,
+        ));
+        let f = hazard(&r);
+        assert_eq!(f.races, Some(Context::Worker(4)));
+        assert!(f.cause.contains(theirs), "{}", f.cause);
+    }
+    // Past the end of every stream: no hazard.
+    let r = run(&program(
+        "    setzi $m2, feeder
+    setzi $m3, 0xa0140
+    run $m2, $m3, 4
+    st32 $m3, $m3, 0
+    sync local
+    exit",
+        FEEDER,
+    ));
+    assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
+}
