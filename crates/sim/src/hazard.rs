@@ -12,11 +12,11 @@
 //!
 //! So each worker run keeps the byte ranges it accessed with the cycle of its
 //! latest access (and latest write) to them, and the cycle of its latest AMP use;
-//! a supervisor access at cycle `c` is checked against the runs still going at
-//! `c`. Ranges are coalesced per pointer register while the worker runs (a
-//! stream through one register stays one range), so the hot loop pays a compare
-//! and a few stores per access; the list is sorted only when a supervisor access
-//! falls inside a run.
+//! a supervisor access at cycle `c` is checked against the runs started before
+//! it and not over by `c`. Ranges are coalesced per pointer register while the
+//! worker runs (a stream through one register stays one range), so the hot loop
+//! pays a compare and a few stores per access (a compare per AMP feeder issue,
+//! [`Feed`]); a run's list is sorted only when a supervisor access asks.
 
 use crate::fault::{Context, FaultKind};
 use crate::interp::Trap;
@@ -231,10 +231,25 @@ impl Hazards {
         prev: u64,
     ) {
         let f = &self.log.feed;
-        if f.active && inc0 == 8 && f.regs == pack(regs) {
+        if f.active && f.regs == pack(regs) {
+            if inc0 != 8 {
+                self.feed_jump(addrs[0], inc0, t);
+            }
             return;
         }
         self.feed_restart(m, regs, addrs, inc0, t, prev);
+    }
+
+    /// A strided feeder issue: its first stream's access at `a0` ends that
+    /// stream's range, and the stream goes on from `a0 + inc0` (a row-major
+    /// input's next row); the other two streams go on as they were.
+    #[inline(never)]
+    fn feed_jump(&mut self, a0: u32, inc0: i64, t: u64) {
+        let r = usize::from(self.log.feed.regs & 15);
+        let lo = self.log.feed.start[0];
+        self.note_jump(r, lo, a0 + 8 - lo, t, false);
+        // The general path has checked that the advanced pointer fits in 32 bits.
+        self.log.feed.start[0] = (i64::from(a0) + inc0) as u32;
     }
 
     #[inline(never)]
@@ -248,17 +263,13 @@ impl Hazards {
         prev: u64,
     ) {
         self.close_feed(m, prev);
-        if inc0 == 8 {
-            self.log.feed = Feed {
-                active: true,
-                regs: pack(regs),
-                start: addrs,
-            };
-        } else {
-            // A strided first stream jumps: this issue stands alone.
-            for (k, (r, a)) in regs.iter().zip(addrs).enumerate() {
-                self.note_jump((r.0 & 15) as usize, a, 8, t, k == 2);
-            }
+        self.log.feed = Feed {
+            active: true,
+            regs: pack(regs),
+            start: addrs,
+        };
+        if inc0 != 8 {
+            self.feed_jump(addrs[0], inc0, t);
         }
     }
 

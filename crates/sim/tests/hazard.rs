@@ -299,3 +299,45 @@ fn supervisor_store_into_an_amp_feeders_streams_faults() {
     ));
     assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
 }
+
+/// Worker code reading a row-major input of ten 64-byte rows, the first 32
+/// bytes of each (three plain feeder issues and a strided one a row), from
+/// 0x90000; the second load stream from 0x90008, the store stream from 0xa0000.
+const STRIDED_FEEDER: &str = "sfeeder:
+    setzi $m2, 0x90000
+    setzi $m3, 0x90008
+    setzi $m4, 0xa0000
+    setzi $m5, 5
+    nop
+    rpt 10, 4
+    { ld2xst64pace $a0:1, $a2:3, $a4:5, $m2+=, $m3+=, $m4+= ; amp $a4:5, $a0:1, $a2:3, 0 }
+    { ld2xst64pace $a0:1, $a2:3, $a4:5, $m2+=, $m3+=, $m4+= ; amp $a4:5, $a0:1, $a2:3, 1 }
+    { ld2xst64pace $a0:1, $a2:3, $a4:5, $m2+=, $m3+=, $m4+= ; amp $a4:5, $a0:1, $a2:3, 2 }
+    { ld2xst64pace $a0:1, $a2:3, $a4:5, $m2+=$m5, $m3+=, $m4+= ; amp $a4:5, $a0:1, $a2:3, 3 }
+    exit";
+
+#[test]
+fn strided_feeder_rows_race_and_their_gaps_do_not() {
+    let store_at = |at: &str| {
+        run(&program(
+            &format!(
+                "    setzi $m2, sfeeder
+    setzi $m3, {at}
+    run $m2, $m3, 2
+    st32 $m3, $m3, 0
+    sync local
+    exit"
+            ),
+            STRIDED_FEEDER,
+        ))
+    };
+    // Row 8's bytes 0x90200..0x90220 are read late in the run.
+    let r = store_at("0x90204");
+    let f = hazard(&r);
+    assert_eq!(f.races, Some(Context::Worker(2)));
+    assert!(f.cause.contains("reads 0x90200..0x90220"), "{}", f.cause);
+    // Row 5's second half (0x90160..0x90180) is never read, nor reached by the
+    // second load stream (0x90008..0x90148).
+    let r = store_at("0x90168");
+    assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
+}
