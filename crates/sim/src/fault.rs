@@ -54,6 +54,10 @@ pub enum FaultKind {
     InvalidExchangeConfiguration,
     /// The cycle budget ran out (not an architectural exception).
     Timeout,
+    /// Two contexts of a tile touch the same bytes or the AMP weights in an order
+    /// that depends on the barrel's interleaving (not an architectural exception:
+    /// the simulator's own check, `docs/sim.md`).
+    ExecutionHazard,
 }
 
 impl fmt::Display for FaultKind {
@@ -82,6 +86,9 @@ pub struct Fault {
     pub address: Option<u32>,
     /// Tile cycle at which the context faulted.
     pub cycle: u64,
+    /// For an ExecutionHazard: the context it races.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub races: Option<Context>,
 }
 
 impl fmt::Display for Fault {

@@ -6,6 +6,7 @@
 use crate::barrel::Barrel;
 use crate::fault::FaultKind;
 use crate::fp;
+use crate::hazard::{Access, Hazards};
 use crate::mem::{AddrError, Layout};
 use crate::program::{FetchError, Program};
 use std::sync::Arc;
@@ -64,6 +65,8 @@ pub(crate) struct Shared {
     pub barrel: Barrel,
     /// What the supervisor's exchange code has issued since the last global sync.
     pub xlog: crate::exchange::ExchangeLog,
+    /// What worker runs accessed, for the supervisor's hazard checks.
+    pub hz: Hazards,
 }
 
 /// Per-run constants.
@@ -89,6 +92,8 @@ pub(crate) struct Trap {
     pub kind: FaultKind,
     pub cause: String,
     pub address: Option<u32>,
+    /// The other context of a hazard.
+    pub races: Option<crate::fault::Context>,
 }
 
 #[cold]
@@ -97,6 +102,7 @@ pub(crate) fn trap(kind: FaultKind, cause: String, address: Option<u32>) -> Box<
         kind,
         cause,
         address,
+        races: None,
     })
 }
 
@@ -239,6 +245,26 @@ fn bump(p: u32, delta: i64) -> Res<u32> {
     })
 }
 
+/// Records a worker's access for the hazard checks, or checks a supervisor's
+/// (its only memory instructions are `ld32`, `st32` and `ampw` on `$m`).
+#[inline(always)]
+fn access<const SUP: bool>(
+    sh: &mut Shared,
+    ctx: &Ctx,
+    base: MReg,
+    addr: u32,
+    len: u32,
+    how: Access,
+) -> Res<()> {
+    if SUP {
+        sh.hz.supervisor(ctx.last_issue, addr, len, how)
+    } else {
+        sh.hz
+            .note(base, addr, len, ctx.last_issue, how == Access::Store);
+        Ok(())
+    }
+}
+
 /// `p + 8` for paced pointers (checked like [`bump`]).
 #[inline(always)]
 fn step8(p: u32) -> Res<u32> {
@@ -352,6 +378,8 @@ pub(crate) fn run_portable<const SUP: bool, const F16C: bool>(
         ctx.issues += 1;
         ctx.instructions += n_inst;
         let before = ctx.clock;
+        // The previous issue, which closes a feeder batch (`hazard::Feed`).
+        let prev = ctx.last_issue;
         // Only the supervisor's timing depends on register use.
         let uses = if SUP {
             word_uses(word)
@@ -378,7 +406,7 @@ pub(crate) fn run_portable<const SUP: bool, const F16C: bool>(
         if let Word::Bundle(m, a) = word
             && !SUP
             && pc.is_multiple_of(8)
-            && feeder_bundle::<F16C>(sh, ctx, amp, env, m, a)
+            && feeder_bundle::<F16C>(sh, ctx, amp, env, m, a, prev)
         {
             ctx.m[15] = 0;
             ctx.a[15] = 0;
@@ -388,6 +416,9 @@ pub(crate) fn run_portable<const SUP: bool, const F16C: bool>(
                 prog = Arc::clone(&sh.prog);
             }
             continue;
+        }
+        if !SUP && sh.hz.feeding() {
+            sh.hz.close_feed(&ctx.m, prev);
         }
         let result = match word {
             Word::Single(i) => {
@@ -667,33 +698,40 @@ fn exec_main<const SUP: bool, const F16C: bool>(
         Inst::MovAm { d, a } => set_a(ctx, d, mr(ctx, a)),
         Inst::MovMa { d, a } => set_m(ctx, d, ar(ctx, a)),
         Inst::Ld32M { d, base, imm } => {
-            let (_, off) = ea(env, mr(ctx, base), imm, 4)?;
+            let (addr, off) = ea(env, mr(ctx, base), imm, 4)?;
+            access::<SUP>(sh, ctx, base, addr, 4, Access::Load)?;
             set_m(ctx, d, rd32(&sh.mem, off))
         }
         Inst::Ld32 { d, base, imm } => {
-            let (_, off) = ea(env, mr(ctx, base), imm, 4)?;
+            let (addr, off) = ea(env, mr(ctx, base), imm, 4)?;
+            access::<SUP>(sh, ctx, base, addr, 4, Access::Load)?;
             set_a(ctx, d, rd32(&sh.mem, off))
         }
         Inst::St32M { s, base, imm } => {
             let (addr, off) = ea(env, mr(ctx, base), imm, 4)?;
+            access::<SUP>(sh, ctx, base, addr, 4, Access::Store)?;
             sh.wr(env, addr, off, &mr(ctx, s).to_le_bytes())
         }
         Inst::St32 { s, base, imm } => {
             let (addr, off) = ea(env, mr(ctx, base), imm, 4)?;
+            access::<SUP>(sh, ctx, base, addr, 4, Access::Store)?;
             sh.wr(env, addr, off, &ar(ctx, s).to_le_bytes())
         }
         Inst::Ld64 { d, base, imm } => {
-            let (_, off) = ea(env, mr(ctx, base), imm, 8)?;
+            let (addr, off) = ea(env, mr(ctx, base), imm, 8)?;
+            access::<SUP>(sh, ctx, base, addr, 8, Access::Load)?;
             set_a2(ctx, d, rd64(&sh.mem, off))
         }
         Inst::St64 { s, base, imm } => {
             let (addr, off) = ea(env, mr(ctx, base), imm, 8)?;
+            access::<SUP>(sh, ctx, base, addr, 8, Access::Store)?;
             sh.wr(env, addr, off, &ar2(ctx, s).to_le_bytes())
         }
         Inst::Ld64Step { d, base, inc } => {
             let p = mr(ctx, base);
             let off = ea8(env, p)?;
             let next = bump(p, i64::from(inc) * 8)?;
+            access::<SUP>(sh, ctx, base, p, 8, Access::Load)?;
             set_a2(ctx, d, rd64(&sh.mem, off));
             set_m(ctx, base, next)
         }
@@ -701,6 +739,7 @@ fn exec_main<const SUP: bool, const F16C: bool>(
             let p = mr(ctx, base);
             let off = ea8(env, p)?;
             let next = bump(p, i64::from(inc) * 8)?;
+            access::<SUP>(sh, ctx, base, p, 8, Access::Store)?;
             sh.wr(env, p, off, &ar2(ctx, s).to_le_bytes());
             set_m(ctx, base, next)
         }
@@ -710,6 +749,8 @@ fn exec_main<const SUP: bool, const F16C: bool>(
                 .layout
                 .check128(addr)
                 .map_err(|e| addr_trap(e, addr, 16, &env.layout))?;
+            // Inside SRAM, so below 2^32.
+            access::<SUP>(sh, ctx, base, addr as u32, 16, Access::Load)?;
             let lo = rd64(&sh.mem, off);
             let hi = rd64(&sh.mem, off + 8);
             let q = (d.0 & 12) as usize;
@@ -722,6 +763,7 @@ fn exec_main<const SUP: bool, const F16C: bool>(
             let p = mr(ctx, base);
             let off = ea8(env, p)?;
             let next = bump(p, stride_bytes(ctx, stride))?;
+            access::<SUP>(sh, ctx, base, p, 8, Access::Load)?;
             set_a2(ctx, d, rd64(&sh.mem, off));
             set_m(ctx, base, next)
         }
@@ -774,6 +816,12 @@ fn exec_main<const SUP: bool, const F16C: bool>(
                 .check128(p.into())
                 .map_err(|e| addr_trap(e, p.into(), 16, &env.layout))?;
             let next = bump(p, 16)?;
+            access::<SUP>(sh, ctx, base, p, 16, Access::Load)?;
+            if SUP {
+                sh.hz.supervisor_ampw(ctx.last_issue)?;
+            } else {
+                sh.hz.worker_ampw(ctx.last_issue)?;
+            }
             let row = (quad as usize / 2) & 15;
             let col = (quad as usize % 2) * 8;
             let w = &mut sh.weights[row][col..col + 8];
@@ -1098,7 +1146,14 @@ fn stride_bytes(ctx: &Ctx, stride: MReg) -> i64 {
 /// `ld2x64pace`: two loads in different elements; the first pointer advances by
 /// `inc0` bytes (8, or a stride), the second by 8.
 #[inline(always)]
-fn ld2x64(sh: &Shared, ctx: &mut Ctx, env: &Env, d: [AReg; 2], p: [MReg; 2], inc0: i64) -> Res<()> {
+fn ld2x64(
+    sh: &mut Shared,
+    ctx: &mut Ctx,
+    env: &Env,
+    d: [AReg; 2],
+    p: [MReg; 2],
+    inc0: i64,
+) -> Res<()> {
     let (a0, a1) = (mr(ctx, p[0]), mr(ctx, p[1]));
     let o0 = ea8(env, a0)?;
     let o1 = ea8(env, a1)?;
@@ -1107,6 +1162,9 @@ fn ld2x64(sh: &Shared, ctx: &mut Ctx, env: &Env, d: [AReg; 2], p: [MReg; 2], inc
         return Err(conflict(&[a0, a1], e0));
     }
     let (n0, n1) = (bump(a0, inc0)?, step8(a1)?);
+    let t = ctx.last_issue;
+    sh.hz.note(p[0], a0, 8, t, false);
+    sh.hz.note(p[1], a1, 8, t, false);
     let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
     set_a2(ctx, d[0], v0);
     set_a2(ctx, d[1], v1);
@@ -1135,6 +1193,9 @@ fn ldst64(
         return Err(conflict(&[al, as_], el));
     }
     let (nl, ns) = (bump(al, inc_l)?, step8(as_)?);
+    let t = ctx.last_issue;
+    sh.hz.note(p[0], al, 8, t, false);
+    sh.hz.note(p[1], as_, 8, t, true);
     let sv = ar2(ctx, s);
     let lv = rd64(&sh.mem, ol);
     sh.wr(env, as_, os, &sv.to_le_bytes());
@@ -1170,6 +1231,10 @@ fn ld2xst64(
         return Err(conflict(&[a0, a1, as_], e));
     }
     let (n0, n1, ns) = (bump(a0, inc0)?, step8(a1)?, step8(as_)?);
+    let t = ctx.last_issue;
+    sh.hz.note(p[0], a0, 8, t, false);
+    sh.hz.note(p[1], a1, 8, t, false);
+    sh.hz.note(p[2], as_, 8, t, true);
     let sv = ar2(ctx, s);
     let (v0, v1) = (rd64(&sh.mem, o0), rd64(&sh.mem, o1));
     sh.wr(env, as_, os, &sv.to_le_bytes());
@@ -1187,6 +1252,7 @@ fn ld2xst64(
 /// and raises the fault. Same operations and order as the general path (operands
 /// read first, the aux result written last).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn feeder_bundle<const F16C: bool>(
     sh: &mut Shared,
     ctx: &mut Ctx,
@@ -1194,6 +1260,7 @@ fn feeder_bundle<const F16C: bool>(
     env: &Env,
     main: &Inst,
     aux: &Inst,
+    prev: u64,
 ) -> bool {
     let &Inst::Amp {
         out,
@@ -1239,6 +1306,13 @@ fn feeder_bundle<const F16C: bool>(
     if e0 == e1 || e0 == e2 || e1 == e2 {
         return false;
     }
+    let t = ctx.last_issue;
+    // A weights hazard: the general path raises it.
+    if sh.hz.worker_amp(t).is_err() {
+        return false;
+    }
+    sh.hz
+        .feed(&ctx.m, [p0, p1, ps], [a0, a1, a2], inc0, t, prev);
     let sv = ar2(ctx, s);
     let result = amp_step::<F16C>(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
     ctx.clock += env.amp_extra;
@@ -1261,7 +1335,7 @@ fn feeder_bundle<const F16C: bool>(
 fn exec_aux<const F16C: bool>(
     ctx: &mut Ctx,
     amp: &mut Amp,
-    sh: &Shared,
+    sh: &mut Shared,
     env: &Env,
     i: &Inst,
 ) -> Res<AuxOut> {
@@ -1272,6 +1346,7 @@ fn exec_aux<const F16C: bool>(
             pin,
             phase,
         } => {
+            sh.hz.worker_amp(ctx.last_issue)?;
             let result = amp_step::<F16C>(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
             ctx.clock += env.amp_extra;
             two(out, result)

@@ -19,6 +19,7 @@ mod capture;
 mod exchange;
 mod fault;
 mod fp;
+mod hazard;
 mod interp;
 mod mem;
 mod program;
@@ -278,6 +279,7 @@ impl Simulator {
                         code_dirty: false,
                         barrel: barrel::Barrel::default(),
                         xlog: Default::default(),
+                        hz: Default::default(),
                     },
                     sup: Default::default(),
                     workers: Vec::new(),
@@ -721,7 +723,22 @@ impl Simulator {
             let TileState::AtHost { desc, pc, word } = self.tiles[s].state else {
                 continue;
             };
-            match self.parse_descriptors(s, desc) {
+            let parsed = self.parse_descriptors(s, desc).and_then(|records| {
+                // The transfer happens at or after the issue: a running worker's
+                // later access to its bytes races it.
+                let tile = &mut self.tiles[s];
+                let issue = tile.sup.last_issue;
+                for r in &records {
+                    let how = if r.to_host {
+                        hazard::Access::Load
+                    } else {
+                        hazard::Access::Store
+                    };
+                    tile.sh.hz.supervisor(issue, r.tile_addr, r.len, how)?;
+                }
+                Ok(records)
+            });
+            match parsed {
                 Err(t) => {
                     let tile = &mut self.tiles[s];
                     let image = &self.package.tiles[tile.image];

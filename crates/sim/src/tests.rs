@@ -115,6 +115,7 @@ fn exec_env<const SUP: bool>(
         code_dirty: false,
         barrel: crate::barrel::Barrel::new(6, 6),
         xlog: Default::default(),
+        hz: Default::default(),
     };
     let mut ctx = Ctx {
         pc: CODE,
@@ -154,6 +155,7 @@ fn exec_env<const SUP: bool>(
     assert_eq!(format!("{ctx:?}"), format!("{ctx2:?}"));
     assert_eq!(format!("{amp:?}"), format!("{amp2:?}"));
     assert!(sh.mem == sh2.mem, "memory differs between the two loops");
+    assert_eq!(format!("{:?}", sh.hz), format!("{:?}", sh2.hz));
     Run {
         ctx,
         sh,

@@ -85,6 +85,7 @@ impl Tile {
         self.workers = vec![Worker::default(); workers];
         self.sh.barrel = crate::barrel::Barrel::new(slots, workers);
         self.sh.weights = [[0.0; 16]; 16];
+        self.sh.hz.reset();
         self.state = TileState::Running;
         self.faults.clear();
         self.trace.clear();
@@ -118,6 +119,7 @@ impl Tile {
             instruction: word.as_ref().map(word_text).unwrap_or_default(),
             address: trap.address,
             cycle,
+            races: trap.races,
         });
     }
 
@@ -167,11 +169,13 @@ impl Tile {
             match inst {
                 Inst::Exit => {
                     self.sup.clock = self.sup.clock.max(self.workers_done());
+                    self.sh.hz.retire(self.sup.clock);
                     self.state = TileState::Exited;
                     return;
                 }
                 Inst::SyncLocal => {
                     self.sup.clock = self.sup.clock.max(self.workers_done());
+                    self.sh.hz.retire(self.sup.clock);
                 }
                 Inst::SyncGlobal => {
                     self.state = TileState::AtSync;
@@ -310,6 +314,9 @@ impl Tile {
         ctx.m[1] = w as u32;
         wk.ctx = ctx;
         wk.amp = Amp::default();
+        // The supervisor issues only from here on: runs over by now cannot race it.
+        self.sh.hz.retire(self.sup.last_issue);
+        self.sh.hz.begin(w);
         loop {
             let wk = &mut self.workers[w];
             match interp::run::<false>(&mut self.sh, &mut wk.ctx, &mut wk.amp, env) {
@@ -350,6 +357,12 @@ impl Tile {
         wk.busy_cycles += wk.ctx.clock - start;
         let end = wk.busy_until;
         self.sh.barrel.hold(w, start, end);
+        self.sh.hz.end(
+            start,
+            end,
+            &self.workers[w].ctx.m,
+            self.workers[w].ctx.last_issue,
+        );
         end
     }
 
