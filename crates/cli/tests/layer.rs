@@ -34,6 +34,15 @@ fn tiny_layer_runs_and_validates() {
         .map(|o| o["name"].as_str().unwrap())
         .collect();
     assert_eq!(outputs, ["tokens", "pooled"], "{text}");
+    // Exchange is code in the tiles' SRAM, reported by category.
+    let code = &v["code"];
+    let x = code["max_per_tile"]["exchange_code"].as_u64().unwrap();
+    assert!(x > 0, "{code}");
+    assert!(
+        code["total"]["exchange_code"].as_u64().unwrap() >= x,
+        "{code}"
+    );
+    assert!(code["exchange_messages_on_that_tile"].as_u64().unwrap() > 0);
     // Every operation's floor is one of the three bounds and never above what the
     // simulator achieved: a floor above it would mean the machine model or the
     // floor is wrong.

@@ -506,6 +506,8 @@ struct RunJson<'a> {
     host_transfer_cycles: u64,
     profile: &'a tessera_profile::Profile,
     placement: &'a tessera_compile::PlacementSummary,
+    /// Code bytes by category (exchange code among them).
+    code: &'a tessera_compile::CodeSummary,
     host: &'a tessera_compile::HostReport,
     decisions: &'a [String],
     faults: &'a [Fault],
@@ -1297,6 +1299,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
             host_transfer_cycles: host_cycles,
             profile: &profile,
             placement: &c.report.placement,
+            code: &c.report.code,
             host: &c.report.host,
             decisions: &c.report.decisions,
             faults: &report.faults,
