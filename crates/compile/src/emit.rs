@@ -413,8 +413,16 @@ pub fn emit(
             if code.exchange_bytes > 0 {
                 let mut words = Vec::new();
                 for (xi, x) in plan.exchanges.iter().enumerate() {
-                    if code.exchange_blocks[xi].is_some() {
+                    if let Some(offset) = code.exchange_blocks[xi] {
                         let p = &sized.exchange_parts[xi][tile as usize];
+                        // Each phase's block named, so that a fault in it says
+                        // which phase (`exchange.7+0x1c`).
+                        symbols.push(Symbol {
+                            name: format!("{EXCHANGE_SYMBOL}.{}", x.id),
+                            addr: x_base + offset,
+                            size: p.code_bytes(),
+                            kind: SymbolKind::Code,
+                        });
                         words.extend(part_at(p, &addr).words(x.id));
                     }
                 }
