@@ -162,6 +162,9 @@ fn check_common(dom: &str, json: &serde_json::Value) {
         "SRAM rectangles"
     );
     assert!(dom.contains(r#"class="reserved""#), "host descriptors");
+    // Exchange code is placed like any code, in its own colour.
+    assert!(dom.contains("exchange_code"), "exchange code in the legend");
+    assert!(dom.contains("#b07aa1"), "exchange code in the SRAM viewer");
 }
 
 #[test]
