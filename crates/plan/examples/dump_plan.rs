@@ -72,6 +72,23 @@ fn main() {
         }
         let (tile, most) = total.iter().enumerate().max_by_key(|x| x.1).unwrap();
         println!("busiest tile {tile}: {most} messages");
+        let copies: usize = plan.exchanges.iter().map(|x| x.copies.len()).sum();
+        let dsts: usize = plan
+            .exchanges
+            .iter()
+            .flat_map(|x| x.copies.iter().map(|c| c.dsts.len()))
+            .sum();
+        println!("{copies} copies to {dsts} destinations");
+        let t = std::time::Instant::now();
+        let bytes = tessera_plan::exchange_code::code_bytes_per_tile(&plan);
+        println!(
+            "exchange code: at most {} bytes a tile, counted in {:.1} ms",
+            bytes.iter().max().unwrap_or(&0),
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        let t = std::time::Instant::now();
+        let b = tessera_plan::busiest(&plan);
+        println!("busiest {b:?} in {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
         for (x, parts) in plan.exchanges.iter().zip(&all) {
             let p = &parts[tile];
             let mut sizes: BTreeMap<u32, usize> = BTreeMap::new();

@@ -72,7 +72,7 @@ fn exchange_cycles(machine: &Machine, plan: &TilePlan, x: &crate::ir::Exchange) 
             c.dsts.iter().map(|d| plan.buffer(d.buf).tile),
         );
     }
-    let parts = crate::exchange_code::exchange_parts(plan, x);
-    let code = crate::exchange_code::code_cycles(machine, &parts);
+    let counts = crate::exchange_code::exchange_counts(plan, x);
+    let code = crate::exchange_code::code_cycles(machine, &counts);
     load.cycles_with(|t| code.get(t as usize).copied().unwrap_or(0))
 }

@@ -3,14 +3,14 @@
 //! (`tessera_kernels::exchange`) and for the estimate's cost of that code.
 //!
 //! A copy is one message of its source tile (several when it is longer than
-//! [`MAX_MESSAGE`]; one with the copies it continues, `coalesced`), numbered in
+//! [`MAX_MESSAGE`]; one with the copies it continues, `runs`), numbered in
 //! source-buffer order; every destination lands it. A tile lands its messages grouped by source tile in tile
 //! order, so that its incoming mux switches once per source.
 
 use tessera_kernels::exchange::MAX_MESSAGE;
 use tessera_machine::Machine;
 
-use crate::ir::{Copy, Exchange, Loc, TilePlan};
+use crate::ir::{BufId, Copy, Exchange, Loc, TilePlan};
 
 /// One tile's part of one exchange phase.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,18 +51,19 @@ impl TilePart {
 /// Every tile's part of `x`, indexed by tile (empty parts for tiles it leaves out).
 pub fn exchange_parts(plan: &TilePlan, x: &Exchange) -> Vec<TilePart> {
     let mut parts = vec![TilePart::default(); plan.tiles as usize];
-    for c in coalesced(&x.copies) {
+    for (first, bytes) in runs(&x.copies, |b| plan.buffer(b).tile) {
+        let c = &x.copies[first];
         let src = plan.buffer(c.src.buf).tile;
         let mut offset = 0;
-        while offset < c.bytes {
-            let bytes = (c.bytes - offset).min(MAX_MESSAGE);
+        while offset < bytes {
+            let piece = (bytes - offset).min(MAX_MESSAGE);
             let at = Loc {
                 buf: c.src.buf,
                 offset: c.src.offset + offset,
             };
             let sender = &mut parts[src as usize];
             let msg = sender.sends.len() as u32;
-            sender.sends.push((at, bytes));
+            sender.sends.push((at, piece));
             for d in &c.dsts {
                 let to = Loc {
                     buf: d.buf,
@@ -72,7 +73,7 @@ pub fn exchange_parts(plan: &TilePlan, x: &Exchange) -> Vec<TilePart> {
                     .recvs
                     .push((src, msg, to));
             }
-            offset += bytes;
+            offset += piece;
         }
     }
     for p in &mut parts {
@@ -82,24 +83,75 @@ pub fn exchange_parts(plan: &TilePlan, x: &Exchange) -> Vec<TilePart> {
     parts
 }
 
-/// The phase's copies with every run that continues another merged into it: a
-/// copy whose source bytes follow another's in the same buffer, and whose every
-/// destination follows that copy's matching destination in the same buffer, is
-/// one message with it. Redistributions cut tensors into rows and blocks, and a
-/// tile's consecutive pieces often travel together: each message saved is code
-/// on the sender and on every receiver. Same bytes, same places.
-fn coalesced(copies: &[Copy]) -> Vec<Copy> {
-    let mut order: Vec<&Copy> = copies.iter().collect();
-    order.sort_by_key(|c| (c.src.buf, c.src.offset));
-    let mut out: Vec<Copy> = Vec::with_capacity(order.len());
-    for c in order {
-        if let Some(last) = out.last_mut()
-            && continues(last, c)
-        {
-            last.bytes += c.bytes;
+/// What a tile's part of a phase counts, without where: messages sent, and
+/// messages landed from each source tile in block order. What the fit loop and
+/// the estimate ask of every phase again and again, so made without building the
+/// parts; `exchange_parts` gives the same counts (tested).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TileCounts {
+    pub sends: usize,
+    pub groups: Vec<usize>,
+}
+
+impl TileCounts {
+    pub fn code_bytes(&self) -> u32 {
+        let recvs = self.groups.iter().sum();
+        tessera_kernels::exchange::block_bytes(self.sends, recvs, self.groups.len())
+    }
+}
+
+/// Every tile's [`TileCounts`] for phase `x`, indexed by tile.
+pub fn exchange_counts(plan: &TilePlan, x: &Exchange) -> Vec<TileCounts> {
+    let mut counts = vec![TileCounts::default(); plan.tiles as usize];
+    // The runs come by source tile, so each receiver's groups close in order.
+    let mut last_src = vec![u32::MAX; plan.tiles as usize];
+    for (first, bytes) in runs(&x.copies, |b| plan.buffer(b).tile) {
+        let c = &x.copies[first];
+        let src = plan.buffer(c.src.buf).tile;
+        let pieces = bytes.div_ceil(MAX_MESSAGE) as usize;
+        if pieces == 0 {
             continue;
         }
-        out.push(c.clone());
+        counts[src as usize].sends += pieces;
+        for d in &c.dsts {
+            let t = plan.buffer(d.buf).tile as usize;
+            if last_src[t] == src {
+                *counts[t].groups.last_mut().expect("a group is open") += pieces;
+            } else {
+                counts[t].groups.push(pieces);
+                last_src[t] = src;
+            }
+        }
+    }
+    counts
+}
+
+/// The phase's messages before they are cut at [`MAX_MESSAGE`]: runs of copies in
+/// which each continues the one before (its source bytes follow that copy's in
+/// the same buffer, and each destination follows that copy's matching one), as
+/// (the run's first copy, its bytes), by source tile, then source buffer and
+/// offset (so a tile's messages are numbered in that order). Redistributions cut
+/// tensors into rows and blocks, and a tile's consecutive pieces sometimes travel
+/// together: each message saved is code on the sender and on every receiver.
+/// Same bytes, same places.
+fn runs(copies: &[Copy], tile_of: impl Fn(BufId) -> u32) -> Vec<(usize, u32)> {
+    let key = |c: &Copy| (tile_of(c.src.buf), c.src.buf, c.src.offset);
+    let mut order: Vec<usize> = (0..copies.len()).collect();
+    // Lowerings mostly emit copies in this order already.
+    if !order.is_sorted_by_key(|&i| key(&copies[i])) {
+        order.sort_by_key(|&i| key(&copies[i]));
+    }
+    let mut out: Vec<(usize, u32)> = Vec::with_capacity(order.len());
+    let mut last: Option<usize> = None;
+    for i in order {
+        if let (Some(l), Some(run)) = (last, out.last_mut())
+            && continues(&copies[l], &copies[i])
+        {
+            run.1 += copies[i].bytes;
+        } else {
+            out.push((i, copies[i].bytes));
+        }
+        last = Some(i);
     }
     out
 }
@@ -114,17 +166,11 @@ fn continues(a: &Copy, b: &Copy) -> bool {
             .all(|(x, y)| x.buf == y.buf && x.offset + a.bytes == y.offset)
 }
 
-/// Cycles each tile's exchange code takes in phase `x` (from its parts).
-pub fn code_cycles(machine: &Machine, parts: &[TilePart]) -> Vec<u64> {
-    parts
+/// Cycles each tile's exchange code takes in a phase (from its counts).
+pub fn code_cycles(machine: &Machine, counts: &[TileCounts]) -> Vec<u64> {
+    counts
         .iter()
-        .map(|p| {
-            tessera_kernels::exchange::block_cycles(
-                &machine.timing,
-                p.sends.len(),
-                &p.recv_groups(),
-            )
-        })
+        .map(|c| tessera_kernels::exchange::block_cycles(&machine.timing, c.sends, &c.groups))
         .collect()
 }
 
@@ -132,10 +178,23 @@ pub fn code_cycles(machine: &Machine, parts: &[TilePart]) -> Vec<u64> {
 /// block. It lives in executable SRAM beside the tile's buffers, so the fit loop
 /// counts it.
 pub fn code_bytes_per_tile(plan: &TilePlan) -> Vec<u64> {
+    use rayon::prelude::*;
+    // Phases in parallel (a batch-4 layer has millions of landings), summed in
+    // phase order.
+    let per_phase: Vec<Vec<u32>> = plan
+        .exchanges
+        .par_iter()
+        .map(|x| {
+            exchange_counts(plan, x)
+                .iter()
+                .map(TileCounts::code_bytes)
+                .collect()
+        })
+        .collect();
     let mut bytes = vec![0u64; plan.tiles as usize];
-    for x in &plan.exchanges {
-        for (t, p) in exchange_parts(plan, x).iter().enumerate() {
-            bytes[t] += u64::from(p.code_bytes());
+    for phase in per_phase {
+        for (t, b) in phase.into_iter().enumerate() {
+            bytes[t] += u64::from(b);
         }
     }
     bytes
@@ -146,7 +205,6 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::ir::BufId;
 
     /// Every (source byte, destination byte) pair the copies move: what merging
     /// must keep exactly.
@@ -167,6 +225,17 @@ mod tests {
             buf: BufId(buf),
             offset,
         }
+    }
+
+    /// The runs as copies: what the messages move.
+    fn coalesced(copies: &[Copy]) -> Vec<Copy> {
+        runs(copies, |b| b.0 % 3)
+            .into_iter()
+            .map(|(i, bytes)| Copy {
+                bytes,
+                ..copies[i].clone()
+            })
+            .collect()
     }
 
     #[test]
