@@ -1,7 +1,7 @@
 //! Prints a layer's plan, or with `stats`, the plan's estimate, its weight budget
 //! and the busiest tile's live bytes by buffer name and memory class at its worst
 //! step, or with `cands`, each linear's strategies (estimate, bytes, passes) and
-//! the one chosen:
+//! the one chosen, or with `xmsg`, the busiest tile's exchange messages by phase:
 //! `cargo run -p tessera-plan --example dump_plan -- so400m 2 c600 stats`.
 //! `CHOICE=layers.0.attn.q=6` lowers with that strategy at the fitted budgets
 //! without the fit loop (to see how far it is from fitting).
@@ -57,8 +57,8 @@ fn main() {
         };
     }
     if args.get(4).map(String::as_str) == Some("xmsg") {
-        // Messages per tile by exchange phase: the largest tile's, with the sizes
-        // of what it lands.
+        // Messages per tile by exchange phase: the busiest tile's, with the sizes
+        // of what it sends, and what counting every tile's exchange code costs.
         let mut total = vec![0usize; plan.tiles as usize];
         let all: Vec<_> = plan
             .exchanges
@@ -92,11 +92,6 @@ fn main() {
         for (x, parts) in plan.exchanges.iter().zip(&all) {
             let p = &parts[tile];
             let mut sizes: BTreeMap<u32, usize> = BTreeMap::new();
-            for r in &p.recvs {
-                let (src_parts, msg) = (&all, r.1);
-                let _ = src_parts;
-                let _ = msg;
-            }
             for s in &p.sends {
                 *sizes.entry(s.1).or_default() += 1;
             }
