@@ -41,10 +41,11 @@ pub(crate) struct Landing {
     pub bytes: u32,
 }
 
-/// A matched phase: each executing tile slot's landings, and the cycle the phase
-/// ends.
+/// A matched phase: each executing tile slot's landings, the cycle its tiles were
+/// released by their sync (where it begins), and the cycle it ends.
 pub(crate) struct Matched {
     pub lands: Vec<(usize, Vec<Landing>)>,
+    pub begin: u64,
     pub end: u64,
 }
 
@@ -135,7 +136,11 @@ pub(crate) fn match_phase(
         .map(|&s| (tiles[s].id, tiles[s].clock().saturating_sub(base)))
         .collect();
     let end = base + load.cycles_with(|t| code.get(&t).copied().unwrap_or(0));
-    Ok(Matched { lands, end })
+    Ok(Matched {
+        lands,
+        begin: base,
+        end,
+    })
 }
 
 /// The first two landings of one tile that write the same bytes.

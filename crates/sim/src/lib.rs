@@ -688,11 +688,6 @@ impl Simulator {
             };
             exchange::land(&mut self.tiles, &self.layout, &matched);
             self.parallel += t0.elapsed();
-            let begin = executers
-                .iter()
-                .map(|&s| self.tiles[s].released)
-                .min()
-                .unwrap_or(0);
             for &s in &executers {
                 let t = &mut self.tiles[s];
                 t.sup.clock = matched.end;
@@ -700,7 +695,7 @@ impl Simulator {
                 t.sh.xlog = Default::default();
             }
             if tracing {
-                chip_trace.push(chip_event(begin, TraceKind::ExchangeStart { id }));
+                chip_trace.push(chip_event(matched.begin, TraceKind::ExchangeStart { id }));
                 chip_trace.push(chip_event(matched.end, TraceKind::ExchangeEnd { id }));
             }
         }
