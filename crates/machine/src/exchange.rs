@@ -45,11 +45,6 @@ impl Counts {
             None => *self.beyond.entry(tile).or_default() += by,
         }
     }
-
-    fn max(&self) -> u64 {
-        let beyond = self.beyond.values();
-        self.dense.iter().chain(beyond).copied().max().unwrap_or(0)
-    }
 }
 
 impl ExchangeLoad {
@@ -84,9 +79,9 @@ impl ExchangeLoad {
         }
     }
 
+    /// The phase's cycles with no exchange code: the busiest tile's bytes.
     pub fn cycles(&self) -> u64 {
-        let busiest = self.sent.max().max(self.received.max());
-        self.overhead + busiest.div_ceil(self.rate * u64::from(self.group))
+        self.cycles_with(|_| 0)
     }
 
     /// The phase's cycles when each tile first runs its exchange code, `code(t)`
