@@ -123,10 +123,11 @@ enum Rows {
     /// header of the call (stride 12), its row offset already in the pointers, and
     /// the repeat count is an immediate. No records.
     Even { q: u32 },
-    /// Every worker has at least two rows: records of (row offset, rows - 2).
+    /// Every worker has at least three rows: records of (row offset, rows - 3).
     Records,
-    /// Some worker has fewer than two rows: records of (row offset, rows), and the
-    /// worker branches on its row count and on the partial-in being zero.
+    /// Some worker has fewer than three rows (none more than three): records of
+    /// (row offset, rows), and the worker branches on its row count and on the
+    /// partial-in being zero.
     Few,
 }
 
@@ -229,12 +230,12 @@ impl AmpMatmul {
 
     fn layout(&self) -> Rows {
         let (q, extra) = (self.rows / WORKERS, self.rows % WORKERS);
-        if q < 2 {
-            Rows::Few
-        } else if extra == 0 && 32 * q < 1 << 12 {
+        if q >= 2 && extra == 0 && 32 * q < 1 << 12 {
             Rows::Even { q }
-        } else {
+        } else if q >= 3 {
             Rows::Records
+        } else {
+            Rows::Few
         }
     }
 
@@ -255,7 +256,6 @@ impl AmpMatmul {
         match self.layout() {
             Rows::Few => few_rows(s, self.row_major_kc()),
             Rows::Even { q } => {
-                let count = Count::Imm(q as u16 - 2);
                 let feeds: &[Feed] = if self.start == AmpStart::Bias {
                     &[Feed::Partials, Feed::Zeros, Feed::Bias]
                 } else {
@@ -268,7 +268,7 @@ impl AmpMatmul {
                         Feed::Partials => {}
                     }
                     // Every worker's `$m0` is its own header; the output pointer
-                    // is loaded in `rows_loop`, just before its repeat.
+                    // is loaded in `rows_stream`.
                     s.i(ld32m(m(3), m(0), 0));
                     if f != Feed::Zeros {
                         s.i(ld32m(m(4), m(0), 1));
@@ -276,17 +276,7 @@ impl AmpMatmul {
                     if let Some(kc) = self.row_major_kc() {
                         s.i(setzi(m(9), 4 * kc - 3));
                     }
-                    if f == Feed::Bias {
-                        // The block's bias, the same for every worker.
-                        for d in BIAS_PAIRS {
-                            s.i(Inst::Ld64Step {
-                                d: a(d),
-                                base: m(4),
-                                inc: 1,
-                            });
-                        }
-                    }
-                    rows_loop(s, f, count, self.a_row_major);
+                    rows_stream(s, f, Count::Table(q), self.a_row_major);
                 }
             }
             Rows::Records => {
@@ -303,7 +293,7 @@ impl AmpMatmul {
                     s.i(ld32m(m(5), m(2), 2));
                     s.i(ld32m(m(6), m(0), RECORD));
                     offset_pointers(s, f, self.row_major_kc());
-                    rows_loop(s, f, Count::Record, self.a_row_major);
+                    rows_stream(s, f, Count::Record, self.a_row_major);
                 }
             }
         }
@@ -393,13 +383,11 @@ impl AmpMatmul {
             .collect())
     }
 
-    /// Issues of one worker run with `r` rows, as emitted: setup, then four per row
-    /// plus pipeline fill and drain (see [`rows_loop`]).
+    /// Issues of one worker run with `r` rows, as emitted: setup, then the
+    /// stream (see [`rows_stream`]).
     fn worker_issues(&self, r: u32, feed: Feed) -> u64 {
-        let r = u64::from(r);
+        // The partial-in (or bias) pointer's load, and with records its offset.
         let p = u64::from(feed != Feed::Zeros);
-        // The bias entry's four loads of the block's bias.
-        let bias = if feed == Feed::Bias { 4 } else { 0 };
         // A row-major A: its row offset and the stride register (only the stride
         // with the header table, whose pointers hold the offset).
         let rm = match (self.a_row_major && r > 0, self.layout()) {
@@ -408,14 +396,19 @@ impl AmpMatmul {
             (true, _) => 2,
         };
         rm + match self.layout() {
-            // Two or three header loads (the output's in the loop's setup).
-            Rows::Even { .. } => 4 * r + 9 + 1 + p + bias,
+            // The A header load.
+            Rows::Even { q } => 1 + p + stream_issues(feed, r, Count::Table(q)),
             // Header address, header loads, record load, adds.
-            Rows::Records => 4 * r + 9 + 7 + 2 * p,
+            Rows::Records => 7 + 2 * p + stream_issues(feed, r, Count::Record),
             Rows::Few => match r {
                 0 => 9,
-                1 => 24 + p,
-                r => 4 * r + 22 + p,
+                // Header address and loads, the row branch, offsets, the
+                // partial-in branch and the first row-count branch; beyond one
+                // row the count's step and the second branch.
+                r => {
+                    let more = if r == 1 { 0 } else { 2 };
+                    13 + p + more + stream_issues(feed, r, Count::Fixed(r))
+                }
             },
         }
     }
@@ -772,13 +765,12 @@ fn offset_a(s: &mut Asm, row_major_kc: Option<u32>) {
     }
 }
 
-/// The legacy worker for splits with fewer than two rows per worker: one entry,
-/// branching on the row count (`$m7`) and on a zero partial-in.
+/// The worker for splits with fewer than three rows for some worker: one entry,
+/// branching on the row count (`$m7`, up to three) and on a zero partial-in; each
+/// count's rows are emitted straight.
 fn few_rows(s: &mut Asm, row_major_kc: Option<u32>) {
     let done = s.label();
     let zero = s.label();
-    let one_pin = s.label();
-    let one_zero = s.label();
     s.i(inti(IntOp::Shl, m(2), m(1), 3));
     s.i(int(IntOp::Sub, m(2), m(0), m(2))); // call header
     s.i(ld32m(m(3), m(2), 0)); // A chunk
@@ -793,23 +785,31 @@ fn few_rows(s: &mut Asm, row_major_kc: Option<u32>) {
     s.i(inti(IntOp::Sub, m(8), m(7), 1));
     s.brz(m(4), zero);
     s.i(int(IntOp::Add, m(4), m(4), m(6)));
-    s.brz(m(8), one_pin);
-    rows_loop(s, Feed::Partials, Count::Rows, row_major_kc.is_some());
-    s.bind(one_pin);
-    one_row(s, Feed::Partials);
+    by_rows(s, Feed::Partials, row_major_kc.is_some());
     s.bind(zero);
-    s.brz(m(8), one_zero);
-    rows_loop(s, Feed::Zeros, Count::Rows, row_major_kc.is_some());
-    s.bind(one_zero);
-    one_row(s, Feed::Zeros);
+    by_rows(s, Feed::Zeros, row_major_kc.is_some());
     s.bind(done);
     s.i(Inst::Exit);
+}
+
+/// Branches on `$m8` = rows - 1 (0..=2) to each count's straight code.
+fn by_rows(s: &mut Asm, f: Feed, strided: bool) {
+    let (one, two) = (s.label(), s.label());
+    s.brz(m(8), one);
+    s.i(inti(IntOp::Sub, m(8), m(8), 1));
+    s.brz(m(8), two);
+    rows_stream(s, f, Count::Fixed(3), strided);
+    s.bind(two);
+    rows_stream(s, f, Count::Fixed(2), strided);
+    s.bind(one);
+    rows_stream(s, f, Count::Fixed(1), strided);
 }
 
 /// How partial sums enter the engine.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Feed {
-    /// A third stream from the partial-in buffer (`$m4`) into `$a2:3`.
+    /// A third stream from the partial-in buffer (`$m4`) into `$a2:3`, one row
+    /// ahead of A.
     Partials,
     /// The zeroed pair `$a6:7`; only A and the output are streamed. Workers start
     /// with every register but `$m0`/`$m1` zeroed (ISA, `run`) and nothing here
@@ -826,79 +826,6 @@ impl Feed {
             Feed::Partials => a(2),
             Feed::Zeros => a(6),
             Feed::Bias => a(BIAS_PAIRS[usize::from(phase % 4)]),
-        }
-    }
-    fn load(self) -> Inst {
-        match self {
-            Feed::Partials => Inst::Ld2x64Pace {
-                d0: a(0),
-                d1: a(2),
-                p0: m(3),
-                p1: m(4),
-            },
-            Feed::Zeros | Feed::Bias => Inst::Ld64Step {
-                d: a(0),
-                base: m(3),
-                inc: 1,
-            },
-        }
-    }
-    /// The load of a row's last quarter: with a row-major A it strides to the
-    /// next row.
-    fn load_last(self, strided: bool) -> Inst {
-        match (self, strided) {
-            (_, false) => self.load(),
-            (Feed::Partials, true) => Inst::Ld2x64PaceStride {
-                d0: a(0),
-                d1: a(2),
-                p0: m(3),
-                p1: m(4),
-                stride: m(9),
-            },
-            (Feed::Zeros | Feed::Bias, true) => Inst::Ld64Stride {
-                d: a(0),
-                base: m(3),
-                stride: m(9),
-            },
-        }
-    }
-    fn load_store_last(self, strided: bool) -> Inst {
-        match (self, strided) {
-            (_, false) => self.load_store(),
-            (Feed::Partials, true) => Inst::Ld2xSt64PaceStride {
-                d0: a(0),
-                d1: a(2),
-                s: a(4),
-                p0: m(3),
-                p1: m(4),
-                ps: m(5),
-                stride: m(9),
-            },
-            (Feed::Zeros | Feed::Bias, true) => Inst::Ldst64PaceStride {
-                d: a(0),
-                s: a(4),
-                pl: m(3),
-                ps: m(5),
-                stride: m(9),
-            },
-        }
-    }
-    fn load_store(self) -> Inst {
-        match self {
-            Feed::Partials => Inst::Ld2xSt64Pace {
-                d0: a(0),
-                d1: a(2),
-                s: a(4),
-                p0: m(3),
-                p1: m(4),
-                ps: m(5),
-            },
-            Feed::Zeros | Feed::Bias => Inst::Ldst64Pace {
-                d: a(0),
-                s: a(4),
-                pl: m(3),
-                ps: m(5),
-            },
         }
     }
     fn amp(self, phase: u8) -> Inst {
@@ -919,83 +846,221 @@ fn store() -> Inst {
     }
 }
 
-/// Where a worker's `rpt` count (its rows - 2) comes from.
+/// Where a worker's row count comes from.
 #[derive(Clone, Copy)]
 enum Count {
-    /// The same for every worker: an immediate.
-    Imm(u16),
-    /// The second word of the worker's record.
+    /// The same `q >= 2` for every worker, whose output pointer is in its header
+    /// of the table (`$m0` word 2): the code is specialised to `q`.
+    Table(u32),
+    /// One to three rows, known when the code is emitted, the output pointer in
+    /// `$m5` already.
+    Fixed(u32),
+    /// At least three rows; the second word of the worker's record holds rows - 3.
     Record,
-    /// Computed from the row count in `$m7`.
-    Rows,
 }
 
-/// At least two rows. Issue t (0-based over 4*rows amp issues plus four draining
-/// ones) feeds input word t, loaded by issue t-1, and yields output word t-4, stored
-/// by issue t+1; so issues 5..4*rows-2 both load and store, and the first store
-/// comes after the `rpt`. The first load is placed so that the bundles need no
-/// padding; the `rpt` needs one single word before it, which computes what it can:
-/// the output pointer or the count.
-///
-/// With a row-major A (`strided`), the loads of words `4j + 3` (a row's last
-/// quarter) take the stride in `$m9` to the next row.
-fn rows_loop(s: &mut Asm, f: Feed, count: Count, strided: bool) {
-    s.single_or_bundle(f.load());
-    for t in 0..5u8 {
-        // Issue t loads word t + 1.
-        let load = if t == 2 {
-            f.load_last(strided)
-        } else {
-            f.load()
-        };
-        s.b(load, f.amp(t % 4));
-    }
-    let body = |b: &mut Asm| {
-        // Loads words 4j + 6 ..= 4j + 9.
-        for p in [1, 2, 3, 0] {
-            let ls = if p == 2 {
-                f.load_store_last(strided)
-            } else {
-                f.load_store()
-            };
-            b.b(ls, f.amp(p));
+/// What one issue of a worker's row stream does besides its `amp`, as a function
+/// of the issue's index `t` among the `amp` issues (`4 * rows + 4`: the rows, then
+/// one row of draining) and the row count `q`. Issue t feeds input word t, loaded
+/// by issue t-1, and yields output word t-4, stored by issue t+1; with partials
+/// from a buffer, it also loads partial word t+5, which issue t+1 feeds to the
+/// engine one row ahead of its inputs (docs/isa.md, "AMP").
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    load: bool,
+    pin: bool,
+    store: bool,
+    stride: bool,
+}
+
+impl Slot {
+    fn at(f: Feed, t: u32, q: u32) -> Slot {
+        let words = 4 * q;
+        Slot {
+            load: t + 1 < words,
+            pin: f == Feed::Partials && t + 5 < words,
+            store: (5..=words + 4).contains(&t),
+            // A row-major A's last quarter of a row strides to the next row,
+            // except the last row's: nothing is loaded after it.
+            stride: (t + 1) % 4 == 3 && t + 2 < words,
         }
+    }
+
+    /// The main-pipe instruction (`nop` if the issue only runs the engine).
+    fn inst(self, strided: bool) -> Inst {
+        let (d, pa, ps, pp) = (a(0), m(3), m(5), m(4));
+        let stride = self.stride && strided;
+        match (self.load, self.pin, self.store, stride) {
+            (false, _, false, _) => Inst::Nop,
+            (false, _, true, _) => store(),
+            (true, false, false, false) => Inst::Ld64Step {
+                d,
+                base: pa,
+                inc: 1,
+            },
+            (true, false, false, true) => Inst::Ld64Stride {
+                d,
+                base: pa,
+                stride: m(9),
+            },
+            (true, false, true, false) => Inst::Ldst64Pace {
+                d,
+                s: a(4),
+                pl: pa,
+                ps,
+            },
+            (true, false, true, true) => Inst::Ldst64PaceStride {
+                d,
+                s: a(4),
+                pl: pa,
+                ps,
+                stride: m(9),
+            },
+            (true, true, false, false) => Inst::Ld2x64Pace {
+                d0: d,
+                d1: a(2),
+                p0: pa,
+                p1: pp,
+            },
+            (true, true, false, true) => Inst::Ld2x64PaceStride {
+                d0: d,
+                d1: a(2),
+                p0: pa,
+                p1: pp,
+                stride: m(9),
+            },
+            (true, true, true, false) => Inst::Ld2xSt64Pace {
+                d0: d,
+                d1: a(2),
+                s: a(4),
+                p0: pa,
+                p1: pp,
+                ps,
+            },
+            (true, true, true, true) => Inst::Ld2xSt64PaceStride {
+                d0: d,
+                d1: a(2),
+                s: a(4),
+                p0: pa,
+                p1: pp,
+                ps,
+                stride: m(9),
+            },
+        }
+    }
+}
+
+/// Issues of [`rows_stream`] for `q` rows, from its first word to `exit`.
+fn stream_issues(f: Feed, q: u32, count: Count) -> u64 {
+    let q = u64::from(q);
+    // The lead-in: the first input load, and with partials or a bias one row of
+    // issues that puts the first row's partials in (the bias entry's four loads
+    // of its bias ride in them).
+    let lead = if f == Feed::Zeros { 1 } else { 5 };
+    // The output pointer's load and the `rpt`, or the count's load and the `rpt`.
+    let setup = match count {
+        Count::Fixed(_) => 0,
+        Count::Table(q) if !repeats(q) => 1,
+        Count::Table(_) | Count::Record => 2,
     };
-    match count {
-        Count::Imm(n) => {
-            // The header table's output pointer, which the first store needs.
-            s.i(ld32m(m(5), m(0), 2));
-            s.rpti(n, body);
-        }
-        Count::Record => {
-            s.i(ld32m(m(8), m(0), RECORD + 1));
-            s.rpt(m(8), body);
-        }
-        Count::Rows => {
-            s.i(inti(IntOp::Sub, m(8), m(7), 2));
-            s.rpt(m(8), body);
-        }
-    }
-    // The last row's last quarter needs no stride: nothing is loaded after it.
-    s.b(f.load_store(), f.amp(1));
-    s.b(f.load_store(), f.amp(2));
-    s.b(store(), f.amp(3));
-    for p in 0..4 {
-        s.b(store(), f.amp(p));
-    }
-    s.i(store());
-    s.i(Inst::Exit);
+    lead + (4 * q + 4) + setup + 2
 }
 
-fn one_row(s: &mut Asm, f: Feed) {
-    s.single_or_bundle(f.load());
-    for t in 0..3u8 {
-        s.b(f.load(), f.amp(t));
+/// Whether [`rows_stream`] repeats a body for a table's `q` rows, rather than
+/// emitting them straight.
+fn repeats(q: u32) -> bool {
+    q > 3
+}
+
+/// A worker's rows: the lead-in, four `amp` issues a row plus one row draining,
+/// then the last store and `exit`. Up to three rows known at emit time are
+/// emitted straight; otherwise the issues whose loads (partials included) and
+/// stores all run are a repeated body of one row, and everything before and
+/// after it is the same for every `q >= 3`, so the count is q - 3. No stream
+/// reads or writes past its rows.
+///
+/// The words are placed so that the bundles need no padding: the lead-in starts
+/// with a single word, and the `rpt` has one single word before it, which
+/// computes what it can: the output pointer (a table's, which also precedes
+/// straight code) or the count. The bias entry (`Feed::Bias`) loads its four
+/// bias pairs from `$m4` in the lead-in.
+fn rows_stream(s: &mut Asm, f: Feed, count: Count, strided: bool) {
+    let straight = match count {
+        Count::Table(q) if !repeats(q) => Some(q),
+        Count::Fixed(q) => Some(q),
+        Count::Table(_) | Count::Record => None,
+    };
+    if let Count::Table(q) = count
+        && !repeats(q)
+    {
+        s.i(ld32m(m(5), m(0), 2));
     }
-    s.b(Inst::Nop, f.amp(3));
-    s.b(Inst::Nop, f.amp(0));
-    for p in 1..4 {
-        s.b(store(), f.amp(p));
+    match f {
+        Feed::Zeros => {}
+        Feed::Partials | Feed::Bias => {
+            // Issue -5 loads the first partial word (or bias pair), -4..-2 feed
+            // them one a phase while loading the next; -1 feeds the last and
+            // loads the first input.
+            let next = |i: usize| match f {
+                Feed::Bias => Inst::Ld64Step {
+                    d: a(BIAS_PAIRS[i]),
+                    base: m(4),
+                    inc: 1,
+                },
+                _ => Inst::Ld64Step {
+                    d: a(2),
+                    base: m(4),
+                    inc: 1,
+                },
+            };
+            s.single_or_bundle(next(0));
+            for p in 0..3u8 {
+                s.b(next(usize::from(p) + 1), f.amp(p));
+            }
+        }
+    }
+    // Issue -1: the first input (and with partials the second row's first word).
+    let first = Slot {
+        load: true,
+        pin: f == Feed::Partials && straight.is_none_or(|q| q > 1),
+        store: false,
+        stride: false,
+    }
+    .inst(strided);
+    if f == Feed::Zeros {
+        s.single_or_bundle(first);
+    } else {
+        s.b(first, f.amp(3));
+    }
+    let emit = |s: &mut Asm, t: u32, q: u32| {
+        s.b(Slot::at(f, t, q).inst(strided), f.amp((t % 4) as u8));
+    };
+    match straight {
+        Some(q) => {
+            for t in 0..4 * q + 4 {
+                emit(s, t, q);
+            }
+        }
+        None => {
+            // Any q >= 3 gives the head and the tail; a large one the body.
+            for t in 0..5 {
+                emit(s, t, 3);
+            }
+            let body = |b: &mut Asm| (5..9).for_each(|t| emit(b, t, 64));
+            match count {
+                Count::Table(q) => {
+                    s.i(ld32m(m(5), m(0), 2));
+                    s.rpti(q as u16 - 3, body);
+                }
+                _ => {
+                    s.i(ld32m(m(8), m(0), RECORD + 1));
+                    s.rpt(m(8), body);
+                }
+            }
+            for t in 5..16 {
+                emit(s, t, 3);
+            }
+        }
     }
     s.i(store());
     s.i(Inst::Exit);
@@ -1228,7 +1293,7 @@ impl Kernel for AmpMatmul {
             match layout {
                 Rows::Even { .. } => {}
                 Rows::Records => {
-                    buf.u32(r0 * 32).u32(r - 2);
+                    buf.u32(r0 * 32).u32(r - 3);
                 }
                 Rows::Few => {
                     buf.u32(r0 * 32).u32(r);

@@ -347,8 +347,8 @@ pub fn amp_package(
     })
 }
 
-/// The product the kernel computes, in the AMP's order of operations (f32
-/// accumulation over k in order, partials added after the products, f16 result).
+/// The product the kernel computes, in the AMP's order of operations (the row's
+/// partials first, then f32 accumulation over k in order, f16 result).
 pub fn amp_reference(rows: u32) -> Vec<u16> {
     let w: Vec<f32> = test_values(256, 1)
         .iter()
@@ -360,6 +360,7 @@ pub fn amp_reference(rows: u32) -> Vec<u16> {
         .collect();
     let mut out = Vec::with_capacity(rows as usize * 16);
     for r in 0..rows as usize {
+        // The partials, all zero, entered during the row before (`lead`).
         let mut acc = [0f32; 16];
         for phase in 0..4 {
             for k in 0..4 {
@@ -367,10 +368,6 @@ pub fn amp_reference(rows: u32) -> Vec<u16> {
                 for (j, a) in acc.iter_mut().enumerate() {
                     *a += xv * w[(phase * 4 + k) * 16 + j];
                 }
-            }
-            // Partials are zero: adding them changes nothing but -0.
-            for a in &mut acc[phase * 4..phase * 4 + 4] {
-                *a += 0.0;
             }
         }
         out.extend(acc.iter().map(|&v| f16::from_f32(v).to_bits()));

@@ -37,7 +37,10 @@ pub(crate) struct Ctx {
 /// One worker's AMP engine.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Amp {
+    /// The row the inputs are multiplied into.
     pub acc: [f32; 16],
+    /// The next row, whose partial sums enter one row ahead of its inputs.
+    pub lead: [f32; 16],
     pub latch: [f32; 16],
 }
 
@@ -1024,7 +1027,8 @@ fn f16v2_map(x: u32, f: fn(f32) -> f32) -> u32 {
 }
 
 /// One AMP step (docs/isa.md, "AMP"): returns the previous row's output quarter as
-/// four f16 lanes and accumulates 64 products plus four partials.
+/// four f16 lanes, takes four partials into the next row and accumulates 64
+/// products into this one.
 #[inline(always)]
 fn amp_step<const F16C: bool>(
     amp: &mut Amp,
@@ -1054,33 +1058,30 @@ fn amp_step<const F16C: bool>(
             acc[j] += xk * w[j];
         }
     }
-    for k in 0..4 {
-        acc[4 * p + k] += partial[k];
+    for (lead, pk) in amp.lead[4 * p..4 * p + 4].iter_mut().zip(partial) {
+        *lead += pk;
     }
     if p == 3 {
         amp.latch = acc;
-        amp.acc = [0.0; 16];
+        amp.acc = amp.lead;
+        amp.lead = [0.0; 16];
     } else {
         amp.acc = acc;
     }
     result
 }
 
-/// [`amp_step`] on 256-bit vectors, for `run_avx2`'s copy of the loop. The scalar
-/// form keeps the accumulators in registers through the products, but adds the
-/// partials by index into its stack copy; that 16-byte store inside a 32-byte one
-/// defeats store forwarding twice a step. Here the partials go in as a half-vector
-/// with -0.0 in the lanes outside their quarter: `x + -0.0` is `x` for every
-/// value the accumulators can hold (zeros of either sign, and arithmetic's quiet
-/// NaNs), so each lane sees the same additions in the same order, with the same
-/// roundings.
+/// [`amp_step`] on 256-bit vectors, for `run_avx2`'s copy of the loop: the
+/// products stay in two registers, and the partials go to the lead row's
+/// quarter with one 128-bit add, the same addition the scalar form makes lane
+/// by lane.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::Amp;
     use crate::fp::f16c::{narrow, widen};
     use std::arch::x86_64::{
-        _mm_loadu_ps, _mm_set1_ps, _mm256_add_ps, _mm256_castps128_ps256, _mm256_loadu_ps,
-        _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set_m128, _mm256_set1_epi32,
+        _mm_add_ps, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps, _mm256_castps128_ps256,
+        _mm256_loadu_ps, _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set1_epi32,
         _mm256_setzero_ps, _mm256_storeu_ps,
     };
 
@@ -1109,27 +1110,17 @@ mod avx2 {
                 lo = _mm256_add_ps(lo, _mm256_mul_ps(xk, _mm256_loadu_ps(w.as_ptr())));
                 hi = _mm256_add_ps(hi, _mm256_mul_ps(xk, _mm256_loadu_ps(w.as_ptr().add(8))));
             }
-            let neg = _mm_set1_ps(-0.0);
-            let add = if p.is_multiple_of(2) {
-                _mm256_set_m128(neg, partial)
+            let lead = amp.lead.as_mut_ptr().add(4 * p);
+            _mm_storeu_ps(lead, _mm_add_ps(_mm_loadu_ps(lead), partial));
+            if p == 3 {
+                _mm256_storeu_ps(amp.latch.as_mut_ptr(), lo);
+                _mm256_storeu_ps(amp.latch.as_mut_ptr().add(8), hi);
+                amp.acc = amp.lead;
+                _mm256_storeu_ps(amp.lead.as_mut_ptr(), _mm256_setzero_ps());
+                _mm256_storeu_ps(amp.lead.as_mut_ptr().add(8), _mm256_setzero_ps());
             } else {
-                _mm256_set_m128(partial, neg)
-            };
-            if p < 2 {
-                lo = _mm256_add_ps(lo, add);
-            } else {
-                hi = _mm256_add_ps(hi, add);
-            }
-            let (dst, zero) = if p == 3 {
-                (&mut amp.latch, true)
-            } else {
-                (&mut amp.acc, false)
-            };
-            _mm256_storeu_ps(dst.as_mut_ptr(), lo);
-            _mm256_storeu_ps(dst.as_mut_ptr().add(8), hi);
-            if zero {
-                _mm256_storeu_ps(amp.acc.as_mut_ptr(), _mm256_setzero_ps());
-                _mm256_storeu_ps(amp.acc.as_mut_ptr().add(8), _mm256_setzero_ps());
+                _mm256_storeu_ps(amp.acc.as_mut_ptr(), lo);
+                _mm256_storeu_ps(amp.acc.as_mut_ptr().add(8), hi);
             }
             result
         }

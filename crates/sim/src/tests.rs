@@ -1165,15 +1165,26 @@ fn amp_step_semantics() {
             quad: q,
         }));
     }
+    // The lead row: its inputs (zeros) make a row nobody reads; its partials
+    // (ones) are the next row's.
     for phase in 0..4 {
         words.push(s(Inst::Amp {
             out: AReg(4),
-            inp: AReg(0),
+            inp: AReg(6),
             pin: AReg(2),
             phase,
         }));
     }
-    // A second row of zeros: outputs the first row, quarter by quarter.
+    // The row x, with zero partials: they go to the row after it.
+    for phase in 0..4 {
+        words.push(s(Inst::Amp {
+            out: AReg(4),
+            inp: AReg(0),
+            pin: AReg(6),
+            phase,
+        }));
+    }
+    // A row of zeros: outputs row x, quarter by quarter.
     let outs = [8u8, 10, 12, 0];
     for (phase, &o) in outs.iter().enumerate() {
         words.push(Word::Bundle(
@@ -1195,11 +1206,11 @@ fn amp_step_semantics() {
     assert_eq!(r.m(1), R1 + 512);
     let x: [f32; 16] = std::array::from_fn(|k| [1.0, 0.5, 0.25, 2.0][k % 4]);
     for j in 0..16 {
-        let mut acc = 0f32;
+        // Every accumulator starts from its partial of 1.0, then the products.
+        let mut acc = 1f32;
         for (k, xk) in x.iter().enumerate() {
             acc += xk * (k as f32 + j as f32 / 16.0);
         }
-        acc += 1.0; // every accumulator received one partial of 1.0
         let reg = [8u8, 10, 12, 0][j / 4];
         let got = r.h(reg, (j % 4) as u32);
         assert_eq!(got, f16::from_f32(acc).to_f32(), "column {j}");

@@ -61,6 +61,30 @@ fn check(k: &AmpMatmul, c: &Case, out: &Outcome) {
     });
 }
 
+/// The product as docs/isa.md's AMP computes it, bit for bit: per 16-wide chunk
+/// of K, each output starts from the f16 partial sum of the chunks before (zero
+/// for the first), adds the chunk's 16 products in f32 in order of k, and is
+/// rounded to f16 for the next chunk. An oracle independent of the kernel's
+/// streams: a partial fed to the wrong row, or added after the products, differs.
+fn engine_order(k: &AmpMatmul, c: &Case) -> Vec<f16> {
+    let (rows, kdim, n) = (k.rows as usize, (k.kc * 16) as usize, (k.nb * 16) as usize);
+    let mut out = vec![f16::ZERO; rows * n];
+    for r in 0..rows {
+        for col in 0..n {
+            let mut partial = f16::ZERO;
+            for chunk in 0..k.kc as usize {
+                let mut acc = partial.to_f32();
+                for kk in chunk * 16..chunk * 16 + 16 {
+                    acc += c.x[r * kdim + kk].to_f32() * c.w[kk * n + col].to_f32();
+                }
+                partial = f16::from_f32(acc);
+            }
+            out[(col / 16) * rows * 16 + r * 16 + col % 16] = partial;
+        }
+    }
+    out
+}
+
 #[test]
 fn matmul_matches_reference() {
     let shapes = [
@@ -93,6 +117,7 @@ fn matmul_matches_reference() {
             assert!(out.violations.is_empty(), "{:?}", out.violations);
             check(&k, &c, &out);
             let got = out.read_f16("out", (rows * nb * 16) as usize);
+            assert_eq!(got, engine_order(&k, &c), "{k:?}: not the engine's bits");
             match &first {
                 None => first = Some(got),
                 Some(f) => assert_eq!(f, &got, "{k:?}: row-major A changed the result"),
