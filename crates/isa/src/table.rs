@@ -611,4 +611,47 @@ mod tests {
             }
         }
     }
+
+    /// `docs/isa.md` documents every opcode once, with register columns R0..R3
+    /// filled exactly where the instruction has a register field.
+    #[test]
+    fn the_encoding_doc_has_a_row_per_opcode() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/isa.md");
+        let doc = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut rows = HashMap::new();
+        for line in doc.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let Some(hex) = cells.get(1).and_then(|c| c.strip_prefix("0x")) else {
+                continue;
+            };
+            let Ok(opcode) = u8::from_str_radix(hex, 16) else {
+                continue;
+            };
+            assert!(
+                rows.insert(opcode, cells).is_none(),
+                "opcode {opcode:#04x}: two rows"
+            );
+        }
+        for e in ENTRIES {
+            let row = rows
+                .remove(&e.opcode)
+                .unwrap_or_else(|| panic!("{}: no row for opcode {:#04x}", e.variant, e.opcode));
+            for slot in 0..4 {
+                let field = e.fields.iter().find(|(_, b)| *b == Bits::reg(slot));
+                let cell = row.get(3 + slot as usize).copied().unwrap_or_default();
+                assert_eq!(
+                    field.is_some(),
+                    !cell.is_empty(),
+                    "{} (opcode {:#04x}): R{slot} is `{cell}`, the table has {field:?}",
+                    e.variant,
+                    e.opcode
+                );
+            }
+        }
+        let extra: Vec<_> = rows.keys().map(|o| format!("{o:#04x}")).collect();
+        assert!(
+            extra.is_empty(),
+            "rows for opcodes no instruction has: {extra:?}"
+        );
+    }
 }
