@@ -73,7 +73,7 @@ pub fn inst_name(inst: &Inst) -> &'static str {
 
 /// Field checks for one instruction, whose name its errors carry.
 pub(crate) struct Check {
-    pub(crate) inst: &'static str,
+    inst: &'static str,
 }
 
 impl Check {

@@ -22,7 +22,8 @@
 //! the high one with no bits of its own); immediates `Uint` (all of its bits),
 //! `Range<LO, HI>`, `Signed` (i8), `Target` (a branch target, stored divided by
 //! 4); and `Op` (a sub-operation: `IntOp`, `FVec`...) and `Flag` (one bit), which
-//! the mnemonic carries. A kind's arguments may name other fields. `bits` is a
+//! the mnemonic carries. A kind's arguments may name other fields (while parsing,
+//! those the mnemonic or `with` sets; the others are read later). `bits` is a
 //! register slot `R0` (23..20) to `R5` (3..0), a range `[hi:lo]` or one bit
 //! `[b]`; a field without bits is derived from the others. Operand bits no field
 //! covers must be zero in a word.
