@@ -128,6 +128,8 @@ pub(crate) trait Kind<T: Copy> {
     where
         Self: Sized;
 
+    /// `v`, or the nearest valid value given the other fields (a pair's even
+    /// register, a quad's high pair).
     #[cfg_attr(not(any(test, feature = "testgen")), allow(dead_code))]
     fn repair(&self, v: T) -> T {
         v
@@ -187,9 +189,9 @@ fn a_bits(r: AReg, count: u32) -> u32 {
     (mask.checked_shl(u32::from(r.0)).unwrap_or(0) & 0xFFFF) << 16
 }
 
-/// A register number from random bits, rounded down to a multiple of `align`.
-fn pick_reg(seed: u32, align: u8) -> u8 {
-    (seed % 16) as u8 / align * align
+/// A register number from random bits.
+fn pick_reg(seed: u32) -> u8 {
+    (seed % 16) as u8
 }
 
 fn align_areg(r: AReg, align: u8) -> AReg {
@@ -211,7 +213,7 @@ impl Kind<MReg> for M {
         c.m(field, v)
     }
     fn pick(seed: u32, _: Bits) -> MReg {
-        MReg(pick_reg(seed, 1))
+        MReg(pick_reg(seed))
     }
 }
 
@@ -227,8 +229,9 @@ impl Operand<MReg> for M {
     }
 }
 
-/// Implements a kind of `$a` operand: `$check` encodes, `$parse` reads, `$show`
-/// prints, `$count` registers are named, picks are multiples of `$align`.
+/// Implements a kind of `$a` operand, whose methods see the kind as `$s`:
+/// `$check` encodes, `$parse` reads, `$show` prints, `$count` registers are named
+/// from the first, and test values are rounded down to a multiple of `$align`.
 macro_rules! a_kind {
     (
         $kind:ty,
@@ -253,7 +256,7 @@ macro_rules! a_kind {
                 $check
             }
             fn pick(seed: u32, _: Bits) -> AReg {
-                AReg(pick_reg(seed, 1))
+                AReg(pick_reg(seed))
             }
             fn repair(&self, v: AReg) -> AReg {
                 let $s = self;
