@@ -1,6 +1,8 @@
 //! The binary encoding of [`Inst`] and [`Word`]: fixed 32-bit little-endian words,
-//! specified bit by bit in `docs/isa.md` (section "Encoding"). Both directions
-//! validate every field with the same rules, so whatever decodes also re-encodes to
+//! specified bit by bit in `docs/isa.md` (section "Encoding"); each instruction's
+//! opcode and fields are its entry in the instruction table (`table.rs`), the
+//! checks are its fields' kinds (`field.rs`). Both directions validate every field
+//! with the same rules, so whatever decodes also re-encodes to
 //! the same bytes, and a decoder fed arbitrary bytes returns an error, never panics.
 //!
 //! Word layout: bit 31 flags the first word of a bundle (the main-pipe word; its
@@ -48,69 +50,6 @@ pub enum DecodeError {
 /// Bit 31: this word starts a bundle.
 pub const BUNDLE_FLAG: u32 = 1 << 31;
 
-/// Opcode numbers (bits 30..24 of a word). Main-pipe opcodes are below
-/// [`AUX_OPCODE_BASE`], aux-pipe opcodes at or above it.
-pub mod opcode {
-    pub const NOP: u8 = 0x01;
-    pub const SETZI: u8 = 0x02;
-    pub const INT: u8 = 0x03;
-    pub const INT_IMM: u8 = 0x04;
-    pub const MOV_AM: u8 = 0x05;
-    pub const MOV_MA: u8 = 0x06;
-    pub const LD32M: u8 = 0x07;
-    pub const LD32: u8 = 0x08;
-    pub const ST32M: u8 = 0x09;
-    pub const ST32: u8 = 0x0a;
-    pub const LD64: u8 = 0x0b;
-    pub const ST64: u8 = 0x0c;
-    pub const LD128: u8 = 0x0d;
-    pub const LD64_STEP: u8 = 0x0e;
-    pub const ST64_STEP: u8 = 0x0f;
-    pub const LD2X64_PACE: u8 = 0x10;
-    pub const LDST64_PACE: u8 = 0x11;
-    pub const LD2XST64_PACE: u8 = 0x12;
-    pub const AMP_LOAD_W: u8 = 0x13;
-    pub const BR: u8 = 0x14;
-    pub const BRI: u8 = 0x15;
-    pub const BRZ: u8 = 0x16;
-    pub const BRNZ: u8 = 0x17;
-    pub const CALL: u8 = 0x18;
-    pub const RPT: u8 = 0x19;
-    pub const RPTI: u8 = 0x1a;
-    pub const EXIT: u8 = 0x1b;
-    pub const RUN: u8 = 0x1c;
-    pub const RUN_ALL: u8 = 0x1d;
-    pub const SYNC_LOCAL: u8 = 0x1e;
-    pub const SYNC_GLOBAL: u8 = 0x1f;
-    pub const EXCHANGE: u8 = 0x20;
-    pub const HOST_XFER: u8 = 0x21;
-    pub const MARK: u8 = 0x22;
-    pub const LD64_STRIDE: u8 = 0x23;
-    pub const LD2X64_PACE_STRIDE: u8 = 0x24;
-    pub const LDST64_PACE_STRIDE: u8 = 0x25;
-    pub const LD2XST64_PACE_STRIDE: u8 = 0x26;
-    pub const SEND: u8 = 0x27;
-    pub const MUX: u8 = 0x28;
-    pub const RECV: u8 = 0x29;
-
-    pub const F_BIN: u8 = 0x40;
-    pub const F_MAC: u8 = 0x41;
-    pub const F_UN: u8 = 0x42;
-    pub const F16V2_TO_F32: u8 = 0x43;
-    pub const F32V2_TO_F16: u8 = 0x44;
-    pub const F_SUM: u8 = 0x45;
-    pub const F_MOV: u8 = 0x46;
-    pub const F_BCAST: u8 = 0x47;
-    pub const AMP: u8 = 0x48;
-    pub const F16V2_TANH: u8 = 0x49;
-    pub const F16_ACC: u8 = 0x4a;
-    pub const F32V2_GINA: u8 = 0x4b;
-    pub const SORT4X16: u8 = 0x4c;
-    pub const F16V2_EXP: u8 = 0x4d;
-    pub const F16V2_GINA: u8 = 0x4e;
-    pub const F16V4_CMAC: u8 = 0x4f;
-}
-
 /// First aux-pipe opcode.
 pub const AUX_OPCODE_BASE: u8 = 0x40;
 
@@ -127,142 +66,18 @@ impl Word {
     }
 }
 
-impl IntOp {
-    /// All operations in encoding order (the 4-bit op field indexes this).
-    pub const ALL: [IntOp; 14] = [
-        IntOp::Add,
-        IntOp::Sub,
-        IntOp::Mul,
-        IntOp::And,
-        IntOp::Or,
-        IntOp::Xor,
-        IntOp::Shl,
-        IntOp::Shr,
-        IntOp::Sar,
-        IntOp::CmpEq,
-        IntOp::CmpUlt,
-        IntOp::CmpSlt,
-        IntOp::Min,
-        IntOp::Max,
-    ];
-    fn code(self) -> u32 {
-        Self::ALL.iter().position(|&o| o == self).unwrap_or(0) as u32
-    }
-}
-
-impl FBinOp {
-    /// All operations in encoding order (the 3-bit op field indexes this).
-    pub const ALL: [FBinOp; 5] = [
-        FBinOp::Add,
-        FBinOp::Sub,
-        FBinOp::Mul,
-        FBinOp::Max,
-        FBinOp::Min,
-    ];
-    fn code(self) -> u32 {
-        Self::ALL.iter().position(|&o| o == self).unwrap_or(0) as u32
-    }
-}
-
-impl FVec {
-    /// All lane formats in encoding order (the 2-bit vec field indexes this).
-    pub const ALL: [FVec; 4] = [FVec::F32, FVec::F32V2, FVec::F16V2, FVec::F16V4];
-    fn code(self) -> u32 {
-        Self::ALL.iter().position(|&o| o == self).unwrap_or(0) as u32
-    }
-    /// Whether operands of this format occupy a register pair.
-    pub fn is_pair(self) -> bool {
-        matches!(self, FVec::F32V2 | FVec::F16V4)
-    }
-}
-
-impl FUnOp {
-    /// All operations in encoding order (the 3-bit op field indexes this).
-    pub const ALL: [FUnOp; 7] = [
-        FUnOp::Exp,
-        FUnOp::Recip,
-        FUnOp::Rsqrt,
-        FUnOp::Sqrt,
-        FUnOp::Neg,
-        FUnOp::Abs,
-        FUnOp::Tanh,
-    ];
-    fn code(self) -> u32 {
-        Self::ALL.iter().position(|&o| o == self).unwrap_or(0) as u32
-    }
-}
-
 /// A stable lower-case name for an instruction kind, used in error messages.
 pub fn inst_name(inst: &Inst) -> &'static str {
-    match inst {
-        Inst::Nop => "nop",
-        Inst::Setzi { .. } => "setzi",
-        Inst::Int { .. } => "int",
-        Inst::IntImm { .. } => "int-imm",
-        Inst::MovAm { .. } => "mov-am",
-        Inst::MovMa { .. } => "mov-ma",
-        Inst::Ld32M { .. } => "ld32 (m)",
-        Inst::Ld32 { .. } => "ld32",
-        Inst::St32M { .. } => "st32 (m)",
-        Inst::St32 { .. } => "st32",
-        Inst::Ld64 { .. } => "ld64",
-        Inst::St64 { .. } => "st64",
-        Inst::Ld64Step { .. } => "ld64step",
-        Inst::St64Step { .. } => "st64step",
-        Inst::Ld128 { .. } => "ld128",
-        Inst::Ld2x64Pace { .. } => "ld2x64pace",
-        Inst::Ldst64Pace { .. } => "ldst64pace",
-        Inst::Ld2xSt64Pace { .. } => "ld2xst64pace",
-        Inst::Ld64Stride { .. } => "ld64step (stride)",
-        Inst::Ld2x64PaceStride { .. } => "ld2x64pace (stride)",
-        Inst::Ldst64PaceStride { .. } => "ldst64pace (stride)",
-        Inst::Ld2xSt64PaceStride { .. } => "ld2xst64pace (stride)",
-        Inst::AmpLoadW { .. } => "amploadw",
-        Inst::Br { .. } => "br",
-        Inst::Bri { .. } => "bri",
-        Inst::Brz { .. } => "brz",
-        Inst::Brnz { .. } => "brnz",
-        Inst::Call { .. } => "call",
-        Inst::Rpt { .. } => "rpt",
-        Inst::Rpti { .. } => "rpti",
-        Inst::Exit => "exit",
-        Inst::Run { .. } => "run",
-        Inst::RunAll { .. } => "runall",
-        Inst::SyncLocal => "sync local",
-        Inst::SyncGlobal => "sync global",
-        Inst::Exchange { .. } => "exchange",
-        Inst::HostXfer { .. } => "hostxfer",
-        Inst::Send { .. } => "send",
-        Inst::Mux { .. } => "mux",
-        Inst::Recv { .. } => "recv",
-        Inst::Mark { .. } => "mark",
-        Inst::FBin { .. } => "fbin",
-        Inst::FMac { .. } => "fmac",
-        Inst::FUn { .. } => "fun",
-        Inst::F16v2Tanh { .. } => "f16v2tanh",
-        Inst::F16v2Exp { .. } => "f16v2exp",
-        Inst::F16v2ToF32 { .. } => "f16v2tof32",
-        Inst::F32v2ToF16 { .. } => "f32v2tof16",
-        Inst::Sort4x16 { hi: false, .. } => "sort4x16lo",
-        Inst::Sort4x16 { hi: true, .. } => "sort4x16hi",
-        Inst::FSum { .. } => "fsum",
-        Inst::F16Acc { quad: false, .. } => "f16v4acc",
-        Inst::F16Acc { quad: true, .. } => "f16v8acc",
-        Inst::F32v2Gina { .. } => "f32v2gina",
-        Inst::F16v2Gina { .. } => "f16v2gina",
-        Inst::F16v4Cmac { .. } => "f16v4cmac",
-        Inst::FMov { .. } => "fmov",
-        Inst::FBcast { .. } => "fbcast",
-        Inst::Amp { .. } => "amp",
-    }
+    inst.name()
 }
 
-struct Check {
+/// Field checks for one instruction, whose name its errors carry.
+pub(crate) struct Check {
     inst: &'static str,
 }
 
 impl Check {
-    fn err(&self, field: &'static str, value: i64, reason: &'static str) -> EncodeError {
+    pub(crate) fn err(&self, field: &'static str, value: i64, reason: &'static str) -> EncodeError {
         EncodeError::Field {
             inst: self.inst,
             field,
@@ -270,21 +85,21 @@ impl Check {
             reason,
         }
     }
-    fn m(&self, field: &'static str, r: MReg) -> Result<u32, EncodeError> {
+    pub(crate) fn m(&self, field: &'static str, r: MReg) -> Result<u32, EncodeError> {
         if r.0 < 16 {
             Ok(r.0 as u32)
         } else {
             Err(self.err(field, r.0.into(), "is not a register ($m0..$m15)"))
         }
     }
-    fn a(&self, field: &'static str, r: AReg) -> Result<u32, EncodeError> {
+    pub(crate) fn a(&self, field: &'static str, r: AReg) -> Result<u32, EncodeError> {
         if r.0 < 16 {
             Ok(r.0 as u32)
         } else {
             Err(self.err(field, r.0.into(), "is not a register ($a0..$a15)"))
         }
     }
-    fn pair(&self, field: &'static str, r: AReg) -> Result<u32, EncodeError> {
+    pub(crate) fn pair(&self, field: &'static str, r: AReg) -> Result<u32, EncodeError> {
         let v = self.a(field, r)?;
         if v.is_multiple_of(2) {
             Ok(v)
@@ -292,7 +107,7 @@ impl Check {
             Err(self.err(field, v.into(), "is not an even register (pair)"))
         }
     }
-    fn quad(&self, field: &'static str, r: AReg) -> Result<u32, EncodeError> {
+    pub(crate) fn quad(&self, field: &'static str, r: AReg) -> Result<u32, EncodeError> {
         let v = self.a(field, r)?;
         if v.is_multiple_of(4) {
             Ok(v)
@@ -300,28 +115,39 @@ impl Check {
             Err(self.err(field, v.into(), "is not a multiple of 4 (quad)"))
         }
     }
-    fn a_vec(&self, field: &'static str, r: AReg, pair: bool) -> Result<u32, EncodeError> {
+    pub(crate) fn a_vec(
+        &self,
+        field: &'static str,
+        r: AReg,
+        pair: bool,
+    ) -> Result<u32, EncodeError> {
         if pair {
             self.pair(field, r)
         } else {
             self.a(field, r)
         }
     }
-    fn uint(&self, field: &'static str, v: u32, bits: u32) -> Result<u32, EncodeError> {
+    pub(crate) fn uint(&self, field: &'static str, v: u32, bits: u32) -> Result<u32, EncodeError> {
         if u64::from(v) < (1u64 << bits) {
             Ok(v)
         } else {
             Err(self.err(field, v.into(), out_of_range(bits)))
         }
     }
-    fn range(&self, field: &'static str, v: u32, lo: u32, hi: u32) -> Result<u32, EncodeError> {
+    pub(crate) fn range(
+        &self,
+        field: &'static str,
+        v: u32,
+        lo: u32,
+        hi: u32,
+    ) -> Result<u32, EncodeError> {
         if (lo..=hi).contains(&v) {
             Ok(v)
         } else {
             Err(self.err(field, v.into(), "is out of range"))
         }
     }
-    fn target(&self, t: u32) -> Result<u32, EncodeError> {
+    pub(crate) fn target(&self, t: u32) -> Result<u32, EncodeError> {
         if t >= TARGET_LIMIT {
             Err(self.err("target", t.into(), "is not below 2^20"))
         } else if !t.is_multiple_of(4) {
@@ -344,260 +170,11 @@ fn out_of_range(bits: u32) -> &'static str {
     }
 }
 
-fn word(op: u8, operands: u32) -> u32 {
-    (u32::from(op) << 24) | operands
-}
-const fn r0(v: u32) -> u32 {
-    v << 20
-}
-const fn r1(v: u32) -> u32 {
-    v << 16
-}
-const fn r2(v: u32) -> u32 {
-    v << 12
-}
-const fn r3(v: u32) -> u32 {
-    v << 8
-}
-const fn r4(v: u32) -> u32 {
-    v << 4
-}
-
 /// Checks every field of `inst` and returns its 32-bit encoding (bit 31 clear).
 pub fn encode_inst(inst: &Inst) -> Result<u32, EncodeError> {
-    use opcode::*;
-    let c = Check {
+    inst.encode_fields(&Check {
         inst: inst_name(inst),
-    };
-    let w = match *inst {
-        Inst::Nop => word(NOP, 0),
-        Inst::Setzi { d, imm } => word(SETZI, r0(c.m("d", d)?) | c.uint("imm", imm, 20)?),
-        Inst::Int { op, d, a, b } => word(
-            INT,
-            r0(c.m("d", d)?) | r1(c.m("a", a)?) | r2(c.m("b", b)?) | op.code(),
-        ),
-        Inst::IntImm { op, d, a, imm } => word(
-            INT_IMM,
-            r0(c.m("d", d)?) | r1(c.m("a", a)?) | (c.uint("imm", imm.into(), 12)? << 4) | op.code(),
-        ),
-        Inst::MovAm { d, a } => word(MOV_AM, r0(c.a("d", d)?) | r1(c.m("a", a)?)),
-        Inst::MovMa { d, a } => word(MOV_MA, r0(c.m("d", d)?) | r1(c.a("a", a)?)),
-        Inst::Ld32M { d, base, imm } => mem(LD32M, c.m("d", d)?, &c, base, imm)?,
-        Inst::Ld32 { d, base, imm } => mem(LD32, c.a("d", d)?, &c, base, imm)?,
-        Inst::St32M { s, base, imm } => mem(ST32M, c.m("s", s)?, &c, base, imm)?,
-        Inst::St32 { s, base, imm } => mem(ST32, c.a("s", s)?, &c, base, imm)?,
-        Inst::Ld64 { d, base, imm } => mem(LD64, c.pair("d", d)?, &c, base, imm)?,
-        Inst::St64 { s, base, imm } => mem(ST64, c.pair("s", s)?, &c, base, imm)?,
-        Inst::Ld128 { d, base, imm } => mem(LD128, c.quad("d", d)?, &c, base, imm)?,
-        Inst::Ld64Step { d, base, inc } => word(
-            LD64_STEP,
-            r0(c.pair("d", d)?) | r1(c.m("base", base)?) | u32::from(inc as u8),
-        ),
-        Inst::St64Step { s, base, inc } => word(
-            ST64_STEP,
-            r0(c.pair("s", s)?) | r1(c.m("base", base)?) | u32::from(inc as u8),
-        ),
-        Inst::Ld2x64Pace { d0, d1, p0, p1 } => word(
-            LD2X64_PACE,
-            r0(c.pair("d0", d0)?) | r1(c.pair("d1", d1)?) | r2(c.m("p0", p0)?) | r3(c.m("p1", p1)?),
-        ),
-        Inst::Ldst64Pace { d, s, pl, ps } => word(
-            LDST64_PACE,
-            r0(c.pair("d", d)?) | r1(c.pair("s", s)?) | r2(c.m("pl", pl)?) | r3(c.m("ps", ps)?),
-        ),
-        Inst::Ld2xSt64Pace {
-            d0,
-            d1,
-            s,
-            p0,
-            p1,
-            ps,
-        } => word(
-            LD2XST64_PACE,
-            r0(c.pair("d0", d0)?)
-                | r1(c.pair("d1", d1)?)
-                | r2(c.pair("s", s)?)
-                | r3(c.m("p0", p0)?)
-                | r4(c.m("p1", p1)?)
-                | c.m("ps", ps)?,
-        ),
-        Inst::Ld64Stride { d, base, stride } => word(
-            LD64_STRIDE,
-            r0(c.pair("d", d)?) | r1(c.m("base", base)?) | r2(c.m("stride", stride)?),
-        ),
-        Inst::Ld2x64PaceStride {
-            d0,
-            d1,
-            p0,
-            p1,
-            stride,
-        } => word(
-            LD2X64_PACE_STRIDE,
-            r0(c.pair("d0", d0)?)
-                | r1(c.pair("d1", d1)?)
-                | r2(c.m("p0", p0)?)
-                | r3(c.m("p1", p1)?)
-                | r4(c.m("stride", stride)?),
-        ),
-        Inst::Ldst64PaceStride {
-            d,
-            s,
-            pl,
-            ps,
-            stride,
-        } => word(
-            LDST64_PACE_STRIDE,
-            r0(c.pair("d", d)?)
-                | r1(c.pair("s", s)?)
-                | r2(c.m("pl", pl)?)
-                | r3(c.m("ps", ps)?)
-                | r4(c.m("stride", stride)?),
-        ),
-        Inst::Ld2xSt64PaceStride {
-            d0,
-            d1,
-            s,
-            p0,
-            p1,
-            ps,
-            stride,
-        } => {
-            let q = c.quad("d0", d0)?;
-            if u32::from(d1.0) != q + 2 {
-                return Err(c.err(
-                    "d1",
-                    d1.0.into(),
-                    "is not d0 + 2 (the strided form loads a quad)",
-                ));
-            }
-            word(
-                LD2XST64_PACE_STRIDE,
-                r0(q)
-                    | r1(c.pair("s", s)?)
-                    | r2(c.m("p0", p0)?)
-                    | r3(c.m("p1", p1)?)
-                    | r4(c.m("ps", ps)?)
-                    | c.m("stride", stride)?,
-            )
-        }
-        Inst::AmpLoadW { base, quad } => word(
-            AMP_LOAD_W,
-            r0(c.m("base", base)?) | c.range("quad", quad.into(), 0, 31)?,
-        ),
-        Inst::Br { a } => word(BR, r0(c.m("a", a)?)),
-        Inst::Bri { target } => word(BRI, c.target(target)?),
-        Inst::Brz { c: cr, target } => word(BRZ, r0(c.m("c", cr)?) | c.target(target)?),
-        Inst::Brnz { c: cr, target } => word(BRNZ, r0(c.m("c", cr)?) | c.target(target)?),
-        Inst::Call { link, target } => word(CALL, r0(c.m("link", link)?) | c.target(target)?),
-        Inst::Rpt { count, body } => word(
-            RPT,
-            r0(c.m("count", count)?) | c.range("body", body.into(), 1, 255)?,
-        ),
-        Inst::Rpti { count, body } => word(
-            RPTI,
-            (c.uint("count", count.into(), 12)? << 8) | c.range("body", body.into(), 1, 255)?,
-        ),
-        Inst::Exit => word(EXIT, 0),
-        Inst::Run {
-            entry,
-            state,
-            worker,
-        } => word(
-            RUN,
-            r0(c.m("entry", entry)?)
-                | r1(c.m("state", state)?)
-                | c.range("worker", worker.into(), 0, 5)?,
-        ),
-        Inst::RunAll {
-            entry,
-            state,
-            stride,
-        } => word(
-            RUN_ALL,
-            r0(c.m("entry", entry)?) | r1(c.m("state", state)?) | u32::from(stride),
-        ),
-        Inst::SyncLocal => word(SYNC_LOCAL, 0),
-        Inst::SyncGlobal => word(SYNC_GLOBAL, 0),
-        Inst::Exchange { id } => word(EXCHANGE, u32::from(id)),
-        Inst::HostXfer { desc } => word(HOST_XFER, r0(c.m("desc", desc)?)),
-        Inst::Send { a, bytes } => word(SEND, r0(c.m("a", a)?) | u32::from(bytes)),
-        Inst::Mux { tile } => word(MUX, c.range("tile", tile, 0, 0xf_ffff)?),
-        Inst::Recv { a, msg } => word(RECV, r0(c.m("a", a)?) | u32::from(msg)),
-        Inst::Mark { tag } => word(MARK, u32::from(tag)),
-        Inst::FBin { op, vec, d, a, b } => {
-            let p = vec.is_pair();
-            word(
-                F_BIN,
-                r0(c.a_vec("d", d, p)?)
-                    | r1(c.a_vec("a", a, p)?)
-                    | r2(c.a_vec("b", b, p)?)
-                    | (op.code() << 2)
-                    | vec.code(),
-            )
-        }
-        Inst::FMac { vec, d, a, b } => {
-            let p = vec.is_pair();
-            word(
-                F_MAC,
-                r0(c.a_vec("d", d, p)?)
-                    | r1(c.a_vec("a", a, p)?)
-                    | r2(c.a_vec("b", b, p)?)
-                    | vec.code(),
-            )
-        }
-        Inst::FUn { op, d, a } => word(F_UN, r0(c.a("d", d)?) | r1(c.a("a", a)?) | op.code()),
-        Inst::F16v2Tanh { d, a } => word(F16V2_TANH, r0(c.a("d", d)?) | r1(c.a("a", a)?)),
-        Inst::F16v2Exp { d, a } => word(F16V2_EXP, r0(c.a("d", d)?) | r1(c.a("a", a)?)),
-        Inst::F16v2ToF32 { d, a } => word(F16V2_TO_F32, r0(c.pair("d", d)?) | r1(c.a("a", a)?)),
-        Inst::F32v2ToF16 { d, a } => word(F32V2_TO_F16, r0(c.a("d", d)?) | r1(c.pair("a", a)?)),
-        Inst::Sort4x16 { hi, d, a, b } => word(
-            SORT4X16,
-            r0(c.a("d", d)?) | r1(c.a("a", a)?) | r2(c.a("b", b)?) | u32::from(hi),
-        ),
-        Inst::F16Acc { a, quad } => {
-            let r = if quad {
-                c.quad("a", a)?
-            } else {
-                c.pair("a", a)?
-            };
-            word(F16_ACC, r1(r) | u32::from(quad))
-        }
-        Inst::F32v2Gina { d } => word(F32V2_GINA, r0(c.pair("d", d)?)),
-        Inst::F16v2Gina { d } => word(F16V2_GINA, r0(c.a("d", d)?)),
-        Inst::F16v4Cmac { a, b } => word(F16V4_CMAC, r1(c.pair("a", a)?) | r2(c.pair("b", b)?)),
-        Inst::FSum { vec, d, a } => word(
-            F_SUM,
-            r0(c.a("d", d)?) | r1(c.a_vec("a", a, vec.is_pair())?) | vec.code(),
-        ),
-        Inst::FMov { d, a, pair } => word(
-            F_MOV,
-            r0(c.a_vec("d", d, pair)?) | r1(c.a_vec("a", a, pair)?) | u32::from(pair),
-        ),
-        Inst::FBcast { vec, d, a } => word(
-            F_BCAST,
-            r0(c.a_vec("d", d, vec.is_pair())?) | r1(c.a("a", a)?) | vec.code(),
-        ),
-        Inst::Amp {
-            out,
-            inp,
-            pin,
-            phase,
-        } => word(
-            AMP,
-            r0(c.pair("out", out)?)
-                | r1(c.pair("inp", inp)?)
-                | r2(c.pair("pin", pin)?)
-                | c.range("phase", phase.into(), 0, 3)?,
-        ),
-    };
-    Ok(w)
-}
-
-fn mem(op: u8, reg: u32, c: &Check, base: MReg, imm: u16) -> Result<u32, EncodeError> {
-    Ok(word(
-        op,
-        r0(reg) | r1(c.m("base", base)?) | c.uint("imm", imm.into(), 12)?,
-    ))
+    })
 }
 
 /// Checks every field of `inst` (the rules of [`encode_inst`]).
@@ -652,442 +229,12 @@ pub fn encode(words: &[Word]) -> Result<Vec<u8>, EncodeError> {
     Ok(out)
 }
 
-fn field(v: u32, shift: u32, bits: u32) -> u32 {
-    (v >> shift) & ((1 << bits) - 1)
-}
-
 /// Decodes one 32-bit word (bit 31 must be clear: bundles go through
 /// [`decode_word`]).
 pub fn decode_inst(w: u32) -> Result<Inst, DecodeError> {
-    use opcode::*;
-    let op = field(w, 24, 7) as u8;
-    let f0 = field(w, 20, 4) as u8;
-    let f1 = field(w, 16, 4) as u8;
-    let f2 = field(w, 12, 4) as u8;
-    let f3 = field(w, 8, 4) as u8;
-    let f4 = field(w, 4, 4) as u8;
-    let f5 = field(w, 0, 4) as u8;
-    let imm12 = field(w, 0, 12) as u16;
-    let target = field(w, 0, 18) << 2;
-    // Each arm names the operand bits it uses; any other bit set is an error.
-    let (inst, used): (Inst, u32) = match op {
-        NOP => (Inst::Nop, 0),
-        SETZI => (
-            Inst::Setzi {
-                d: MReg(f0),
-                imm: field(w, 0, 20),
-            },
-            0xff_ffff,
-        ),
-        INT => {
-            let op = *IntOp::ALL
-                .get(f5 as usize)
-                .ok_or(DecodeError::ReservedBits { word: w })?;
-            (
-                Inst::Int {
-                    op,
-                    d: MReg(f0),
-                    a: MReg(f1),
-                    b: MReg(f2),
-                },
-                0xfff00f,
-            )
-        }
-        INT_IMM => {
-            let op = *IntOp::ALL
-                .get(f5 as usize)
-                .ok_or(DecodeError::ReservedBits { word: w })?;
-            (
-                Inst::IntImm {
-                    op,
-                    d: MReg(f0),
-                    a: MReg(f1),
-                    imm: field(w, 4, 12) as u16,
-                },
-                0xff_ffff,
-            )
-        }
-        MOV_AM => (
-            Inst::MovAm {
-                d: AReg(f0),
-                a: MReg(f1),
-            },
-            0xff0000,
-        ),
-        MOV_MA => (
-            Inst::MovMa {
-                d: MReg(f0),
-                a: AReg(f1),
-            },
-            0xff0000,
-        ),
-        LD32M => (
-            Inst::Ld32M {
-                d: MReg(f0),
-                base: MReg(f1),
-                imm: imm12,
-            },
-            0xff0fff,
-        ),
-        LD32 => (
-            Inst::Ld32 {
-                d: AReg(f0),
-                base: MReg(f1),
-                imm: imm12,
-            },
-            0xff0fff,
-        ),
-        ST32M => (
-            Inst::St32M {
-                s: MReg(f0),
-                base: MReg(f1),
-                imm: imm12,
-            },
-            0xff0fff,
-        ),
-        ST32 => (
-            Inst::St32 {
-                s: AReg(f0),
-                base: MReg(f1),
-                imm: imm12,
-            },
-            0xff0fff,
-        ),
-        LD64 => (
-            Inst::Ld64 {
-                d: AReg(f0),
-                base: MReg(f1),
-                imm: imm12,
-            },
-            0xff0fff,
-        ),
-        ST64 => (
-            Inst::St64 {
-                s: AReg(f0),
-                base: MReg(f1),
-                imm: imm12,
-            },
-            0xff0fff,
-        ),
-        LD128 => (
-            Inst::Ld128 {
-                d: AReg(f0),
-                base: MReg(f1),
-                imm: imm12,
-            },
-            0xff0fff,
-        ),
-        LD64_STEP => (
-            Inst::Ld64Step {
-                d: AReg(f0),
-                base: MReg(f1),
-                inc: field(w, 0, 8) as u8 as i8,
-            },
-            0xff00ff,
-        ),
-        ST64_STEP => (
-            Inst::St64Step {
-                s: AReg(f0),
-                base: MReg(f1),
-                inc: field(w, 0, 8) as u8 as i8,
-            },
-            0xff00ff,
-        ),
-        LD2X64_PACE => (
-            Inst::Ld2x64Pace {
-                d0: AReg(f0),
-                d1: AReg(f1),
-                p0: MReg(f2),
-                p1: MReg(f3),
-            },
-            0xffff00,
-        ),
-        LDST64_PACE => (
-            Inst::Ldst64Pace {
-                d: AReg(f0),
-                s: AReg(f1),
-                pl: MReg(f2),
-                ps: MReg(f3),
-            },
-            0xffff00,
-        ),
-        LD2XST64_PACE => (
-            Inst::Ld2xSt64Pace {
-                d0: AReg(f0),
-                d1: AReg(f1),
-                s: AReg(f2),
-                p0: MReg(f3),
-                p1: MReg(f4),
-                ps: MReg(f5),
-            },
-            0xff_ffff,
-        ),
-        LD64_STRIDE => (
-            Inst::Ld64Stride {
-                d: AReg(f0),
-                base: MReg(f1),
-                stride: MReg(f2),
-            },
-            0xfff000,
-        ),
-        LD2X64_PACE_STRIDE => (
-            Inst::Ld2x64PaceStride {
-                d0: AReg(f0),
-                d1: AReg(f1),
-                p0: MReg(f2),
-                p1: MReg(f3),
-                stride: MReg(f4),
-            },
-            0xfffff0,
-        ),
-        LDST64_PACE_STRIDE => (
-            Inst::Ldst64PaceStride {
-                d: AReg(f0),
-                s: AReg(f1),
-                pl: MReg(f2),
-                ps: MReg(f3),
-                stride: MReg(f4),
-            },
-            0xfffff0,
-        ),
-        LD2XST64_PACE_STRIDE => (
-            Inst::Ld2xSt64PaceStride {
-                d0: AReg(f0),
-                d1: AReg(f0.wrapping_add(2)),
-                s: AReg(f1),
-                p0: MReg(f2),
-                p1: MReg(f3),
-                ps: MReg(f4),
-                stride: MReg(f5),
-            },
-            0xff_ffff,
-        ),
-        AMP_LOAD_W => (
-            Inst::AmpLoadW {
-                base: MReg(f0),
-                quad: field(w, 0, 5) as u8,
-            },
-            0xf0001f,
-        ),
-        BR => (Inst::Br { a: MReg(f0) }, 0xf00000),
-        BRI => (Inst::Bri { target }, 0x03ffff),
-        BRZ => (
-            Inst::Brz {
-                c: MReg(f0),
-                target,
-            },
-            0xf3ffff,
-        ),
-        BRNZ => (
-            Inst::Brnz {
-                c: MReg(f0),
-                target,
-            },
-            0xf3ffff,
-        ),
-        CALL => (
-            Inst::Call {
-                link: MReg(f0),
-                target,
-            },
-            0xf3ffff,
-        ),
-        RPT => (
-            Inst::Rpt {
-                count: MReg(f0),
-                body: field(w, 0, 8) as u8,
-            },
-            0xf000ff,
-        ),
-        RPTI => (
-            Inst::Rpti {
-                count: field(w, 8, 12) as u16,
-                body: field(w, 0, 8) as u8,
-            },
-            0x0f_ffff,
-        ),
-        EXIT => (Inst::Exit, 0),
-        RUN => (
-            Inst::Run {
-                entry: MReg(f0),
-                state: MReg(f1),
-                worker: field(w, 0, 3) as u8,
-            },
-            0xff0007,
-        ),
-        RUN_ALL => (
-            Inst::RunAll {
-                entry: MReg(f0),
-                state: MReg(f1),
-                stride: field(w, 0, 16) as u16,
-            },
-            0xff_ffff,
-        ),
-        SYNC_LOCAL => (Inst::SyncLocal, 0),
-        SYNC_GLOBAL => (Inst::SyncGlobal, 0),
-        EXCHANGE => (
-            Inst::Exchange {
-                id: field(w, 0, 16) as u16,
-            },
-            0xffff,
-        ),
-        HOST_XFER => (Inst::HostXfer { desc: MReg(f0) }, 0xf00000),
-        SEND => (
-            Inst::Send {
-                a: MReg(f0),
-                bytes: field(w, 0, 16) as u16,
-            },
-            0xf0_ffff,
-        ),
-        MUX => (
-            Inst::Mux {
-                tile: field(w, 0, 20),
-            },
-            0xf_ffff,
-        ),
-        RECV => (
-            Inst::Recv {
-                a: MReg(f0),
-                msg: field(w, 0, 16) as u16,
-            },
-            0xf0_ffff,
-        ),
-        MARK => (
-            Inst::Mark {
-                tag: field(w, 0, 16) as u16,
-            },
-            0xffff,
-        ),
-        F_BIN => {
-            let op = *FBinOp::ALL
-                .get(field(w, 2, 3) as usize)
-                .ok_or(DecodeError::ReservedBits { word: w })?;
-            (
-                Inst::FBin {
-                    op,
-                    vec: FVec::ALL[field(w, 0, 2) as usize],
-                    d: AReg(f0),
-                    a: AReg(f1),
-                    b: AReg(f2),
-                },
-                0xfff01f,
-            )
-        }
-        F_MAC => (
-            Inst::FMac {
-                vec: FVec::ALL[field(w, 0, 2) as usize],
-                d: AReg(f0),
-                a: AReg(f1),
-                b: AReg(f2),
-            },
-            0xfff003,
-        ),
-        F_UN => {
-            let op = *FUnOp::ALL
-                .get(field(w, 0, 3) as usize)
-                .ok_or(DecodeError::ReservedBits { word: w })?;
-            (
-                Inst::FUn {
-                    op,
-                    d: AReg(f0),
-                    a: AReg(f1),
-                },
-                0xff0007,
-            )
-        }
-        F16V2_TANH => (
-            Inst::F16v2Tanh {
-                d: AReg(f0),
-                a: AReg(f1),
-            },
-            0xff0000,
-        ),
-        F16V2_EXP => (
-            Inst::F16v2Exp {
-                d: AReg(f0),
-                a: AReg(f1),
-            },
-            0xff0000,
-        ),
-        F16V2_TO_F32 => (
-            Inst::F16v2ToF32 {
-                d: AReg(f0),
-                a: AReg(f1),
-            },
-            0xff0000,
-        ),
-        F32V2_TO_F16 => (
-            Inst::F32v2ToF16 {
-                d: AReg(f0),
-                a: AReg(f1),
-            },
-            0xff0000,
-        ),
-        SORT4X16 => (
-            Inst::Sort4x16 {
-                hi: w & 1 == 1,
-                d: AReg(f0),
-                a: AReg(f1),
-                b: AReg(f2),
-            },
-            0xfff001,
-        ),
-        F16_ACC => (
-            Inst::F16Acc {
-                a: AReg(f1),
-                quad: w & 1 == 1,
-            },
-            0x0f0001,
-        ),
-        F32V2_GINA => (Inst::F32v2Gina { d: AReg(f0) }, 0xf00000),
-        F16V2_GINA => (Inst::F16v2Gina { d: AReg(f0) }, 0xf00000),
-        F16V4_CMAC => (
-            Inst::F16v4Cmac {
-                a: AReg(f1),
-                b: AReg(f2),
-            },
-            0x0ff000,
-        ),
-        F_SUM => (
-            Inst::FSum {
-                vec: FVec::ALL[field(w, 0, 2) as usize],
-                d: AReg(f0),
-                a: AReg(f1),
-            },
-            0xff0003,
-        ),
-        F_MOV => (
-            Inst::FMov {
-                d: AReg(f0),
-                a: AReg(f1),
-                pair: w & 1 == 1,
-            },
-            0xff0001,
-        ),
-        F_BCAST => (
-            Inst::FBcast {
-                vec: FVec::ALL[field(w, 0, 2) as usize],
-                d: AReg(f0),
-                a: AReg(f1),
-            },
-            0xff0003,
-        ),
-        AMP => (
-            Inst::Amp {
-                out: AReg(f0),
-                inp: AReg(f1),
-                pin: AReg(f2),
-                phase: field(w, 0, 2) as u8,
-            },
-            0xfff003,
-        ),
-        _ => {
-            return Err(DecodeError::UnknownOpcode {
-                opcode: op,
-                word: w,
-            });
-        }
-    };
+    let (inst, used) = Inst::decode_fields(w)?;
+    // Operand bits no field uses must be zero, so that every word that decodes
+    // re-encodes to itself.
     if w & 0x00ff_ffff & !used != 0 {
         return Err(DecodeError::ReservedBits { word: w });
     }

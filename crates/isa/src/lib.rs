@@ -4,9 +4,13 @@
 //! (that is the simulator's job); it builds and reads packages only through the
 //! package crate's model and format, never by knowing the format's bytes.
 
+#[macro_use]
+mod define;
+mod field;
 mod inst;
 pub use inst::*;
 mod encode;
+mod table;
 pub use encode::*;
 mod syntax;
 pub use syntax::{SyntaxError, parse_word, parse_word_with};

@@ -1,10 +1,13 @@
 //! The text syntax of one instruction or bundle (specified in `docs/asm.md`): a
-//! lexer shared with the file assembler, operand parsing, and `Display` for
-//! [`Inst`] and [`Word`]. Whatever `Display` prints, [`parse_word`] accepts and turns
-//! back into the same value; the disassembler relies on that.
+//! lexer shared with the file assembler, operands, the choice among the assembly
+//! forms of the instruction table (each form's parsing and `Display` for [`Inst`]
+//! are generated there), and `Display` for [`Word`]. Whatever `Display` prints,
+//! [`parse_word`] accepts and turns back into the same value; the disassembler
+//! relies on that.
 
 use crate::encode::validate_word;
 use crate::inst::*;
+use crate::table::FORMS;
 use std::fmt;
 
 /// A syntax or range error at a column (0-based byte offset) of the parsed text.
@@ -577,46 +580,60 @@ pub(crate) fn word_stmt(c: &mut Cursor) -> Result<WordStmt, SyntaxError> {
 }
 
 /// Operand access with checks and positioned errors.
-struct Ops<'a> {
+pub(crate) struct Ops<'a> {
     s: &'a InstStmt,
     resolve: &'a dyn Fn(&str) -> Option<i64>,
 }
 
 impl Ops<'_> {
-    fn count(&self, n: usize, form: &str) -> Result<(), SyntaxError> {
-        if self.s.operands.len() == n {
-            Ok(())
-        } else {
-            err(
-                self.s.col,
-                format!(
-                    "`{}` takes {n} operand{} ({form}), found {}",
-                    self.s.mnemonic,
-                    if n == 1 { "" } else { "s" },
-                    self.s.operands.len()
-                ),
-            )
+    /// Checks the number of operands: `n`, or `n - 1` when the last is optional.
+    pub fn count(&self, n: usize, optional: bool, form: &str) -> Result<(), SyntaxError> {
+        let found = self.s.operands.len();
+        if found == n || (optional && found + 1 == n) {
+            return Ok(());
         }
+        let takes = if optional {
+            format!("{} or {n} operands", n - 1)
+        } else {
+            format!("{n} operand{}", if n == 1 { "" } else { "s" })
+        };
+        err(
+            self.s.col,
+            format!(
+                "`{}` takes {takes} ({form}), found {found}",
+                self.s.mnemonic
+            ),
+        )
+    }
+    pub fn len(&self) -> usize {
+        self.s.operands.len()
     }
     fn get(&self, i: usize) -> (&Operand, usize) {
         let (o, c) = &self.s.operands[i];
         (o, *c)
     }
-    fn m(&self, i: usize) -> Result<MReg, SyntaxError> {
+    /// The column of operand `i`.
+    pub fn col(&self, i: usize) -> usize {
+        self.s.operands[i].1
+    }
+    pub fn m(&self, i: usize) -> Result<MReg, SyntaxError> {
         match self.get(i) {
             (Operand::M(n), _) => Ok(MReg(*n)),
             (Operand::MInc(_), c) => err(c, "this operand is not post-incremented: remove `+=`"),
             (_, c) => err(c, "expected an $m register"),
         }
     }
-    /// A pointer operand that may carry a stride: `$mN+=` or `$mN+=$mS`.
-    fn mstride(&self, i: usize) -> Result<(MReg, Option<MReg>), SyntaxError> {
+    /// A pointer advanced by a stride register: `$mN+=$mS`.
+    pub fn ptr_stride(&self, i: usize) -> Result<(MReg, MReg), SyntaxError> {
         match self.get(i) {
-            (Operand::MStride(n, r), _) => Ok((MReg(*n), Some(MReg(*r)))),
-            _ => Ok((self.minc(i)?, None)),
+            (Operand::MStride(n, r), _) => Ok((MReg(*n), MReg(*r))),
+            (_, c) => {
+                self.minc(i)?;
+                err(c, "expected `$mBase+=$mStride` or an increment")
+            }
         }
     }
-    fn minc(&self, i: usize) -> Result<MReg, SyntaxError> {
+    pub fn minc(&self, i: usize) -> Result<MReg, SyntaxError> {
         match self.get(i) {
             (Operand::MInc(n), _) => Ok(MReg(*n)),
             (Operand::MStride(..), c) => err(c, "this pointer takes no stride register"),
@@ -624,14 +641,14 @@ impl Ops<'_> {
             (_, c) => err(c, "expected a post-incremented pointer `$mN+=`"),
         }
     }
-    fn a(&self, i: usize) -> Result<AReg, SyntaxError> {
+    pub fn a(&self, i: usize) -> Result<AReg, SyntaxError> {
         match self.get(i) {
             (Operand::A { first, last }, _) if first == last => Ok(AReg(*first)),
             (Operand::A { .. }, c) => err(c, "expected a single $a register, found a range"),
             (_, c) => err(c, "expected an $a register"),
         }
     }
-    fn pair(&self, i: usize) -> Result<AReg, SyntaxError> {
+    pub fn pair(&self, i: usize) -> Result<AReg, SyntaxError> {
         match self.get(i) {
             (Operand::A { first, last }, _) if first % 2 == 0 && *last == first + 1 => {
                 Ok(AReg(*first))
@@ -639,7 +656,7 @@ impl Ops<'_> {
             (_, c) => err(c, "expected a register pair `$aN:N+1` with N even"),
         }
     }
-    fn quad(&self, i: usize) -> Result<AReg, SyntaxError> {
+    pub fn quad(&self, i: usize) -> Result<AReg, SyntaxError> {
         match self.get(i) {
             (Operand::A { first, last }, _) if first % 4 == 0 && *last == first + 3 => {
                 Ok(AReg(*first))
@@ -650,11 +667,8 @@ impl Ops<'_> {
             ),
         }
     }
-    fn a_vec(&self, i: usize, pair: bool) -> Result<AReg, SyntaxError> {
+    pub fn a_vec(&self, i: usize, pair: bool) -> Result<AReg, SyntaxError> {
         if pair { self.pair(i) } else { self.a(i) }
-    }
-    fn is_pair(&self, i: usize) -> bool {
-        matches!(self.get(i).0, Operand::A { first, last } if last != first)
     }
     fn expr(&self, i: usize) -> Result<(i64, usize), SyntaxError> {
         match self.get(i) {
@@ -666,31 +680,22 @@ impl Ops<'_> {
             (_, c) => err(c, "expected an immediate value or a symbol"),
         }
     }
-    fn is_imm(&self, i: usize) -> bool {
-        matches!(self.get(i).0, Operand::Expr(_) | Operand::Word(_))
-    }
-    fn uimm(&self, i: usize, max: u32, what: &str) -> Result<u32, SyntaxError> {
-        let (v, c) = self.expr(i)?;
-        if (0..=i64::from(max)).contains(&v) {
-            Ok(v as u32)
-        } else {
-            let hex = if max > 255 {
-                format!(" ({max:#x})")
-            } else {
-                String::new()
-            };
-            err(c, format!("{what} {v} is out of range 0..={max}{hex}"))
-        }
-    }
-    fn range(&self, i: usize, lo: i64, hi: i64, what: &str) -> Result<i64, SyntaxError> {
+    /// An integer in `lo..=hi`; `what` names it in the error, which also gives a
+    /// large bound in hex.
+    pub fn int(&self, i: usize, lo: i64, hi: i64, what: &str) -> Result<i64, SyntaxError> {
         let (v, c) = self.expr(i)?;
         if (lo..=hi).contains(&v) {
             Ok(v)
         } else {
-            err(c, format!("{what} {v} is out of range {lo}..={hi}"))
+            let hex = if hi > 255 {
+                format!(" ({hi:#x})")
+            } else {
+                String::new()
+            };
+            err(c, format!("{what} {v} is out of range {lo}..={hi}{hex}"))
         }
     }
-    fn target(&self, i: usize) -> Result<u32, SyntaxError> {
+    pub fn target(&self, i: usize) -> Result<u32, SyntaxError> {
         let (v, c) = self.expr(i)?;
         if !(0..1 << 20).contains(&v) {
             return err(c, format!("branch target {v:#x} is not below 2^20"));
@@ -700,149 +705,122 @@ impl Ops<'_> {
         }
         Ok(v as u32)
     }
-    /// The memory offset of `ld32`/`st64`...: optional, in units of the access size.
-    fn mem_imm(&self, i: usize) -> Result<u16, SyntaxError> {
-        if self.s.operands.len() == i {
-            return Ok(0);
+}
+
+/// What an operand looks like, for choosing between forms that share a mnemonic
+/// (the `when` patterns of the instruction table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// `$mN`.
+    M,
+    /// `$aN` or `$aN:M`.
+    A,
+    /// `$aN:M` with M other than N.
+    Range,
+    /// A number, an expression or a symbol.
+    Imm,
+    /// `$mN+=$mS`.
+    Stride,
+    /// Anything.
+    Any,
+    /// Any number of further operands.
+    Rest,
+}
+
+impl Shape {
+    fn fits(self, o: &Operand) -> bool {
+        match self {
+            Shape::M => matches!(o, Operand::M(_)),
+            Shape::A => matches!(o, Operand::A { .. }),
+            Shape::Range => matches!(o, Operand::A { first, last } if first != last),
+            Shape::Imm => matches!(o, Operand::Expr(_) | Operand::Word(_)),
+            Shape::Stride => matches!(o, Operand::MStride(..)),
+            Shape::Any | Shape::Rest => true,
         }
-        Ok(self.uimm(i, 4095, "offset (in units of the access size)")? as u16)
     }
-    fn mem_count(&self, form: &str) -> Result<(), SyntaxError> {
-        match self.s.operands.len() {
-            2 | 3 => Ok(()),
-            n => err(
-                self.s.col,
-                format!(
-                    "`{}` takes 2 or 3 operands ({form}), found {n}",
-                    self.s.mnemonic
-                ),
-            ),
+}
+
+/// Builds an instruction from a statement's operands, or says what is wrong.
+pub(crate) type Build = fn(&Ops) -> Result<Inst, SyntaxError>;
+
+/// One way of writing an instruction, generated from the instruction table.
+pub(crate) struct Form {
+    /// The variant it builds.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub variant: &'static str,
+    /// Whether a mnemonic is this form's.
+    pub spells: fn(&str) -> bool,
+    /// The operand shapes that select this form among those of its mnemonic.
+    pub guard: Option<&'static [Shape]>,
+    /// Keyword operands and their positions, which also select the form.
+    pub keywords: &'static [(usize, &'static str)],
+    /// The number of operands; the last may be left out when `optional`.
+    pub count: usize,
+    pub optional: bool,
+    /// The operands as count errors describe them.
+    pub form: &'static str,
+    /// Reports the error when no form of the mnemonic fits the operands.
+    pub otherwise: Option<Build>,
+    pub parse: fn(&str, &Ops) -> Result<Inst, SyntaxError>,
+}
+
+impl Form {
+    /// Whether the form is chosen by its operands rather than being the fallback.
+    fn selective(&self) -> bool {
+        self.guard.is_some() || !self.keywords.is_empty()
+    }
+
+    fn fits(&self, ops: &[(Operand, usize)]) -> bool {
+        let shapes_fit = match self.guard {
+            None => true,
+            Some(shapes) => {
+                let rest = shapes.last() == Some(&Shape::Rest);
+                let fixed = &shapes[..shapes.len() - usize::from(rest)];
+                (ops.len() == fixed.len() || (rest && ops.len() > fixed.len()))
+                    && fixed.iter().zip(ops).all(|(s, (o, _))| s.fits(o))
+            }
+        };
+        shapes_fit
+            && self
+                .keywords
+                .iter()
+                .all(|&(i, w)| matches!(ops.get(i), Some((Operand::Word(x), _)) if x == w))
+    }
+}
+
+/// How `mn` splits into consecutive parts, each one of the spellings offered for
+/// it: the index of the spelling used for each part.
+pub(crate) fn split_mnemonic(mn: &str, parts: &[&[&str]]) -> Option<[usize; 3]> {
+    fn split(mn: &str, parts: &[&[&str]], at: usize, out: &mut [usize; 3]) -> bool {
+        match parts.split_first() {
+            None => mn.is_empty(),
+            Some((first, rest)) => first.iter().enumerate().any(|(k, s)| {
+                mn.strip_prefix(s).is_some_and(|tail| {
+                    out[at] = k;
+                    split(tail, rest, at + 1, out)
+                })
+            }),
         }
     }
+    let mut out = [0; 3];
+    split(mn, parts, 0, &mut out).then_some(out)
 }
 
-const INT_OPS: [(&str, IntOp); 14] = [
-    ("add", IntOp::Add),
-    ("sub", IntOp::Sub),
-    ("mul", IntOp::Mul),
-    ("and", IntOp::And),
-    ("or", IntOp::Or),
-    ("xor", IntOp::Xor),
-    ("shl", IntOp::Shl),
-    ("shr", IntOp::Shr),
-    ("sar", IntOp::Sar),
-    ("cmpeq", IntOp::CmpEq),
-    ("cmpult", IntOp::CmpUlt),
-    ("cmpslt", IntOp::CmpSlt),
-    ("min", IntOp::Min),
-    ("max", IntOp::Max),
-];
-const FVECS: [(&str, FVec); 4] = [
-    ("f32v2", FVec::F32V2),
-    ("f16v2", FVec::F16V2),
-    ("f16v4", FVec::F16V4),
-    ("f32", FVec::F32),
-];
-const FBIN_OPS: [(&str, FBinOp); 5] = [
-    ("add", FBinOp::Add),
-    ("sub", FBinOp::Sub),
-    ("mul", FBinOp::Mul),
-    ("max", FBinOp::Max),
-    ("min", FBinOp::Min),
-];
-const FUN_OPS: [(&str, FUnOp); 7] = [
-    ("exp", FUnOp::Exp),
-    ("recip", FUnOp::Recip),
-    ("rsqrt", FUnOp::Rsqrt),
-    ("sqrt", FUnOp::Sqrt),
-    ("neg", FUnOp::Neg),
-    ("abs", FUnOp::Abs),
-    ("tanh", FUnOp::Tanh),
-];
-
-fn int_op_name(op: IntOp) -> &'static str {
-    INT_OPS
-        .iter()
-        .find(|(_, o)| *o == op)
-        .map_or("?", |(n, _)| n)
+/// `mov` whose operands fit none of its forms.
+pub(crate) fn mov_operands(o: &Ops) -> Result<Inst, SyntaxError> {
+    match o.get(0) {
+        (Operand::M(_), _) => err(
+            o.col(1),
+            "expected a register (use `setzi` or `li` for a constant)",
+        ),
+        (_, c) => err(c, "expected a register"),
+    }
 }
-fn fvec_name(v: FVec) -> &'static str {
-    FVECS.iter().find(|(_, o)| *o == v).map_or("?", |(n, _)| n)
-}
-fn fbin_name(op: FBinOp) -> &'static str {
-    FBIN_OPS
-        .iter()
-        .find(|(_, o)| *o == op)
-        .map_or("?", |(n, _)| n)
-}
-fn fun_name(op: FUnOp) -> &'static str {
-    FUN_OPS
-        .iter()
-        .find(|(_, o)| *o == op)
-        .map_or("?", |(n, _)| n)
-}
-
-const PLAIN_MNEMONICS: [&str; 32] = [
-    "nop",
-    "exit",
-    "setzi",
-    "li",
-    "mov",
-    "ld32",
-    "st32",
-    "ld64",
-    "st64",
-    "ld128",
-    "ld64step",
-    "st64step",
-    "ld2x64pace",
-    "ldst64pace",
-    "ld2xst64pace",
-    "ampw",
-    "br",
-    "bri",
-    "brz",
-    "brnz",
-    "call",
-    "rpt",
-    "run",
-    "runall",
-    "sync",
-    "exchange",
-    "hostxfer",
-    "send",
-    "mux",
-    "recv",
-    "mark",
-    "amp",
-];
 
 /// Whether `mn` names an instruction, so that a misspelling is caught when the
 /// line is parsed rather than when it is emitted.
 fn known_mnemonic(mn: &str) -> bool {
-    if PLAIN_MNEMONICS.contains(&mn)
-        || mn == "f16v2tof32"
-        || mn == "f32v2tof16"
-        || mn == "f16v2tanh"
-        || mn == "f16v2exp"
-        || mn == "sort4x16lo"
-        || mn == "sort4x16hi"
-        || mn == "f16v4acc"
-        || mn == "f16v8acc"
-        || mn == "f32v2gina"
-        || mn == "f16v2gina"
-        || mn == "f16v4cmac"
-        || INT_OPS.iter().any(|(n, _)| *n == mn)
-    {
-        return true;
-    }
-    FVECS.iter().any(|(v, vec)| {
-        mn.strip_prefix(v).is_some_and(|op| {
-            FBIN_OPS.iter().any(|(n, _)| *n == op)
-                || matches!(op, "mac" | "sum" | "bcast")
-                || (*vec == FVec::F32 && FUN_OPS.iter().any(|(n, _)| *n == op))
-        })
-    })
+    mn == "li" || FORMS.iter().any(|f| (f.spells)(mn))
 }
 
 /// Lowers one instruction statement to its words (one, or several for `li`).
@@ -852,461 +830,55 @@ pub(crate) fn lower_inst(
 ) -> Result<Vec<Inst>, SyntaxError> {
     let o = Ops { s, resolve };
     let mn = s.mnemonic.as_str();
-    let one = |i: Inst| Ok(vec![i]);
-    if let Some((_, op)) = INT_OPS.iter().find(|(n, _)| *n == mn) {
-        o.count(3, "$mD, $mA, $mB or $mD, $mA, imm")?;
-        let (d, a) = (o.m(0)?, o.m(1)?);
-        if o.is_imm(2) {
-            let imm = o.uimm(2, 4095, "immediate")? as u16;
-            return one(Inst::IntImm { op: *op, d, a, imm });
+    if mn == "li" {
+        o.count(2, false, "$mD, imm32")?;
+        let d = o.m(0)?;
+        let (v, c) = o.expr(1)?;
+        if !(i64::from(i32::MIN)..=i64::from(u32::MAX)).contains(&v) {
+            return err(c, format!("value {v} does not fit 32 bits"));
         }
-        return one(Inst::Int {
-            op: *op,
-            d,
-            a,
-            b: o.m(2)?,
-        });
+        let v = v as u32;
+        // Fixed length, whatever the value, so that layout never depends on the
+        // value of a label.
+        return Ok(vec![
+            Inst::Setzi { d, imm: v >> 12 },
+            Inst::IntImm {
+                op: IntOp::Shl,
+                d,
+                a: d,
+                imm: 12,
+            },
+            Inst::IntImm {
+                op: IntOp::Or,
+                d,
+                a: d,
+                imm: (v & 0xfff) as u16,
+            },
+        ]);
     }
-    if let Some((vname, vec)) = FVECS.iter().find(|(n, _)| mn.starts_with(n)) {
-        let op = &mn[vname.len()..];
-        let p = vec.is_pair();
-        let vec = *vec;
-        if let Some((_, bop)) = FBIN_OPS.iter().find(|(n, _)| *n == op) {
-            o.count(3, "d, a, b")?;
-            return one(Inst::FBin {
-                op: *bop,
-                vec,
-                d: o.a_vec(0, p)?,
-                a: o.a_vec(1, p)?,
-                b: o.a_vec(2, p)?,
-            });
-        }
-        match op {
-            "mac" => {
-                o.count(3, "d, a, b")?;
-                return one(Inst::FMac {
-                    vec,
-                    d: o.a_vec(0, p)?,
-                    a: o.a_vec(1, p)?,
-                    b: o.a_vec(2, p)?,
-                });
-            }
-            "sum" => {
-                o.count(2, "$aD, source")?;
-                return one(Inst::FSum {
-                    vec,
-                    d: o.a(0)?,
-                    a: o.a_vec(1, p)?,
-                });
-            }
-            "bcast" => {
-                o.count(2, "destination, $aA")?;
-                return one(Inst::FBcast {
-                    vec,
-                    d: o.a_vec(0, p)?,
-                    a: o.a(1)?,
-                });
-            }
-            _ => {}
-        }
-        if vec == FVec::F32
-            && let Some((_, uop)) = FUN_OPS.iter().find(|(n, _)| *n == op)
-        {
-            o.count(2, "$aD, $aA")?;
-            return one(Inst::FUn {
-                op: *uop,
-                d: o.a(0)?,
-                a: o.a(1)?,
-            });
-        }
+    let forms: Vec<&Form> = FORMS.iter().filter(|f| (f.spells)(mn)).collect();
+    let chosen = forms
+        .iter()
+        .find(|f| f.selective() && f.fits(&s.operands))
+        .or_else(|| forms.iter().find(|f| !f.selective()));
+    if let Some(f) = chosen {
+        return (f.parse)(mn, &o).map(|i| vec![i]);
     }
-    match mn {
-        "nop" => {
-            o.count(0, "none")?;
-            one(Inst::Nop)
-        }
-        "exit" => {
-            o.count(0, "none")?;
-            one(Inst::Exit)
-        }
-        "setzi" => {
-            o.count(2, "$mD, imm20")?;
-            let d = o.m(0)?;
-            let imm = o.uimm(1, (1 << 20) - 1, "immediate")?;
-            one(Inst::Setzi { d, imm })
-        }
-        "li" => {
-            o.count(2, "$mD, imm32")?;
-            let d = o.m(0)?;
-            let (v, c) = o.expr(1)?;
-            if !(i64::from(i32::MIN)..=i64::from(u32::MAX)).contains(&v) {
-                return err(c, format!("value {v} does not fit 32 bits"));
-            }
-            let v = v as u32;
-            // Fixed length, whatever the value, so that layout never depends on the
-            // value of a label.
-            Ok(vec![
-                Inst::Setzi { d, imm: v >> 12 },
-                Inst::IntImm {
-                    op: IntOp::Shl,
-                    d,
-                    a: d,
-                    imm: 12,
-                },
-                Inst::IntImm {
-                    op: IntOp::Or,
-                    d,
-                    a: d,
-                    imm: (v & 0xfff) as u16,
-                },
-            ])
-        }
-        "mov" => {
-            o.count(2, "destination, source")?;
-            match (&o.get(0).0, &o.get(1).0) {
-                (Operand::M(_), Operand::M(_)) => one(Inst::Int {
-                    op: IntOp::Or,
-                    d: o.m(0)?,
-                    a: o.m(1)?,
-                    b: MReg::ZERO,
-                }),
-                (Operand::A { .. }, Operand::M(_)) => one(Inst::MovAm {
-                    d: o.a(0)?,
-                    a: o.m(1)?,
-                }),
-                (Operand::M(_), Operand::A { .. }) => one(Inst::MovMa {
-                    d: o.m(0)?,
-                    a: o.a(1)?,
-                }),
-                (Operand::A { .. }, Operand::A { .. }) => {
-                    let pair = o.is_pair(0);
-                    one(Inst::FMov {
-                        d: o.a_vec(0, pair)?,
-                        a: o.a_vec(1, pair)?,
-                        pair,
-                    })
-                }
-                (Operand::M(_), _) => err(
-                    o.get(1).1,
-                    "expected a register (use `setzi` or `li` for a constant)",
-                ),
-                _ => err(o.get(0).1, "expected a register"),
-            }
-        }
-        "ld32" | "st32" => {
-            o.mem_count("register, $mBase[, offset]")?;
-            let base = o.m(1)?;
-            let imm = o.mem_imm(2)?;
-            let load = mn == "ld32";
-            match (&o.get(0).0, load) {
-                (Operand::M(_), true) => one(Inst::Ld32M {
-                    d: o.m(0)?,
-                    base,
-                    imm,
-                }),
-                (Operand::M(_), false) => one(Inst::St32M {
-                    s: o.m(0)?,
-                    base,
-                    imm,
-                }),
-                (_, true) => one(Inst::Ld32 {
-                    d: o.a(0)?,
-                    base,
-                    imm,
-                }),
-                (_, false) => one(Inst::St32 {
-                    s: o.a(0)?,
-                    base,
-                    imm,
-                }),
-            }
-        }
-        "ld64" | "st64" | "ld128" => {
-            o.mem_count("register, $mBase[, offset]")?;
-            let base = o.m(1)?;
-            let imm = o.mem_imm(2)?;
-            match mn {
-                "ld64" => one(Inst::Ld64 {
-                    d: o.pair(0)?,
-                    base,
-                    imm,
-                }),
-                "st64" => one(Inst::St64 {
-                    s: o.pair(0)?,
-                    base,
-                    imm,
-                }),
-                _ => one(Inst::Ld128 {
-                    d: o.quad(0)?,
-                    base,
-                    imm,
-                }),
-            }
-        }
-        "ld64step" if o.s.operands.len() == 2 => {
-            o.count(2, "$aN:N+1, $mBase+=$mStride")?;
-            let d = o.pair(0)?;
-            match o.mstride(1)? {
-                (base, Some(stride)) => one(Inst::Ld64Stride { d, base, stride }),
-                (_, None) => err(o.get(1).1, "expected `$mBase+=$mStride` or an increment"),
-            }
-        }
-        "ld64step" | "st64step" => {
-            o.count(3, "$aN:N+1, $mBase+=, increment")?;
-            let r = o.pair(0)?;
-            let base = o.minc(1)?;
-            let inc = o.range(2, -128, 127, "increment (in units of 8 bytes)")? as i8;
-            if mn == "ld64step" {
-                one(Inst::Ld64Step { d: r, base, inc })
-            } else {
-                one(Inst::St64Step { s: r, base, inc })
-            }
-        }
-        "ld2x64pace" => {
-            o.count(4, "$aD0:pair, $aD1:pair, $mP0+=, $mP1+=")?;
-            let (d0, d1, (p0, stride), p1) = (o.pair(0)?, o.pair(1)?, o.mstride(2)?, o.minc(3)?);
-            match stride {
-                None => one(Inst::Ld2x64Pace { d0, d1, p0, p1 }),
-                Some(stride) => one(Inst::Ld2x64PaceStride {
-                    d0,
-                    d1,
-                    p0,
-                    p1,
-                    stride,
-                }),
-            }
-        }
-        "ldst64pace" => {
-            o.count(4, "$aD:pair, $aS:pair, $mLoad+=, $mStore+=")?;
-            let (d, s, (pl, stride), ps) = (o.pair(0)?, o.pair(1)?, o.mstride(2)?, o.minc(3)?);
-            match stride {
-                None => one(Inst::Ldst64Pace { d, s, pl, ps }),
-                Some(stride) => one(Inst::Ldst64PaceStride {
-                    d,
-                    s,
-                    pl,
-                    ps,
-                    stride,
-                }),
-            }
-        }
-        "ld2xst64pace" => {
-            o.count(
-                6,
-                "$aD0:pair, $aD1:pair, $aS:pair, $mP0+=, $mP1+=, $mStore+=",
-            )?;
-            let (d0, d1, s) = (o.pair(0)?, o.pair(1)?, o.pair(2)?);
-            let ((p0, stride), p1, ps) = (o.mstride(3)?, o.minc(4)?, o.minc(5)?);
-            match stride {
-                None => one(Inst::Ld2xSt64Pace {
-                    d0,
-                    d1,
-                    s,
-                    p0,
-                    p1,
-                    ps,
-                }),
-                Some(stride) => {
-                    if d0.0 % 4 != 0 || d1.0 != d0.0 + 2 {
-                        return err(
-                            o.get(0).1,
-                            "the strided form loads a quad: `$aN:N+1, $aN+2:N+3` with N a multiple of 4",
-                        );
-                    }
-                    one(Inst::Ld2xSt64PaceStride {
-                        d0,
-                        d1,
-                        s,
-                        p0,
-                        p1,
-                        ps,
-                        stride,
-                    })
-                }
-            }
-        }
-        "ampw" => {
-            o.count(2, "$mBase+=, quad")?;
-            let base = o.minc(0)?;
-            let quad = o.uimm(1, 31, "weight quad")? as u8;
-            one(Inst::AmpLoadW { base, quad })
-        }
-        "br" => {
-            o.count(1, "$mA")?;
-            one(Inst::Br { a: o.m(0)? })
-        }
-        "bri" => {
-            o.count(1, "target")?;
-            one(Inst::Bri {
-                target: o.target(0)?,
-            })
-        }
-        "brz" | "brnz" => {
-            o.count(2, "$mC, target")?;
-            let c = o.m(0)?;
-            let target = o.target(1)?;
-            if mn == "brz" {
-                one(Inst::Brz { c, target })
-            } else {
-                one(Inst::Brnz { c, target })
-            }
-        }
-        "call" => {
-            o.count(2, "$mLink, target")?;
-            one(Inst::Call {
-                link: o.m(0)?,
-                target: o.target(1)?,
-            })
-        }
-        "rpt" => {
-            o.count(2, "$mCount or count, body words")?;
-            let body = o.range(1, 1, 255, "body length (in words)")? as u8;
-            if o.is_imm(0) {
-                let count = o.uimm(0, 4095, "repeat count")? as u16;
-                one(Inst::Rpti { count, body })
-            } else {
-                one(Inst::Rpt {
-                    count: o.m(0)?,
-                    body,
-                })
-            }
-        }
-        "run" => {
-            o.count(3, "$mEntry, $mState, worker")?;
-            one(Inst::Run {
-                entry: o.m(0)?,
-                state: o.m(1)?,
-                worker: o.uimm(2, 5, "worker")? as u8,
-            })
-        }
-        "runall" => {
-            o.count(3, "$mEntry, $mState, stride")?;
-            one(Inst::RunAll {
-                entry: o.m(0)?,
-                state: o.m(1)?,
-                stride: o.uimm(2, 0xffff, "stride")? as u16,
-            })
-        }
-        "sync" => {
-            o.count(1, "local or global")?;
-            match o.get(0) {
-                (Operand::Word(w), _) if w == "local" => one(Inst::SyncLocal),
-                (Operand::Word(w), _) if w == "global" => one(Inst::SyncGlobal),
-                (_, c) => err(c, "expected `local` or `global`"),
-            }
-        }
-        "exchange" => {
-            o.count(1, "exchange id")?;
-            one(Inst::Exchange {
-                id: o.uimm(0, 0xffff, "exchange id")? as u16,
-            })
-        }
-        "send" => {
-            o.count(2, "$mA, bytes")?;
-            one(Inst::Send {
-                a: o.m(0)?,
-                bytes: o.uimm(1, 0xffff, "message bytes")? as u16,
-            })
-        }
-        "mux" => {
-            o.count(1, "source tile")?;
-            one(Inst::Mux {
-                tile: o.uimm(0, 0xf_ffff, "source tile")?,
-            })
-        }
-        "recv" => {
-            o.count(2, "$mA, message")?;
-            one(Inst::Recv {
-                a: o.m(0)?,
-                msg: o.uimm(1, 0xffff, "message index")? as u16,
-            })
-        }
-        "hostxfer" => {
-            o.count(1, "$mDesc")?;
-            one(Inst::HostXfer { desc: o.m(0)? })
-        }
-        "mark" => {
-            o.count(1, "tag")?;
-            one(Inst::Mark {
-                tag: o.uimm(0, 0xffff, "tag")? as u16,
-            })
-        }
-        "f16v2tanh" => {
-            o.count(2, "$aD, $aA")?;
-            one(Inst::F16v2Tanh {
-                d: o.a(0)?,
-                a: o.a(1)?,
-            })
-        }
-        "f16v2exp" => {
-            o.count(2, "$aD, $aA")?;
-            one(Inst::F16v2Exp {
-                d: o.a(0)?,
-                a: o.a(1)?,
-            })
-        }
-        "f16v4acc" => {
-            o.count(1, "$aA:pair")?;
-            one(Inst::F16Acc {
-                a: o.pair(0)?,
-                quad: false,
-            })
-        }
-        "f16v8acc" => {
-            o.count(1, "$aA:quad")?;
-            one(Inst::F16Acc {
-                a: o.quad(0)?,
-                quad: true,
-            })
-        }
-        "f32v2gina" => {
-            o.count(1, "$aD:pair")?;
-            one(Inst::F32v2Gina { d: o.pair(0)? })
-        }
-        "f16v2gina" => {
-            o.count(1, "$aD")?;
-            one(Inst::F16v2Gina { d: o.a(0)? })
-        }
-        "f16v4cmac" => {
-            o.count(2, "$aA:pair, $aB:pair")?;
-            one(Inst::F16v4Cmac {
-                a: o.pair(0)?,
-                b: o.pair(1)?,
-            })
-        }
-        "f16v2tof32" => {
-            o.count(2, "$aD:pair, $aA")?;
-            one(Inst::F16v2ToF32 {
-                d: o.pair(0)?,
-                a: o.a(1)?,
-            })
-        }
-        "f32v2tof16" => {
-            o.count(2, "$aD, $aA:pair")?;
-            one(Inst::F32v2ToF16 {
-                d: o.a(0)?,
-                a: o.pair(1)?,
-            })
-        }
-        "sort4x16lo" | "sort4x16hi" => {
-            o.count(3, "$aD, $aA, $aB")?;
-            one(Inst::Sort4x16 {
-                hi: mn == "sort4x16hi",
-                d: o.a(0)?,
-                a: o.a(1)?,
-                b: o.a(2)?,
-            })
-        }
-        "amp" => {
-            o.count(4, "$aOut:pair, $aIn:pair, $aPin:pair, phase")?;
-            one(Inst::Amp {
-                out: o.pair(0)?,
-                inp: o.pair(1)?,
-                pin: o.pair(2)?,
-                phase: o.uimm(3, 3, "phase")? as u8,
-            })
-        }
-        _ => err(s.col, format!("unknown mnemonic `{mn}`")),
+    let Some(first) = forms.first() else {
+        return err(s.col, format!("unknown mnemonic `{mn}`"));
+    };
+    o.count(first.count, first.optional, first.form)?;
+    if let Some(&(i, _)) = first.keywords.first() {
+        let words: Vec<String> = forms
+            .iter()
+            .filter_map(|f| f.keywords.first())
+            .map(|(_, w)| format!("`{w}`"))
+            .collect();
+        return err(o.col(i), format!("expected {}", words.join(" or ")));
+    }
+    match forms.iter().find_map(|f| f.otherwise) {
+        Some(otherwise) => otherwise(&o).map(|i| vec![i]),
+        None => err(s.col, format!("unknown mnemonic `{mn}`")),
     }
 }
 
@@ -1379,11 +951,13 @@ pub fn parse_word_with(
 // Display
 // ---------------------------------------------------------------------------
 
-struct M(MReg);
-struct A(AReg);
-struct P(AReg);
-struct Q(AReg);
-struct V(AReg, bool);
+/// Register operands as the syntax writes them: `$m` (with `$mzero`), one `$a`
+/// (with `$azero`), a pair, a quad, and a pair or single register.
+pub(crate) struct M(pub MReg);
+pub(crate) struct A(pub AReg);
+pub(crate) struct P(pub AReg);
+pub(crate) struct Q(pub AReg);
+pub(crate) struct V(pub AReg, pub bool);
 
 impl fmt::Display for M {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1419,207 +993,6 @@ impl fmt::Display for V {
             P(self.0).fmt(f)
         } else {
             A(self.0).fmt(f)
-        }
-    }
-}
-
-impl fmt::Display for Inst {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Inst::Nop => f.write_str("nop"),
-            Inst::Setzi { d, imm } => write!(f, "setzi {}, {imm:#x}", M(d)),
-            Inst::Int {
-                op: IntOp::Or,
-                d,
-                a,
-                b: MReg::ZERO,
-            } => write!(f, "mov {}, {}", M(d), M(a)),
-            Inst::Int { op, d, a, b } => {
-                write!(f, "{} {}, {}, {}", int_op_name(op), M(d), M(a), M(b))
-            }
-            Inst::IntImm { op, d, a, imm } => {
-                write!(f, "{} {}, {}, {imm}", int_op_name(op), M(d), M(a))
-            }
-            Inst::MovAm { d, a } => write!(f, "mov {}, {}", A(d), M(a)),
-            Inst::MovMa { d, a } => write!(f, "mov {}, {}", M(d), A(a)),
-            Inst::Ld32M { d, base, imm } => write!(f, "ld32 {}, {}, {imm}", M(d), M(base)),
-            Inst::Ld32 { d, base, imm } => write!(f, "ld32 {}, {}, {imm}", A(d), M(base)),
-            Inst::St32M { s, base, imm } => write!(f, "st32 {}, {}, {imm}", M(s), M(base)),
-            Inst::St32 { s, base, imm } => write!(f, "st32 {}, {}, {imm}", A(s), M(base)),
-            Inst::Ld64 { d, base, imm } => write!(f, "ld64 {}, {}, {imm}", P(d), M(base)),
-            Inst::St64 { s, base, imm } => write!(f, "st64 {}, {}, {imm}", P(s), M(base)),
-            Inst::Ld64Step { d, base, inc } => {
-                write!(f, "ld64step {}, {}+=, {inc}", P(d), M(base))
-            }
-            Inst::St64Step { s, base, inc } => {
-                write!(f, "st64step {}, {}+=, {inc}", P(s), M(base))
-            }
-            Inst::Ld128 { d, base, imm } => write!(f, "ld128 {}, {}, {imm}", Q(d), M(base)),
-            Inst::Ld2x64Pace { d0, d1, p0, p1 } => write!(
-                f,
-                "ld2x64pace {}, {}, {}+=, {}+=",
-                P(d0),
-                P(d1),
-                M(p0),
-                M(p1)
-            ),
-            Inst::Ldst64Pace { d, s, pl, ps } => {
-                write!(f, "ldst64pace {}, {}, {}+=, {}+=", P(d), P(s), M(pl), M(ps))
-            }
-            Inst::Ld2xSt64Pace {
-                d0,
-                d1,
-                s,
-                p0,
-                p1,
-                ps,
-            } => write!(
-                f,
-                "ld2xst64pace {}, {}, {}, {}+=, {}+=, {}+=",
-                P(d0),
-                P(d1),
-                P(s),
-                M(p0),
-                M(p1),
-                M(ps)
-            ),
-            Inst::Ld64Stride { d, base, stride } => {
-                write!(f, "ld64step {}, {}+={}", P(d), M(base), M(stride))
-            }
-            Inst::Ld2x64PaceStride {
-                d0,
-                d1,
-                p0,
-                p1,
-                stride,
-            } => write!(
-                f,
-                "ld2x64pace {}, {}, {}+={}, {}+=",
-                P(d0),
-                P(d1),
-                M(p0),
-                M(stride),
-                M(p1)
-            ),
-            Inst::Ldst64PaceStride {
-                d,
-                s,
-                pl,
-                ps,
-                stride,
-            } => write!(
-                f,
-                "ldst64pace {}, {}, {}+={}, {}+=",
-                P(d),
-                P(s),
-                M(pl),
-                M(stride),
-                M(ps)
-            ),
-            Inst::Ld2xSt64PaceStride {
-                d0,
-                d1,
-                s,
-                p0,
-                p1,
-                ps,
-                stride,
-            } => write!(
-                f,
-                "ld2xst64pace {}, {}, {}, {}+={}, {}+=, {}+=",
-                P(d0),
-                P(d1),
-                P(s),
-                M(p0),
-                M(stride),
-                M(p1),
-                M(ps)
-            ),
-            Inst::AmpLoadW { base, quad } => write!(f, "ampw {}+=, {quad}", M(base)),
-            Inst::Br { a } => write!(f, "br {}", M(a)),
-            Inst::Bri { target } => write!(f, "bri {target:#x}"),
-            Inst::Brz { c, target } => write!(f, "brz {}, {target:#x}", M(c)),
-            Inst::Brnz { c, target } => write!(f, "brnz {}, {target:#x}", M(c)),
-            Inst::Call { link, target } => write!(f, "call {}, {target:#x}", M(link)),
-            Inst::Rpt { count, body } => write!(f, "rpt {}, {body}", M(count)),
-            Inst::Rpti { count, body } => write!(f, "rpt {count}, {body}"),
-            Inst::Exit => f.write_str("exit"),
-            Inst::Run {
-                entry,
-                state,
-                worker,
-            } => write!(f, "run {}, {}, {worker}", M(entry), M(state)),
-            Inst::RunAll {
-                entry,
-                state,
-                stride,
-            } => write!(f, "runall {}, {}, {stride}", M(entry), M(state)),
-            Inst::SyncLocal => f.write_str("sync local"),
-            Inst::SyncGlobal => f.write_str("sync global"),
-            Inst::Exchange { id } => write!(f, "exchange {id}"),
-            Inst::HostXfer { desc } => write!(f, "hostxfer {}", M(desc)),
-            Inst::Send { a, bytes } => write!(f, "send {}, {bytes}", M(a)),
-            Inst::Mux { tile } => write!(f, "mux {tile}"),
-            Inst::Recv { a, msg } => write!(f, "recv {}, {msg}", M(a)),
-            Inst::Mark { tag } => write!(f, "mark {tag}"),
-            Inst::FBin { op, vec, d, a, b } => {
-                let p = vec.is_pair();
-                write!(
-                    f,
-                    "{}{} {}, {}, {}",
-                    fvec_name(vec),
-                    fbin_name(op),
-                    V(d, p),
-                    V(a, p),
-                    V(b, p)
-                )
-            }
-            Inst::FMac { vec, d, a, b } => {
-                let p = vec.is_pair();
-                write!(
-                    f,
-                    "{}mac {}, {}, {}",
-                    fvec_name(vec),
-                    V(d, p),
-                    V(a, p),
-                    V(b, p)
-                )
-            }
-            Inst::FUn { op, d, a } => write!(f, "f32{} {}, {}", fun_name(op), A(d), A(a)),
-            Inst::F16v2Tanh { d, a } => write!(f, "f16v2tanh {}, {}", A(d), A(a)),
-            Inst::F16v2Exp { d, a } => write!(f, "f16v2exp {}, {}", A(d), A(a)),
-            Inst::F16v2ToF32 { d, a } => write!(f, "f16v2tof32 {}, {}", P(d), A(a)),
-            Inst::F32v2ToF16 { d, a } => write!(f, "f32v2tof16 {}, {}", A(d), P(a)),
-            Inst::Sort4x16 { hi, d, a, b } => write!(
-                f,
-                "sort4x16{} {}, {}, {}",
-                if hi { "hi" } else { "lo" },
-                A(d),
-                A(a),
-                A(b)
-            ),
-            Inst::F16Acc { a, quad: false } => write!(f, "f16v4acc {}", P(a)),
-            Inst::F16Acc { a, quad: true } => write!(f, "f16v8acc {}", Q(a)),
-            Inst::F32v2Gina { d } => write!(f, "f32v2gina {}", P(d)),
-            Inst::F16v2Gina { d } => write!(f, "f16v2gina {}", A(d)),
-            Inst::F16v4Cmac { a, b } => write!(f, "f16v4cmac {}, {}", P(a), P(b)),
-            Inst::FSum { vec, d, a } => {
-                write!(f, "{}sum {}, {}", fvec_name(vec), A(d), V(a, vec.is_pair()))
-            }
-            Inst::FMov { d, a, pair } => write!(f, "mov {}, {}", V(d, pair), V(a, pair)),
-            Inst::FBcast { vec, d, a } => write!(
-                f,
-                "{}bcast {}, {}",
-                fvec_name(vec),
-                V(d, vec.is_pair()),
-                A(a)
-            ),
-            Inst::Amp {
-                out,
-                inp,
-                pin,
-                phase,
-            } => write!(f, "amp {}, {}, {}, {phase}", P(out), P(inp), P(pin)),
         }
     }
 }
