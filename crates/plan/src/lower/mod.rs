@@ -49,12 +49,12 @@ pub struct LowerOptions {
     /// they serve, so a few-row product (the pooling head's) keeps one copy.
     pub weight_bytes: u64,
     /// Bytes per tile a matmul's default strategy may use beyond its weights, for
-    /// activations. The default, 192 KiB, is sized for the busiest linear: less
-    /// cuts the So400m layer's linears into more passes, more leaves the fit loop
-    /// fewer weight replicas (docs/performance.md, "Budgets"). The cheapest
-    /// strategies needing up to two thirds more are offered too, and the fit
-    /// loop's growth phase takes one where the plan still fits and its estimate
-    /// falls.
+    /// activations. The default, 192 KiB, gives the So400m layer at batch 4 the
+    /// lowest plan estimate of the budgets scanned (docs/performance.md,
+    /// "Budgets"): the budget moves where the fit loop settles, and with it every
+    /// linear's grid. The cheapest strategies needing up to two thirds more are
+    /// offered too, and the fit loop's growth phase takes one where the plan still
+    /// fits and its estimate falls.
     pub transient_bytes: u64,
     /// Largest bias slab (a bias broadcast over a tile's output rows, one `add`)
     /// per matmul tile, where the bias cannot go into the engine (a row split
