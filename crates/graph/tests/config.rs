@@ -105,7 +105,7 @@ fn limits_are_errors_not_overflows() {
 /// positivity and divisibility checks overflowed shape arithmetic in the graph
 /// builder (a panic in debug builds, a wrapped shape in release), and a huge layer
 /// count built operations until memory ran out. All are refused when read (the
-/// per-dimension limit of docs/limits.md now catches the first three; the
+/// per-dimension limit of docs/limits.md catches the first three; the
 /// 2^40-element bound stays behind it for products of dimensions in range).
 #[test]
 fn fuzz_found_huge_dimensions_are_refused_when_read() {

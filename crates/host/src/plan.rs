@@ -114,9 +114,9 @@ pub struct KindUsage {
     pub bytes: u64,
     /// Bytes of the joined phases' blocks.
     pub descriptor_bytes: u64,
-    /// What those blocks took when every packet had its own record and every
-    /// transfer its own phase (the format before run-length records and the
-    /// weights' single phase), kept so the saving stays measurable.
+    /// What those blocks would take with a record per packet and a phase per
+    /// transfer (the seed's format, without run-length records or the weights'
+    /// single phase), kept so the saving stays measurable.
     pub per_packet_descriptor_bytes: u64,
     /// Supervisor code of this kind's snippets.
     pub snippet_bytes: u64,

@@ -11,7 +11,7 @@
 //!    and `mean rstd` each as a rounded part and the rest), rounded to f16 once on
 //!    the way out (`f16v2gina`), then `beta + y * gamma` with one f16 `fmac`
 //!    (computed in f32, rounded once): seven issues a group, where converting to
-//!    f32 and back took nine.
+//!    f32 and back takes nine.
 //!
 //! Each group of four elements is one 64-bit load; the loops are rotated so the
 //! last operation of one group shares an issue with the first load of the next,
@@ -332,7 +332,7 @@ impl LayerNorm {
     /// The six f32 partials of a row at `$m{base}` (8-byte aligned) summed into
     /// `$a{d}` in worker order, `((p0 + p1) + p2) + ...` as every worker adds them:
     /// three `ld64` pairs into `$a8:9` and `$a10:11`, each beside an add, so six
-    /// issues where a load and an add a partial took eleven. `with` goes beside
+    /// issues where a load and an add a partial take eleven. `with` goes beside
     /// the fourth add.
     fn sum_partials(base: u8, d: u8, with: Option<Inst>) -> Vec<Issue> {
         use FBinOp::Add;

@@ -6,7 +6,7 @@
 //! are queries: each query's `1/sum` scales a column, so within a block the four
 //! factor vectors are the same for every row, and a row's four groups stream
 //! through `{ ldst64pace ; f16v4mul }`, one issue a group. Scaling the context's
-//! rows after its transposition (`scale_rows`, f32) took eight issues a group.
+//! rows after its transposition (`scale_rows`, f32) takes eight issues a group.
 //!
 //! Workers own contiguous row ranges of every block. Per block a worker converts
 //! the block's 16 factors to four f16v4 pairs, then runs its rows software-

@@ -9,7 +9,7 @@
 //! block), taken in input order so the input pointer is linear: a range may start
 //! and end inside a block, so `kc · tb` blocks spread over the six workers to
 //! within one row group (twenty blocks: 14 row groups on the busiest worker, where
-//! whole blocks gave 16). The output block steps by `kc` blocks and jumps back to
+//! whole blocks give 16). The output block steps by `kc` blocks and jumps back to
 //! the next column of blocks after the `tb`-th. A 4×4 sub-block is four `ld64` (a
 //! row's four elements each), eight `sort4x16lo/hi` (each pairs the same half of two
 //! rows' words: the 2×2 transposes) and four `st64` (an output row's four elements).
@@ -109,7 +109,7 @@ impl TransposeBlocks {
 /// pairs free early: output rows 2 and 3 are gathered in `B`'s and `A`'s pairs.
 /// That keeps seven register pairs enough (`$a14` and the zero `$a15` are left);
 /// [`pairs`] assigns them. Two loads lead the first sub-block and two stores
-/// trail the last: 36 issues a row group, where one sub-block after another took
+/// trail the last: 36 issues a row group, where one sub-block after another takes
 /// 49.
 fn rows_body() -> Vec<Issue> {
     let sort = |hi, d: u8, x: u8, y: u8| Inst::Sort4x16 {

@@ -82,7 +82,7 @@ pub struct Options {
     /// [`place_tiles`] stops starting tiles once this many have been refused; the
     /// rest come back refused as not attempted. A whole-chip plan that does not fit
     /// is then refused in seconds, where searching and diagnosing each of its
-    /// refusing tiles took minutes (the So400m layer at batch 4 with `attn.q` in
+    /// refusing tiles takes minutes (the So400m layer at batch 4 with `attn.q` in
     /// one pass: 972 of them, 150 s). Which tiles are reported then depends on the
     /// threads' timing; whether the plan fits does not.
     pub stop_after_refusals: Option<usize>,

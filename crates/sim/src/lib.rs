@@ -359,7 +359,8 @@ impl Simulator {
             machine_toml: package.machine_toml.clone(),
             tiles: tiles_copy,
             exchanges: package.exchanges.clone(),
-            // The contents live in `bindings` (a weight image was copied twice).
+            // The contents live in `bindings`: a second copy here would hold every
+            // weight image twice.
             bindings: package
                 .bindings
                 .iter()
@@ -917,7 +918,7 @@ impl Simulator {
         // One trace in time order: the parts moved into place and sorted in
         // parallel (stable, so events of one tile at one cycle keep their order).
         // A whole-chip trace holds millions of events; appending them one tile
-        // after another was most of the serial time of a traced run.
+        // after another would be most of the serial time of a traced run.
         let t0 = std::time::Instant::now();
         let mut trace = concat_parallel(parts);
         trace.par_sort_by_key(trace_order);

@@ -363,7 +363,7 @@ fn streamed_operands_in_one_element_conflict() {
 }
 
 /// The output may share an element with the partial buffer the last chunk does
-/// not read: the contract no longer separates them, and the simulator, which
+/// not read: the contract does not separate them, and the simulator, which
 /// faults on any two accesses of one issue in one element, runs the product
 /// correctly. With the other buffer (the one the last chunk reads) it faults.
 #[test]

@@ -332,7 +332,7 @@ struct Consts {
     weights: BTreeMap<u32, BufId>,
     /// Packed weight blocks by (first chunk, chunks, first block, blocks, padded
     /// blocks): the row groups' replicas are packed once (converting and packing
-    /// for every replica was a third of a So400m lowering's time at batch 4).
+    /// for every replica would be a third of a So400m lowering's time at batch 4).
     packed: BTreeMap<(u32, u32, u32, u32, u32), Vec<u8>>,
     bias: BTreeMap<(u32, u32, u32), BufId>,
     /// A column group's bias, 16 values a block, by tile: what inner group 0's

@@ -49,11 +49,12 @@ pub struct LowerOptions {
     /// they serve, so a few-row product (the pooling head's) keeps one copy.
     pub weight_bytes: u64,
     /// Bytes per tile a matmul's default strategy may use beyond its weights, for
-    /// activations. The default, 192 KiB, keeps the So400m layer's linears at batch 4
-    /// in two row passes on even row splits without shrinking the weight budget
-    /// (docs/performance.md, seventh round). The cheapest strategies needing up to
-    /// two thirds more are offered too, and the fit loop's growth phase takes one
-    /// where the plan still fits and its estimate falls.
+    /// activations. The default, 192 KiB, gives the So400m layer at batch 4 the
+    /// lowest plan estimate of the budgets scanned (docs/performance.md,
+    /// "Budgets"): the budget moves where the fit loop settles, and with it every
+    /// linear's grid. The cheapest strategies needing up to two thirds more are
+    /// offered too, and the fit loop's growth phase takes one where the plan still
+    /// fits and its estimate falls.
     pub transient_bytes: u64,
     /// Largest bias slab (a bias broadcast over a tile's output rows, one `add`)
     /// per matmul tile, where the bias cannot go into the engine (a row split
@@ -1355,9 +1356,8 @@ fn weight_floor(machine: &Machine, wbytes: u64) -> u64 {
 /// Strategies a linear offers the finalist search.
 const MAX_CANDIDATES: usize = 6;
 /// Strategies beyond the activation budget a linear offers: the growth phase
-/// tries them cheapest first (the So400m layer at batch 4, while its biases were
-/// slabs: `mlp.fc1`'s cheapest, in 3 parts of K, fitted at no budget; its third,
-/// in 6 parts, did).
+/// tries them cheapest first, since the cheapest may fit at no budget while a
+/// dearer one, needing fewer bytes, fits.
 const MAX_BEYOND_BUDGET: usize = 4;
 
 /// Lowers `graph` to a tile plan for `machine`.
@@ -1513,8 +1513,9 @@ enum GrowTrial {
 
 /// Lowers the options `t` (a strategy chosen) at the budgets as they stand, then
 /// at smaller weight budgets in steps of `GROW_STEP` down to the fit loop's next
-/// one (the So400m layer at batch 4 fits `mlp.fc2` in one pass at 320 KiB, where
-/// 288 KiB, the quarter below 384, is 2.2k cycles slower); no further: each
+/// one (the plan's estimate is not monotonic in the weight budget, so a budget
+/// between the fit loop's quarters can be the cheaper place for a strategy to
+/// fit); no further: each
 /// lowering of that layer takes seconds, and a strategy that needs more gives up
 /// more replicas than it saves. The first budget whose plan keeps within `limit`
 /// decides, against the estimate `best`: where it fits and is no cheaper, fewer
@@ -1815,9 +1816,10 @@ mod fit_tests {
     use super::*;
 
     /// The order of a linear's strategies beyond the budget: cheapest first until
-    /// one is kept, past ones that fit nowhere (batch 4's `mlp.fc1` while its
-    /// bias was a slab: in 3 and 4 parts of K it fitted at no budget, in 6 it
-    /// did), skipping one as large as one that fitted nowhere.
+    /// one is kept, past ones that fit nowhere (bytes like `mlp.fc1`'s at batch 4
+    /// with its bias a slab: the cheapest, in 3 parts of K, fits at no budget, and
+    /// one in 6 parts, needing fewer bytes, does), skipping one as large as one
+    /// that fitted nowhere.
     #[test]
     fn growth_tries_strategies_beyond_the_budget_until_one_is_kept() {
         let beyond = [(6, 362_752), (7, 335_872), (8, 308_992), (9, 355_968)];

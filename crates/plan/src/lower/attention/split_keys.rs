@@ -225,9 +225,9 @@ pub(crate) fn longest_merge(sg: &SplitGeometry, tq: u32) -> u32 {
 /// per block), and then the most blocks a tile sends as few as can be (a tile
 /// sends its products of every block it holds and does not merge, and the merge
 /// exchange takes as long as the busiest tile's sending or receiving: with the
-/// longest runs taken first, the second half's tiles of So400m at batch 4 merged
-/// none of their five blocks and sent all of them, 3,060 cycles where three a
-/// tile each way take 1,876). As `(half, tile of the half, first block, blocks)`,
+/// longest runs taken first, the second half's tiles of So400m at batch 4 would
+/// merge none of their five blocks and send all of them, 3,060 cycles where three
+/// a tile each way take 1,876). As `(half, tile of the half, first block, blocks)`,
 /// in block order.
 fn merge_runs(sg: &SplitGeometry, nb: u32) -> Vec<(usize, u32, u32, u32)> {
     let q = [sg.halves[0].qb, sg.halves[1].qb];
