@@ -5,6 +5,7 @@
 use tessera_compile::finalists::{FinalistReport, Selection};
 use tessera_compile::{CompileOptions, Compiled, compile_model};
 use tessera_machine::Machine;
+use tessera_plan::Experimental;
 use tessera_sim::Status;
 
 use crate::simulate::simulate_plain;
@@ -13,26 +14,6 @@ use crate::{Error, Model, Progress, Step};
 /// The most finalists a compile builds: each is a whole compile, so a larger
 /// count runs for hours without a word.
 pub const MAX_FINALISTS: usize = 64;
-
-/// Knobs that exist for tests and demonstrations, never for a normal compile:
-/// each changes the package (or breaks it on purpose). All off by default.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Experimental {
-    /// Declare the rearrangement's operands 2-byte aligned, as the seed's bug did,
-    /// rearrange linears' inputs on the tile as the seed did, and move those
-    /// buffers off 8-byte alignment where placement allows: the simulator must
-    /// then fault at the kernel's 64-bit load.
-    pub weaken_rearrange_contract: bool,
-    /// Lower every multi-query attention with scores `Q K^T` and the row softmax,
-    /// the path otherwise taken only where the transposed one does not apply.
-    pub row_attention: bool,
-    /// Give every transposed attention's tiles whole keys, also where the key cut
-    /// would apply.
-    pub whole_keys: bool,
-    /// Lower an attention with a constant query (the pooling head) with its
-    /// projections as they are, not absorbed.
-    pub unabsorbed_head: bool,
-}
 
 /// How to compile.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +30,8 @@ pub struct Options {
     /// Keep every tile's placement in the result, for the HTML profile's SRAM
     /// viewer (costs memory on a whole chip).
     pub keep_layouts: bool,
+    /// Knobs for tests and demonstrations (a kernel mutation among them); all
+    /// off by default.
     pub experimental: Experimental,
 }
 
@@ -70,15 +53,7 @@ impl Options {
         let mut opts = CompileOptions::default();
         opts.place.capacity = self.capacity;
         opts.place.check_capacity(machine)?;
-        let x = &self.experimental;
-        if x.weaken_rearrange_contract {
-            opts.lower.rearrange_declared_align = Some(2);
-            opts.lower.rearrange_inputs = true;
-            opts.exploit_declared_alignment = true;
-        }
-        opts.lower.row_attention = x.row_attention;
-        opts.lower.whole_keys = x.whole_keys;
-        opts.lower.unabsorbed = x.unabsorbed_head;
+        opts.lower.experimental = self.experimental.clone();
         opts.keep_layouts = self.keep_layouts;
         Ok(opts)
     }

@@ -65,16 +65,3 @@ impl Error {
         matches!(self, Error::Compile(CompileError::DoesNotFit(_)))
     }
 }
-
-/// `e` and its sources, outermost first, joined by `: `: the one-line form of an
-/// error whose cause is kept as a source rather than in its message.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out += ": ";
-        out += &s.to_string();
-        source = s.source();
-    }
-    out
-}

@@ -26,8 +26,8 @@ mod simulate;
 mod validate;
 
 pub use attribute::{Attribution, Interval, OpRow, attribute, op_flop};
-pub use compile::{Experimental, MAX_FINALISTS, Options, compile, median_estimate_error};
-pub use error::{Error, error_chain};
+pub use compile::{MAX_FINALISTS, Options, compile, median_estimate_error};
+pub use error::Error;
 pub use html::{chrome_trace, profile_html};
 pub use model::{LayerDims, Model, ModelKind, ModelSpec, Size};
 pub use progress::{NoProgress, Progress, Step};
@@ -43,11 +43,13 @@ pub use validate::{
 
 // What a caller needs to name the inputs and results of these calls without
 // depending on every crate behind them.
+pub use tessera_compile::error_chain;
 pub use tessera_compile::finalists::FinalistReport;
 pub use tessera_compile::{
     CodeSummary, CompileError, CompileReport, Compiled, HostReport, PlacementSummary,
 };
 pub use tessera_graph::{EncoderLayerConfig, Graph, Inputs, MlpConfig, Weights};
+pub use tessera_kernels::{KernelMutation, MUTABLE, MutableKernel};
 pub use tessera_machine::Machine;
-pub use tessera_plan::PlanEstimate;
+pub use tessera_plan::{Experimental, PlanEstimate};
 pub use tessera_sim::{Fault, SimReport, Status};

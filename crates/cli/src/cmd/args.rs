@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
-use tessera_driver::{Experimental, LayerDims, MAX_FINALISTS, Machine, ModelSpec, Options};
+use tessera_driver::{
+    Experimental, KernelMutation, LayerDims, MAX_FINALISTS, Machine, ModelSpec, MutableKernel,
+    Options,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModelKind {
@@ -178,18 +181,31 @@ impl ModelArgs {
     }
 
     /// The compile options these stand for.
-    pub fn options(&self) -> Options {
-        Options {
+    pub fn options(&self) -> anyhow::Result<Options> {
+        let mut experimental = Experimental {
+            row_attention: self.row_attention,
+            whole_keys: self.whole_keys,
+            unabsorbed: self.unabsorbed_head,
+            mutate_kernel: match &self.mutate_kernel {
+                Some(kind) => Some(KernelMutation {
+                    kernel: kind
+                        .parse::<MutableKernel>()
+                        .map_err(|e| anyhow::anyhow!("--mutate-kernel: {e}"))?,
+                    factor: 1.01,
+                }),
+                None => None,
+            },
+            ..Experimental::default()
+        };
+        if self.weaken_rearrange_contract {
+            experimental = experimental.weakened_rearrange_contract();
+        }
+        Ok(Options {
             finalists: self.finalists,
             simulate_finalists: self.simulate_finalists,
             capacity: self.capacity,
             keep_layouts: self.profile.is_some(),
-            experimental: Experimental {
-                weaken_rearrange_contract: self.weaken_rearrange_contract,
-                row_attention: self.row_attention,
-                whole_keys: self.whole_keys,
-                unabsorbed_head: self.unabsorbed_head,
-            },
-        }
+            experimental,
+        })
     }
 }

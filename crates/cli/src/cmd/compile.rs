@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Args;
 use serde::Serialize;
-use tessera_driver::{CompileReport, Compiled, Machine, Model, ModelSpec};
+use tessera_driver::{CompileReport, Compiled, Machine, Model, ModelSpec, Options};
 
 use super::args::ModelArgs;
 use super::progress::Bars;
@@ -20,22 +20,16 @@ pub struct CompileArgs {
     pub output: PathBuf,
 }
 
-/// The machine and the model `a` names, built.
+/// The machine, the model `a` names, built, and the compile options.
 pub struct Prepared {
     pub machine: Machine,
     pub spec: ModelSpec,
     pub model: Model,
+    pub options: Options,
 }
 
 pub fn prepare(a: &ModelArgs) -> anyhow::Result<Prepared> {
-    if let Some(kind) = &a.mutate_kernel
-        && !tessera_kernels::set_mutation(Some((kind, 1.01)))
-    {
-        bail!(
-            "--mutate-kernel: `{kind}` has no constant to mutate (one of {})",
-            tessera_kernels::MUTABLE.join(", ")
-        );
-    }
+    let options = a.options()?;
     let machine = a.machine()?;
     let spec = a.spec()?;
     let model = Model::build(&spec, &machine)?;
@@ -43,13 +37,14 @@ pub fn prepare(a: &ModelArgs) -> anyhow::Result<Prepared> {
         machine,
         spec,
         model,
+        options,
     })
 }
 
 /// A compile that did not fit (no finalist did, with `--finalists`) is a result,
 /// not a tool error: its out-of-memory report, then exit 1, as `tessera place`.
 pub fn compile_or_report(a: &ModelArgs, p: &Prepared) -> anyhow::Result<Result<Compiled, Outcome>> {
-    match tessera_driver::compile(&p.machine, &p.model, &a.options(), &Bars::new(a.json)) {
+    match tessera_driver::compile(&p.machine, &p.model, &p.options, &Bars::new(a.json)) {
         Ok(c) => Ok(Ok(c)),
         Err(e) if e.does_not_fit() => {
             eprintln!("error: {:#}", anyhow::Error::new(e));

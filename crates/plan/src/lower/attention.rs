@@ -29,7 +29,7 @@
 //! The row path (`Q K^T`, the keys transposed by the transposers, the row softmax
 //! on the AMP's block layout, `e V`) is taken under 12 keys, where the column
 //! softmax's six workers would not have two rows each, and by the test hook
-//! `LowerOptions::row_attention`. Its AMP calls stream only the tile's few query
+//! `Experimental::row_attention`. Its AMP calls stream only the tile's few query
 //! rows, so their fixed cost dominates: at So400m sizes it took 196k cycles a tile
 //! where the transposed path takes 127k.
 //!
@@ -423,7 +423,7 @@ pub(crate) fn attention(
     let (kc, tp, tb) = op.padded();
     let (path, group, rows_per, share, per_t) = geometry(
         tiles,
-        lw.opts.row_attention,
+        lw.opts.experimental.row_attention,
         (op.batch, op.heads, op.tq, op.t),
         op.scale,
     );
@@ -448,7 +448,7 @@ pub(crate) fn attention(
                 op.d, op.stride, kc
             ));
         }
-        let split = (!lw.opts.whole_keys)
+        let split = (!lw.opts.experimental.whole_keys)
             .then(|| {
                 split_keys::split_geometry(
                     &lw.machine.timing,
@@ -640,7 +640,7 @@ pub(crate) fn attention(
             &[("in", at(s_rm)), ("out", at(s_rm)), ("recip", at(w.recip))],
         );
         let mut re = Rearrange::new(w.s.rows, tp);
-        if let Some(al) = lw.opts.rearrange_declared_align {
+        if let Some(al) = lw.opts.experimental.rearrange_declared_align {
             re.declared_align = al;
         }
         lw.call(

@@ -485,7 +485,7 @@ fn one_pass(
     // the last part's call writes the slabs the reduction takes.
     let parts = g.map.shape.k_parts.max(1);
     let last_part = parts - 1;
-    let rearrange = !direct && lw.opts.rearrange_inputs;
+    let rearrange = !direct && lw.opts.experimental.rearrange_inputs;
     if parts > 1 && rearrange {
         return Err(PlanError::Unsupported(format!(
             "{name}: parts of K need the AMP to read its inputs as they land"
@@ -565,7 +565,7 @@ fn one_pass(
                 }
                 if rearrange {
                     let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
-                    if let Some(al) = lw.opts.rearrange_declared_align {
+                    if let Some(al) = lw.opts.experimental.rearrange_declared_align {
                         re.declared_align = al;
                     }
                     lw.call(
