@@ -48,6 +48,12 @@ impl Default for Options {
 }
 
 impl Options {
+    /// Refuses options `machine` cannot honour (a capacity beyond its SRAM):
+    /// [`compile`] does too, but a caller can ask before building the model.
+    pub fn check(&self, machine: &Machine) -> Result<(), Error> {
+        self.compile_options(machine).map(|_| ())
+    }
+
     /// The compiler's options these stand for, checked against `machine`.
     fn compile_options(&self, machine: &Machine) -> Result<CompileOptions, Error> {
         let mut opts = CompileOptions::default();

@@ -219,7 +219,7 @@ fn a_single_query_cut_over_tiles_validates() {
     };
     for (tiles, cut) in [
         (12, "cut over 2 tiles each of 2 key blocks"),
-        (16, "cut over 4 tiles each of 1 key blocks"),
+        (16, "cut over 4 tiles each of 1 key block;"),
     ] {
         let opts = Options {
             experimental: unabsorbed.clone(),

@@ -1,9 +1,9 @@
 //! The model options `compile`, `run` and the benches share, and what they mean
 //! to the driver.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use tessera_driver::{
     Experimental, KernelMutation, LayerDims, MAX_FINALISTS, Machine, ModelSpec, MutableKernel,
@@ -53,11 +53,12 @@ impl From<Size> for tessera_driver::Size {
 pub struct ModelArgs {
     #[arg(long, value_enum, default_value = "layer")]
     pub model: ModelKind,
-    #[arg(long, value_enum, default_value = "so400m")]
-    pub size: Size,
+    /// The model's dimensions [default: so400m]
+    #[arg(long, value_enum)]
+    pub size: Option<Size>,
     /// Layer dimensions from a TOML file (`image_size`, `channels`, `patch`,
     /// `width`, `heads`, `mlp_hidden`, `layers`, `eps`, and `token_output` as
-    /// `--tokens`; the rest as So400m). Only with `--model layer`; replaces `--size`.
+    /// `--tokens`; the rest as So400m). Only with `--model layer`; instead of `--size`.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Machine preset or TOML file.
@@ -83,18 +84,13 @@ pub struct ModelArgs {
     /// Declare the rearrangement's operands 2-byte aligned, as the seed's bug did,
     /// and move those buffers off 8-byte alignment where placement allows: the
     /// simulator must then fault at the kernel's 64-bit load.
-    #[arg(long)]
+    #[arg(long, hide = true)]
     pub weaken_rearrange_contract: bool,
     /// Validation test hook: scale one constant of this kernel kind by 1.01
     /// (`gelu`, `layernorm`, `softmax`, `amp_matmul`); the run must then report a
     /// mismatch.
     #[arg(long, hide = true)]
     pub mutate_kernel: Option<String>,
-    /// Validation test hook: scale one tile's part of this plan operation's output
-    /// by 1.01 in tile memory where the operation ends (the simulator's
-    /// `Perturb`); the run must then report a mismatch at that operation.
-    #[arg(long, hide = true)]
-    pub perturb: Option<String>,
     /// Test hook: lower every multi-query attention with scores `Q K^T` and the row
     /// softmax, the path otherwise taken only where the transposed one does not
     /// apply.
@@ -112,17 +108,11 @@ pub struct ModelArgs {
     /// defaults, no search; at most 64, docs/limits.md)
     #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
     pub finalists: usize,
-    /// Write the run as a Chrome trace-event file (Perfetto UI, chrome://tracing)
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
-    /// Write the run as one self-contained HTML page: timeline, per-operation table,
-    /// per-tile heat maps, SRAM viewer, faults (docs/profile.md)
-    #[arg(long)]
-    pub profile: Option<PathBuf>,
     /// Simulate the N best-estimated feasible finalists and select the fewest
-    /// simulated cycles among them (with `--finalists`)
+    /// simulated cycles among them (with `--finalists` above 1)
     #[arg(long, default_value_t = 0)]
     pub simulate_finalists: usize,
+    /// Print the result as JSON on stdout (and no progress on stderr)
     #[arg(long)]
     pub json: bool,
 }
@@ -148,27 +138,49 @@ impl ModelArgs {
         Ok(machine)
     }
 
-    /// The model the options name; conflicting options are refused.
-    pub fn spec(&self) -> anyhow::Result<ModelSpec> {
+    /// Refuses options that conflict or that this model does not use, before any
+    /// work.
+    pub fn check(&self) -> anyhow::Result<()> {
         if self.batch == 0 {
             bail!("--batch must be at least 1");
         }
-        let kind = match self.model {
-            ModelKind::Mlp => {
-                if self.config.is_some() {
-                    bail!("--config sets layer dimensions; it applies to --model layer only");
-                }
-                if self.tokens {
-                    bail!(
-                        "--tokens adds the layer's token output; it applies to --model layer only"
-                    );
-                }
-                tessera_driver::ModelKind::Mlp(self.size.into())
+        if self.model == ModelKind::Mlp {
+            let layer_only = [
+                (self.config.is_some(), "--config sets layer dimensions"),
+                (self.tokens, "--tokens adds the layer's token output"),
+                (self.row_attention, "--row-attention lowers attentions"),
+                (self.whole_keys, "--whole-keys lowers attentions"),
+                (
+                    self.unabsorbed_head,
+                    "--unabsorbed-head lowers the pooling head",
+                ),
+            ];
+            if let Some((_, what)) = layer_only.iter().find(|(set, _)| *set) {
+                bail!("{what}; it applies to --model layer only");
             }
+        }
+        if self.config.is_some() && self.size.is_some() {
+            bail!("--size and --config both set the layer's dimensions: give one");
+        }
+        if self.simulate_finalists > 0 && self.finalists <= 1 {
+            bail!(
+                "--simulate-finalists selects among finalists: it needs --finalists above 1 (it is {})",
+                self.finalists
+            );
+        }
+        Ok(())
+    }
+
+    /// The model the options name ([`ModelArgs::check`] refuses the conflicts).
+    pub fn spec(&self) -> anyhow::Result<ModelSpec> {
+        self.check()?;
+        let size = self.size.unwrap_or(Size::So400m);
+        let kind = match self.model {
+            ModelKind::Mlp => tessera_driver::ModelKind::Mlp(size.into()),
             ModelKind::Layer => tessera_driver::ModelKind::Layer {
                 dims: match &self.config {
                     Some(path) => LayerDims::File(path.clone()),
-                    None => LayerDims::Preset(self.size.into()),
+                    None => LayerDims::Preset(size.into()),
                 },
                 tokens: self.tokens,
             },
@@ -180,8 +192,9 @@ impl ModelArgs {
         })
     }
 
-    /// The compile options these stand for.
-    pub fn options(&self) -> anyhow::Result<Options> {
+    /// The compile options these stand for; `keep_layouts` for the HTML
+    /// profile's SRAM viewer.
+    pub fn options(&self, keep_layouts: bool) -> anyhow::Result<Options> {
         let mut experimental = Experimental {
             row_attention: self.row_attention,
             whole_keys: self.whole_keys,
@@ -204,8 +217,50 @@ impl ModelArgs {
             finalists: self.finalists,
             simulate_finalists: self.simulate_finalists,
             capacity: self.capacity,
-            keep_layouts: self.profile.is_some(),
+            keep_layouts,
             experimental,
         })
     }
+}
+
+/// Refuses an output path that cannot be written, before any work: a run of
+/// minutes must not end in "cannot write" with its result lost. Leaves nothing
+/// behind (a file that did not exist still does not).
+pub fn check_writable(flag: &str, path: &Path) -> anyhow::Result<()> {
+    let shown = path.display();
+    if path.is_dir() {
+        bail!("{flag} {shown}: is a directory");
+    }
+    if path.exists() {
+        // Opening without truncating leaves an existing file as it was.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .with_context(|| format!("{flag} {shown}: cannot write"))?;
+        return Ok(());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!(
+            "{flag} {shown}: the directory {} does not exist",
+            dir.display()
+        );
+    }
+    let probe = dir.join(format!(
+        ".tessera-write-check-{}-{}",
+        std::process::id(),
+        flag.trim_start_matches('-')
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .with_context(|| format!("{flag} {shown}: cannot create a file in {}", dir.display()))?;
+    // The probe was ours; failing to remove it leaves a stray empty file, not a
+    // wrong result.
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }

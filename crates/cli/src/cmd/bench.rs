@@ -27,6 +27,7 @@ pub struct BenchSensitivityArgs {
     /// Machine preset or TOML file whose assumptions are varied.
     #[arg(long, default_value = "c600")]
     pub machine: String,
+    /// Print the result as JSON on stdout (and no progress on stderr)
     #[arg(long)]
     pub json: bool,
 }
@@ -138,8 +139,11 @@ pub fn bench_select(a: BenchSelectArgs) -> anyhow::Result<Outcome> {
     if m.finalists <= 1 {
         m.finalists = 8;
     }
+    if m.simulate_finalists > 0 {
+        anyhow::bail!("--simulate-finalists: `bench select` simulates every feasible finalist");
+    }
     m.simulate_finalists = m.finalists;
-    let p = prepare(&m)?;
+    let p = prepare(&m, false, &[])?;
     let c = match compile_or_report(&m, &p)? {
         Ok(c) => c,
         Err(outcome) => return Ok(outcome),

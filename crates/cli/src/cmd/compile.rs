@@ -1,23 +1,30 @@
 //! `tessera compile`: a model into a package file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use clap::Args;
 use serde::Serialize;
 use tessera_driver::{CompileReport, Compiled, Machine, Model, ModelSpec, Options};
 
-use super::args::ModelArgs;
+use super::args::{ModelArgs, check_writable};
 use super::progress::Bars;
-use super::report::print_report;
+use super::report::{count, print_report};
 use crate::Outcome;
 
 #[derive(Args)]
 pub struct CompileArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// The package file to write
     #[arg(short, long)]
     pub output: PathBuf,
+    /// Refused: a profile is of a run (`tessera run --profile`)
+    #[arg(long, hide = true)]
+    pub profile: Option<PathBuf>,
+    /// Refused: a trace is of a run (`tessera run --trace`)
+    #[arg(long, hide = true)]
+    pub trace: Option<PathBuf>,
 }
 
 /// The machine, the model `a` names, built, and the compile options.
@@ -28,10 +35,20 @@ pub struct Prepared {
     pub options: Options,
 }
 
-pub fn prepare(a: &ModelArgs) -> anyhow::Result<Prepared> {
-    let options = a.options()?;
-    let machine = a.machine()?;
+/// Checks `a` and the `outputs` it will write (flag, path), then loads the
+/// machine and builds the model: every refusal comes before any work.
+pub fn prepare(
+    a: &ModelArgs,
+    keep_layouts: bool,
+    outputs: &[(&str, &Path)],
+) -> anyhow::Result<Prepared> {
     let spec = a.spec()?;
+    let options = a.options(keep_layouts)?;
+    for (flag, path) in outputs {
+        check_writable(flag, path)?;
+    }
+    let machine = a.machine()?;
+    options.check(&machine)?;
     let model = Model::build(&spec, &machine)?;
     Ok(Prepared {
         machine,
@@ -63,7 +80,14 @@ struct CompileJson<'a> {
 }
 
 pub fn compile(a: CompileArgs) -> anyhow::Result<Outcome> {
-    let p = prepare(&a.model)?;
+    for (flag, given) in [("--profile", &a.profile), ("--trace", &a.trace)] {
+        if given.is_some() {
+            bail!(
+                "{flag} writes what a run did: `tessera compile` does not run the model (use `tessera run {flag} FILE`)"
+            );
+        }
+    }
+    let p = prepare(&a.model, false, &[("--output", &a.output)])?;
     let mut c = match compile_or_report(&a.model, &p)? {
         Ok(c) => c,
         Err(outcome) => return Ok(outcome),
@@ -78,10 +102,10 @@ pub fn compile(a: CompileArgs) -> anyhow::Result<Outcome> {
         })?;
     } else {
         eprintln!(
-            "wrote {} ({} bytes, {} tiles) in {:.0} ms",
+            "wrote {} ({} bytes, {}) in {:.0} ms",
             a.output.display(),
             bytes.len(),
-            c.report.tiles_used,
+            count(c.report.tiles_used, "tile"),
             c.report.compile_ms
         );
         print_report(&c.report);

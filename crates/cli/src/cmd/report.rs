@@ -42,8 +42,8 @@ pub fn print_report(r: &CompileReport) {
         }
     }
     eprintln!(
-        "  host: {} weight phases, {} in, {} out; {} packets in {} records; bound {} bytes/tile before deduplication, reserved {} bytes/tile at {:#x}..{:#x}, final at most {} bytes/tile ({} records deduplicated)",
-        r.host.weight_phases,
+        "  host: {}, {} in, {} out; {} packets in {} records; bound {} bytes/tile before deduplication, reserved {} bytes/tile at {:#x}..{:#x}, final at most {} bytes/tile ({} records deduplicated)",
+        count(r.host.weight_phases, "weight phase"),
         r.host.input_phases,
         r.host.output_phases,
         r.host.packets,
@@ -56,10 +56,10 @@ pub fn print_report(r: &CompileReport) {
         r.host.records_deduplicated
     );
     eprintln!(
-        "  placement: peak {} bytes on tile {} ({} tiles by lifetime order, {} by retry, {} by search) in {:.0} ms",
+        "  placement: peak {} bytes on tile {} ({} by lifetime order, {} by retry, {} by search) in {:.0} ms",
         r.placement.peak_bytes,
         r.placement.worst_tile,
-        r.placement.lifetime_mode,
+        count(r.placement.lifetime_mode, "tile"),
         r.placement.retry_mode,
         r.placement.search_mode,
         r.placement.place_ms
@@ -148,4 +148,14 @@ pub fn render_checks(c: &Compiled, checks: &[OpCheck]) -> String {
         }
     }
     out
+}
+
+/// `n` and `noun`, the noun in the plural unless `n` is one.
+pub fn count(n: impl std::fmt::Display, noun: &str) -> String {
+    let n = n.to_string();
+    if n == "1" {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }

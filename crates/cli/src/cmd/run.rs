@@ -1,6 +1,8 @@
 //! `tessera run`: compile a model, simulate it, validate it against the
 //! references and report where its cycles went.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::Context as _;
 use clap::Args;
 use serde::Serialize;
@@ -12,13 +14,25 @@ use tessera_driver::{
 use super::args::ModelArgs;
 use super::compile::{compile_or_report, prepare};
 use super::progress::Bars;
-use super::report::{print_report, render_checks, render_ops};
+use super::report::{count, print_report, render_checks, render_ops};
 use crate::Outcome;
 
 #[derive(Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Write the run as a Chrome trace-event file (Perfetto UI, chrome://tracing)
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Write the run as one self-contained HTML page: timeline, per-operation table,
+    /// per-tile heat maps, SRAM viewer, faults (docs/profile.md)
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Validation test hook: scale one tile's part of this plan operation's output
+    /// by 1.01 in tile memory where the operation ends (the simulator's
+    /// `Perturb`); the run must then report a mismatch at that operation.
+    #[arg(long, hide = true)]
+    pub perturb: Option<String>,
 }
 
 /// One row of the operation table: its cycles and floor, and its check.
@@ -95,10 +109,17 @@ struct RunJson<'a> {
     faults: &'a [Fault],
 }
 
-pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
-    let a = a.model;
-    let p = prepare(&a)?;
-    let c = match compile_or_report(&a, &p)? {
+pub fn run(args: RunArgs) -> anyhow::Result<Outcome> {
+    let a = &args.model;
+    let mut outputs: Vec<(&str, &Path)> = Vec::new();
+    if let Some(path) = &args.trace {
+        outputs.push(("--trace", path));
+    }
+    if let Some(path) = &args.profile {
+        outputs.push(("--profile", path));
+    }
+    let p = prepare(a, args.profile.is_some(), &outputs)?;
+    let c = match compile_or_report(a, &p)? {
         Ok(c) => c,
         Err(outcome) => return Ok(outcome),
     };
@@ -112,17 +133,17 @@ pub fn run(a: RunArgs) -> anyhow::Result<Outcome> {
     let bars = Bars::new(a.json);
     let sim_opts = SimulateOptions {
         probes: true,
-        perturb: a.perturb.clone(),
+        perturb: args.perturb.clone(),
     };
     let run = tessera_driver::simulate(&p.model, &c, &sim_opts, &bars)?;
     let v = tessera_driver::validate(&p.model, &c, &run, &bars)?;
     let at = tessera_driver::attribute(&p.machine, &p.model.graph, &c, &run);
     let worst = v.worst_output().context("the model has no output")?;
-    if let Some(path) = &a.trace {
+    if let Some(path) = &args.trace {
         let json = tessera_driver::chrome_trace(&p.machine, &run, &at);
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(path) = &a.profile {
+    if let Some(path) = &args.profile {
         let html = tessera_driver::profile_html(&p.machine, &p.spec, &c, &run, &at, v.status)?;
         std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -193,9 +214,9 @@ fn print_text(
     let report = &run.report;
     if report.status == Status::Fault {
         println!(
-            "fault: the run stopped at cycle {} with {} faults",
+            "fault: the run stopped at cycle {} with {}",
             report.cycles,
-            report.faults.len()
+            count(report.faults.len(), "fault")
         );
     } else {
         println!(

@@ -53,6 +53,7 @@ use crate::dist::{DistTensor, Part, redistribute};
 
 mod split_keys;
 use crate::ir::*;
+use crate::lower::count;
 use crate::lower::ctx::Lowering;
 use crate::matmul::AMP_WIDTH;
 
@@ -436,8 +437,13 @@ pub(crate) fn attention(
     }
     if path == Path::SingleQuery {
         lw.plan.decisions.push(format!(
-            "{name}: {} images x {} heads, one query cut over {} tiles each of {} key blocks; keys {} padded to {}",
-            op.batch, op.heads, per_t, share, op.t, tp
+            "{name}: {} x {}, one query cut over {} each of {}; keys {} padded to {}",
+            count(op.batch, "image"),
+            count(op.heads, "head"),
+            count(per_t, "tile"),
+            count(share, "key block"),
+            op.t,
+            tp
         ));
         return single_query(lw, op, group, share, per_t);
     }
@@ -461,15 +467,15 @@ pub(crate) fn attention(
         if let Some(sg) = split {
             let [h1, h2] = sg.halves;
             lw.plan.decisions.push(format!(
-                "{name}: {} images x {} heads, {} tiles each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} tiles with {} query blocks over keys {}..{}, {} tiles with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
-                op.batch,
-                op.heads,
-                sg.group,
-                h1.tiles,
-                h1.qb,
+                "{name}: {} x {}, {} each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} with {} over keys {}..{}, {} with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
+                count(op.batch, "image"),
+                count(op.heads, "head"),
+                count(sg.group, "tile"),
+                count(h1.tiles, "tile"),
+                count(h1.qb, "query block"),
                 h1.kb0 * AMP_WIDTH,
                 (h1.kb0 + h1.kbn) * AMP_WIDTH,
-                h2.tiles,
+                count(h2.tiles, "tile"),
                 h2.qb,
                 h2.kb0 * AMP_WIDTH,
                 op.t,
@@ -478,14 +484,26 @@ pub(crate) fn attention(
             return split_keys::lower(lw, op, sg);
         }
         lw.plan.decisions.push(format!(
-            "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} value blocks; keys {} padded to {}; scores transposed (K Q^T)",
-            op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
+            "{name}: {} x {}, {} each: {per_rows} with {}, {per_t} transposing {}; keys {} padded to {}; scores transposed (K Q^T)",
+            count(op.batch, "image"),
+            count(op.heads, "head"),
+            count(group, "tile"),
+            count(rows_per, "query row"),
+            count(share, "value block"),
+            op.t,
+            tp
         ));
         return transposed(lw, op, group, rows_per, share);
     }
     lw.plan.decisions.push(format!(
-        "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} key blocks; keys {} padded to {}",
-        op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
+        "{name}: {} x {}, {} each: {per_rows} with {}, {per_t} transposing {}; keys {} padded to {}",
+        count(op.batch, "image"),
+        count(op.heads, "head"),
+        count(group, "tile"),
+        count(rows_per, "query row"),
+        count(share, "key block"),
+        op.t,
+        tp
     ));
     let mut work = Vec::new();
     let mut trans = Vec::new();

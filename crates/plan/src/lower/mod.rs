@@ -138,6 +138,17 @@ impl Default for LowerOptions {
     }
 }
 
+/// `n` and `noun`, the noun in the plural unless `n` is one: decisions are read
+/// by people, and "1 images" reads as a slip.
+pub(crate) fn count(n: impl std::fmt::Display, noun: &str) -> String {
+    let n = n.to_string();
+    if n == "1" {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// How a tensor's logical columns sit in its stored columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cols {
