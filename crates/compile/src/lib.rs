@@ -177,6 +177,58 @@ pub struct CompileOptions {
     /// Keep every tile's placement problem and result in [`Compiled::layouts`], for
     /// an SRAM viewer; off by default, since a whole chip's layouts cost memory.
     pub keep_layouts: bool,
+    /// Told when each stage of a compile starts, for a caller showing progress
+    /// (the finalist search's builds run in parallel and tell it too).
+    pub on_stage: Option<StageHook>,
+}
+
+/// A stage of one compile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The graph to the tile plan, with the fit loop.
+    Lower,
+    /// Host sizing, code sizing and the placement problems.
+    Prepare,
+    /// Placement of this many tiles.
+    Place { tiles: usize },
+    /// Host planning at the placed addresses.
+    Host,
+    /// Code, vertex states and supervisor programs.
+    Emit,
+    /// Package validation and the plan estimate.
+    Check,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stage::Lower => f.write_str("lowering"),
+            Stage::Prepare => f.write_str("sizing code and host transfers"),
+            Stage::Place { tiles: 1 } => f.write_str("placing 1 tile"),
+            Stage::Place { tiles } => write!(f, "placing {tiles} tiles"),
+            Stage::Host => f.write_str("planning host transfers"),
+            Stage::Emit => f.write_str("emitting code"),
+            Stage::Check => f.write_str("checking the package"),
+        }
+    }
+}
+
+/// Receives a compile's [`Stage`]s.
+#[derive(Clone)]
+pub struct StageHook(pub std::sync::Arc<dyn Fn(Stage) + Send + Sync>);
+
+impl std::fmt::Debug for StageHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StageHook")
+    }
+}
+
+impl CompileOptions {
+    fn stage(&self, stage: Stage) {
+        if let Some(hook) = &self.on_stage {
+            (hook.0)(stage);
+        }
+    }
 }
 
 impl Default for CompileOptions {
@@ -195,6 +247,7 @@ impl Default for CompileOptions {
                 ..PlaceOptions::default()
             },
             keep_layouts: false,
+            on_stage: None,
         }
     }
 }
@@ -473,6 +526,7 @@ pub(crate) fn compile_fitting(
     mut retries: u32,
 ) -> Result<(Compiled, LowerOptions, u32, f64), CompileError> {
     loop {
+        opts.stage(Stage::Lower);
         let t = Instant::now();
         let (plan, fitted) = tessera_plan::lower_fitted(machine, graph, weights, &lower)?;
         let lower_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -504,6 +558,7 @@ pub fn compile_lowered(
             &opts.place,
             opts.lower.experimental.exploit_declared_alignment,
             opts.keep_layouts,
+            &|stage| opts.stage(stage),
         )
     })
 }
@@ -514,7 +569,7 @@ pub fn compile_plan(
     plan: &TilePlan,
     place: &PlaceOptions,
 ) -> Result<Compiled, CompileError> {
-    compile_plan_with(machine, plan, place, false, false)
+    compile_plan_with(machine, plan, place, false, false, &|_| {})
 }
 
 fn compile_plan_with(
@@ -523,7 +578,9 @@ fn compile_plan_with(
     place: &PlaceOptions,
     exploit: bool,
     keep_layouts: bool,
+    stage: &dyn Fn(Stage),
 ) -> Result<Compiled, CompileError> {
+    stage(Stage::Prepare);
     let start = Instant::now();
     let host_err = CompileError::Host;
     // Provisional host sizing: slicing and phases depend only on binding sizes and
@@ -546,6 +603,9 @@ fn compile_plan_with(
         }
     }
     let prepare_ms = start.elapsed().as_secs_f64() * 1e3;
+    stage(Stage::Place {
+        tiles: problems.problems.len(),
+    });
     let t = Instant::now();
     let outcomes = tessera_place::place_tiles(machine, &problems.problems, place);
     let place_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -599,6 +659,7 @@ fn compile_plan_with(
     }
     let place_ms = t.elapsed().as_secs_f64() * 1e3;
     // Final host planning at the placed addresses, into the reservation.
+    stage(Stage::Host);
     let t = Instant::now();
     let addrs = emit::addresses(plan, &problems, &placements);
     let final_plan = HostPlan::new(
@@ -640,6 +701,7 @@ fn compile_plan_with(
         link_cycles: final_plan.link_cycles(machine, 0..final_plan.phases().len()),
     };
     let host_ms = t.elapsed().as_secs_f64() * 1e3;
+    stage(Stage::Emit);
     let t = Instant::now();
     let package = emit::emit(
         machine,
@@ -652,6 +714,7 @@ fn compile_plan_with(
         },
     )?;
     let emit_ms = t.elapsed().as_secs_f64() * 1e3;
+    stage(Stage::Check);
     let t = Instant::now();
     tessera_package::validate(&package).map_err(CompileError::Package)?;
     let estimated = tessera_plan::estimate(machine, plan);

@@ -2,12 +2,15 @@
 //! search (several whole-model plans built, the best estimated feasible one
 //! selected, optionally re-selected by simulating the best few).
 
+use std::sync::Arc;
 use tessera_compile::finalists::{FinalistReport, Selection};
-use tessera_compile::{CompileOptions, Compiled, compile_model};
+
+use tessera_compile::{CompileOptions, Compiled, Stage, StageHook, compile_model};
 use tessera_machine::Machine;
 use tessera_plan::Experimental;
 use tessera_sim::Status;
 
+use crate::progress::forwarded;
 use crate::simulate::simulate_plain;
 use crate::{Error, Model, Progress, Step};
 
@@ -79,7 +82,18 @@ pub fn compile(
     let copts = opts.compile_options(machine)?;
     if opts.finalists <= 1 {
         progress.start(Step::Compile, None);
-        let r = compile_model(machine, &model.graph, &model.weights, &copts);
+        let r = forwarded(
+            |stage: Stage| progress.detail(&stage.to_string()),
+            |tx| {
+                let copts = CompileOptions {
+                    on_stage: Some(StageHook(Arc::new(move |stage| {
+                        let _ = tx.send(stage);
+                    }))),
+                    ..copts
+                };
+                compile_model(machine, &model.graph, &model.weights, &copts)
+            },
+        );
         progress.finish();
         return Ok(r?);
     }

@@ -19,7 +19,7 @@ impl Step {
     /// A short description, for a progress line.
     pub fn label(self) -> &'static str {
         match self {
-            Step::Compile => "compiling (plan, place, emit)",
+            Step::Compile => "compiling",
             Step::Finalists => "building finalists",
             Step::Simulate => "simulating",
             Step::Reference => "reference",
@@ -38,6 +38,11 @@ pub trait Progress: Sync {
     fn advance(&self, done: u64, total: Option<u64>) {
         let _ = (done, total);
     }
+    /// What the running step is doing now (a compile's stage, the superstep a
+    /// simulation has reached).
+    fn detail(&self, what: &str) {
+        let _ = what;
+    }
     /// The running step has ended.
     fn finish(&self) {}
     /// Finalist `done` of `total` to simulate (its `rank` in the search) ran
@@ -52,3 +57,23 @@ pub trait Progress: Sync {
 pub struct NoProgress;
 
 impl Progress for NoProgress {}
+
+/// Runs `work` with a sender whose messages reach `on_message` on a thread beside
+/// it. The compiler's and simulator's hooks must own what they capture, and a
+/// [`Progress`] is only borrowed: the hooks send, the thread calls the progress.
+/// Returns once `work` has returned and every message has been passed on.
+pub(crate) fn forwarded<M: Send, R>(
+    on_message: impl Fn(M) + Send,
+    work: impl FnOnce(std::sync::mpsc::Sender<M>) -> R,
+) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        // Ends when the last sender, `work`'s, is dropped.
+        scope.spawn(move || {
+            for m in rx {
+                on_message(m);
+            }
+        });
+        work(tx)
+    })
+}

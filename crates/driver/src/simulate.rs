@@ -2,13 +2,15 @@
 //! inference on the model's input, with the tile memory validation reads copied
 //! out where each operation ends.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use half::f16;
 use tessera_compile::Compiled;
 use tessera_profile::Profile;
-use tessera_sim::{Capture, Perturb, SimOptions, SimReport, Simulator, Status};
+use tessera_sim::{Capture, Perturb, SimOptions, SimReport, Simulator, Status, SuperstepHook};
 
+use crate::progress::forwarded;
 use crate::validate::{Perturbed, Requests, requests};
 use crate::{Error, Model, Progress, Step};
 
@@ -145,13 +147,25 @@ fn simulate_with(
         .map(|s| s.0.to_string())
         .ok_or(Error::NoInput)?;
     sim.set_binding(&input_name, &f16_bytes(x))?;
-    let report = sim.run(&SimOptions {
+    let mut opts = SimOptions {
         preload_bindings: false,
         trace: true,
         captures,
         perturb,
         ..SimOptions::default()
-    });
+    };
+    let report = forwarded(
+        |n: u32| progress.detail(&format!("superstep {n}")),
+        |tx| {
+            // Sent after every superstep; the progress is told at its own pace.
+            opts.on_superstep = Some(SuperstepHook(Arc::new(move |n| {
+                let _ = tx.send(n);
+            })));
+            let report = sim.run(&opts);
+            opts.on_superstep = None;
+            report
+        },
+    );
     // The first host phases stream the weights once; what follows is one inference.
     let profile = tessera_profile::profile(&report.trace);
     let weight_phases = c.report.host.weight_phases;

@@ -144,7 +144,7 @@ pub fn bench_select(a: BenchSelectArgs) -> anyhow::Result<Outcome> {
     }
     m.simulate_finalists = m.finalists;
     let p = prepare(&m, false, &[])?;
-    let c = match compile_or_report(&m, &p)? {
+    let (c, _) = match compile_or_report(&m, &p)? {
         Ok(c) => c,
         Err(outcome) => return Ok(outcome),
     };

@@ -10,7 +10,7 @@ use tessera_driver::{Progress, Step};
 /// Draws one step at a time.
 pub struct Bars {
     json: bool,
-    bar: Mutex<Option<ProgressBar>>,
+    bar: Mutex<Option<(Step, ProgressBar)>>,
 }
 
 impl Bars {
@@ -21,7 +21,7 @@ impl Bars {
         }
     }
 
-    fn with_bar(&self, f: impl FnOnce(&mut Option<ProgressBar>)) {
+    fn with_bar(&self, f: impl FnOnce(&mut Option<(Step, ProgressBar)>)) {
         // A panic elsewhere while the lock was held leaves a bar to clear, not a
         // reason to stop reporting.
         let mut bar = self.bar.lock().unwrap_or_else(|e| e.into_inner());
@@ -51,7 +51,7 @@ impl Progress for Bars {
         pb.set_message(step.label());
         pb.enable_steady_tick(Duration::from_millis(120));
         self.with_bar(|bar| {
-            if let Some(old) = bar.replace(pb) {
+            if let Some((_, old)) = bar.replace((step, pb)) {
                 old.finish_and_clear();
             }
         });
@@ -59,7 +59,7 @@ impl Progress for Bars {
 
     fn advance(&self, done: u64, total: Option<u64>) {
         self.with_bar(|bar| {
-            if let Some(pb) = bar {
+            if let Some((_, pb)) = bar {
                 if let Some(n) = total {
                     pb.set_length(n);
                 }
@@ -68,9 +68,17 @@ impl Progress for Bars {
         });
     }
 
+    fn detail(&self, what: &str) {
+        self.with_bar(|bar| {
+            if let Some((step, pb)) = bar {
+                pb.set_message(format!("{}: {what}", step.label()));
+            }
+        });
+    }
+
     fn finish(&self) {
         self.with_bar(|bar| {
-            if let Some(pb) = bar.take() {
+            if let Some((_, pb)) = bar.take() {
                 pb.finish_and_clear();
             }
         });

@@ -12,7 +12,7 @@ use tessera_driver::{
 };
 
 use super::args::ModelArgs;
-use super::compile::{compile_or_report, prepare};
+use super::compile::{compile_or_report, compile_time, prepare};
 use super::progress::Bars;
 use super::report::{count, print_report, render_checks, render_ops};
 use crate::Outcome;
@@ -119,14 +119,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         outputs.push(("--profile", path));
     }
     let p = prepare(a, args.profile.is_some(), &outputs)?;
-    let c = match compile_or_report(a, &p)? {
+    let (c, whole_ms) = match compile_or_report(a, &p)? {
         Ok(c) => c,
         Err(outcome) => return Ok(outcome),
     };
     if !a.json {
         eprintln!(
-            "compiled in {:.0} ms on {} tiles",
-            c.report.compile_ms, c.report.tiles_used
+            "compiled in {} on {}",
+            compile_time(&c, whole_ms),
+            count(c.report.tiles_used, "tile")
         );
         print_report(&c.report);
     }
