@@ -147,23 +147,22 @@ fn simulate_with(
         .map(|s| s.0.to_string())
         .ok_or(Error::NoInput)?;
     sim.set_binding(&input_name, &f16_bytes(x))?;
-    let mut opts = SimOptions {
-        preload_bindings: false,
-        trace: true,
-        captures,
-        perturb,
-        ..SimOptions::default()
-    };
     let report = forwarded(
         |n: u32| progress.detail(&format!("superstep {n}")),
         |tx| {
-            // Sent after every superstep; the progress is told at its own pace.
-            opts.on_superstep = Some(SuperstepHook(Arc::new(move |n| {
-                let _ = tx.send(n);
-            })));
-            let report = sim.run(&opts);
-            opts.on_superstep = None;
-            report
+            // The options own the sender, so that it goes with them however the
+            // run ends, and the forwarding thread with it.
+            let opts = SimOptions {
+                preload_bindings: false,
+                trace: true,
+                captures,
+                perturb,
+                on_superstep: Some(SuperstepHook(Arc::new(move |n| {
+                    let _ = tx.send(n);
+                }))),
+                ..SimOptions::default()
+            };
+            sim.run(&opts)
         },
     );
     // The first host phases stream the weights once; what follows is one inference.
