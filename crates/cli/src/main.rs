@@ -36,7 +36,7 @@ enum Command {
     /// Compile a model into a package.
     Compile(cmd::compile::CompileArgs),
     /// Compile a model, simulate it and validate it against the f32 reference.
-    Run(cmd::compile::RunArgs),
+    Run(cmd::run::RunArgs),
     /// Benchmarks that print figures.
     Bench {
         #[command(subcommand)]
@@ -51,9 +51,9 @@ enum BenchCmd {
     /// Placement against public benchmark suites.
     Place(cmd::place::BenchPlaceArgs),
     /// The MLP block's cycles with each timing assumption halved and doubled.
-    Sensitivity(cmd::compile::BenchSensitivityArgs),
+    Sensitivity(cmd::bench::BenchSensitivityArgs),
     /// Every finalist built and simulated: estimated against simulated cycles
-    Select(cmd::compile::BenchSelectArgs),
+    Select(cmd::bench::BenchSelectArgs),
     /// Every reader of outside input against generated and mutated inputs.
     Fuzz(cmd::fuzz::BenchFuzzArgs),
 }
@@ -82,12 +82,12 @@ fn main() -> ExitCode {
         Command::Sim(a) => cmd::sim::run(a),
         Command::Place(a) => cmd::place::run(a),
         Command::Compile(a) => cmd::compile::compile(a),
-        Command::Run(a) => cmd::compile::run(a),
+        Command::Run(a) => cmd::run::run(a),
         Command::Bench { which } => match which {
             BenchCmd::Sim(a) => cmd::sim::bench(a),
             BenchCmd::Place(a) => cmd::place::bench(a),
-            BenchCmd::Sensitivity(a) => cmd::compile::sensitivity(a),
-            BenchCmd::Select(a) => cmd::compile::bench_select(a),
+            BenchCmd::Sensitivity(a) => cmd::bench::sensitivity(a),
+            BenchCmd::Select(a) => cmd::bench::bench_select(a),
             BenchCmd::Fuzz(a) => cmd::fuzz::bench(a),
         },
     };

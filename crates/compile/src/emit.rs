@@ -53,11 +53,11 @@ pub struct TileCode {
     pub exchange_bytes: u32,
 }
 
-fn kernel_err(tile: u32, kernel: String, e: impl ToString) -> CompileError {
+fn kernel_err(tile: u32, kernel: String, source: tessera_kernels::KernelError) -> CompileError {
     CompileError::Kernel {
         tile,
         kernel,
-        message: e.to_string(),
+        source,
     }
 }
 
@@ -109,7 +109,7 @@ fn supervisor_words(
         entry,
         xblock,
     } = *at;
-    let host_err = |e: tessera_host::HostError| CompileError::Host(e.to_string());
+    let host_err = CompileError::Host;
     let mut words = Vec::new();
     let mut pc = base;
     let mut next_call = 0;
@@ -221,8 +221,8 @@ pub fn size_code(plan: &TilePlan, host: &HostPlan) -> Result<SizedCode, CompileE
                 code.representative.insert(symbol, ci);
             }
         }
-        let provisional = tessera_host::emit_provisional(host, tile as u32)
-            .map_err(|e| CompileError::Host(e.to_string()))?;
+        let provisional =
+            tessera_host::emit_provisional(host, tile as u32).map_err(CompileError::Host)?;
         let hc = HostCode {
             tile: &provisional,
             inputs: initial_phases(host),
@@ -275,7 +275,11 @@ fn block_of(plan: &TilePlan, blocks: &[Option<u32>], base: u32) -> impl Fn(u16) 
 }
 
 fn encode_words(tile: u32, what: &str, words: &[Word]) -> Result<Vec<u8>, CompileError> {
-    encode(words).map_err(|e| kernel_err(tile, what.to_string(), e))
+    encode(words).map_err(|source| CompileError::Encode {
+        tile,
+        what: what.to_string(),
+        source,
+    })
 }
 
 /// Host data of the final package: the plan at placed addresses and each tile's

@@ -242,6 +242,20 @@ pub fn select(
     k: usize,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Selection, CompileError> {
+    crate::mutated(opts, || {
+        select_mutated(machine, graph, weights, opts, k, progress)
+    })
+}
+
+/// [`select`], under the kernel mutation its options ask for.
+fn select_mutated(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &CompileOptions,
+    k: usize,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<Selection, CompileError> {
     let start = Instant::now();
     let mut lower = opts.lowering();
     let mut retries = 0;
@@ -359,9 +373,7 @@ fn select_once(
             Ok(sel)
         }
         // None fits: the best-ranked finalist's error is the report.
-        None => {
-            Err(first_err.unwrap_or_else(|| CompileError::Host("no finalist was built".into())))
-        }
+        None => Err(first_err.unwrap_or(CompileError::NoFinalist)),
     };
     Ok((result, fitted))
 }
@@ -398,9 +410,9 @@ fn report(
         Err(e @ CompileError::OverFitLimit { live, limit, .. }) => {
             r.failing_tiles = 1;
             r.missing_bytes = Some(live - limit);
-            r.error = Some(e.to_string());
+            r.error = Some(crate::error_chain(e));
         }
-        Err(e) => r.error = Some(e.to_string()),
+        Err(e) => r.error = Some(crate::error_chain(e)),
     }
     r
 }

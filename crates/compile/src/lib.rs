@@ -26,6 +26,19 @@ use tessera_plan::{LowerOptions, PlanError, PlanOp, TilePlan, placement_retry_bu
 
 pub use requests::tile_problems;
 
+/// `e` and its sources, outermost first, joined by `: `: the one-line form of an
+/// error whose cause is kept as a source rather than in its message.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out += ": ";
+        out += &s.to_string();
+        source = s.source();
+    }
+    out
+}
+
 /// Everything that can stop a compile.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
@@ -48,16 +61,41 @@ pub enum CompileError {
         live: u64,
         limit: u64,
     },
-    #[error("placement failed on tile {tile}: {message}")]
-    Place { tile: u32, message: String },
-    #[error("kernel `{kernel}` on tile {tile}: {message}")]
+    #[error("placement failed on tile {tile}")]
+    Place {
+        tile: u32,
+        #[source]
+        source: tessera_place::PlaceError,
+    },
+    /// A placement the checker refused after the alignment demonstration moved
+    /// its buffers.
+    #[error("placement failed on tile {tile}: checker rejected the placement: {violation}")]
+    PlacementRejected { tile: u32, violation: String },
+    #[error("placement failed on tile {tile}: no placement and no diagnosis")]
+    NoPlacement { tile: u32 },
+    #[error("kernel `{kernel}` on tile {tile}")]
     Kernel {
         tile: u32,
         kernel: String,
-        message: String,
+        #[source]
+        source: tessera_kernels::KernelError,
     },
-    #[error("host transfer planning: {0}")]
-    Host(String),
+    /// Code that does not encode (a compiler bug).
+    #[error("kernel `{what}` on tile {tile}")]
+    Encode {
+        tile: u32,
+        what: String,
+        #[source]
+        source: tessera_isa::EncodeError,
+    },
+    #[error("host transfer planning")]
+    Host(#[source] tessera_host::HostError),
+    /// The finalist search built nothing to select from.
+    #[error("no finalist was built")]
+    NoFinalist,
+    /// The threads a mutated compile runs on could not be started.
+    #[error("starting the threads of a mutated compile")]
+    Threads(#[source] rayon::ThreadPoolBuildError),
     /// A tile sends or lands more messages of one source in one exchange phase
     /// than the 16-bit message field of `recv` can name.
     #[error(
@@ -70,8 +108,8 @@ pub enum CompileError {
         messages: usize,
         max: usize,
     },
-    #[error("the assembled package is invalid (a compiler bug): {0}")]
-    Package(String),
+    #[error("the assembled package is invalid (a compiler bug)")]
+    Package(#[source] tessera_package::PackageError),
 }
 
 fn does_not_fit(d: &[Diagnosis]) -> String {
@@ -136,14 +174,61 @@ pub fn shortfall(d: &Diagnosis) -> String {
 pub struct CompileOptions {
     pub lower: LowerOptions,
     pub place: PlaceOptions,
-    /// Demonstration of the seed report's fault: after placement, move each buffer
-    /// whose declared alignment is below 8 bytes to an address that is not 8-byte
-    /// aligned, wherever the placement checker still accepts the tile. The result
-    /// is legal under the declared contracts; with the true contracts nothing moves.
-    pub exploit_declared_alignment: bool,
     /// Keep every tile's placement problem and result in [`Compiled::layouts`], for
     /// an SRAM viewer; off by default, since a whole chip's layouts cost memory.
     pub keep_layouts: bool,
+    /// Told when each stage of a compile starts, for a caller showing progress
+    /// (the finalist search's builds run in parallel and tell it too).
+    pub on_stage: Option<StageHook>,
+}
+
+/// A stage of one compile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The graph to the tile plan, with the fit loop.
+    Lower,
+    /// Host sizing, code sizing and the placement problems.
+    Prepare,
+    /// Placement of this many tiles.
+    Place { tiles: usize },
+    /// Host planning at the placed addresses.
+    Host,
+    /// Code, vertex states and supervisor programs.
+    Emit,
+    /// Package validation and the plan estimate.
+    Check,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stage::Lower => f.write_str("lowering"),
+            Stage::Prepare => f.write_str("sizing code and host transfers"),
+            Stage::Place { tiles: 1 } => f.write_str("placing 1 tile"),
+            Stage::Place { tiles } => write!(f, "placing {tiles} tiles"),
+            Stage::Host => f.write_str("planning host transfers"),
+            Stage::Emit => f.write_str("emitting code"),
+            Stage::Check => f.write_str("checking the package"),
+        }
+    }
+}
+
+/// Receives a compile's [`Stage`]s.
+#[derive(Clone)]
+pub struct StageHook(pub std::sync::Arc<dyn Fn(Stage) + Send + Sync>);
+
+impl std::fmt::Debug for StageHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StageHook")
+    }
+}
+
+impl CompileOptions {
+    fn stage(&self, stage: Stage) {
+        if let Some(hook) = &self.on_stage {
+            (hook.0)(stage);
+        }
+    }
 }
 
 impl Default for CompileOptions {
@@ -161,8 +246,8 @@ impl Default for CompileOptions {
                 stop_after_refusals: Some(STOP_AFTER_REFUSALS),
                 ..PlaceOptions::default()
             },
-            exploit_declared_alignment: false,
             keep_layouts: false,
+            on_stage: None,
         }
     }
 }
@@ -198,7 +283,7 @@ pub struct PlacementSummary {
     pub retry_mode: u32,
     pub search_mode: u32,
     pub place_ms: f64,
-    /// Buffers moved off 8-byte alignment by `exploit_declared_alignment`.
+    /// Buffers moved off 8-byte alignment by `Experimental::exploit_declared_alignment`.
     pub exploited_buffers: usize,
 }
 
@@ -404,14 +489,26 @@ pub fn compile_model(
     weights: &TensorMap,
     opts: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
-    let start = Instant::now();
-    let (mut compiled, fitted, retries, lower_ms) =
-        compile_fitting(machine, graph, weights, opts, opts.lowering(), 0)?;
-    compiled.report.weight_budget = Some(fitted.weight_bytes);
-    compiled.report.placement_retries = retries;
-    compiled.report.stage_ms.lower = lower_ms;
-    compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok(compiled)
+    mutated(opts, || {
+        let start = Instant::now();
+        let (mut compiled, fitted, retries, lower_ms) =
+            compile_fitting(machine, graph, weights, opts, opts.lowering(), 0)?;
+        compiled.report.weight_budget = Some(fitted.weight_bytes);
+        compiled.report.placement_retries = retries;
+        compiled.report.stage_ms.lower = lower_ms;
+        compiled.report.compile_ms = start.elapsed().as_secs_f64() * 1e3;
+        Ok(compiled)
+    })
+}
+
+/// Runs `f` under the kernel mutation `opts` asks for (none in normal use), on
+/// every thread that works for it.
+pub(crate) fn mutated<R: Send>(
+    opts: &CompileOptions,
+    f: impl FnOnce() -> Result<R, CompileError> + Send,
+) -> Result<R, CompileError> {
+    tessera_kernels::mutated(opts.lower.experimental.mutate_kernel, f)
+        .map_err(CompileError::Threads)?
 }
 
 /// Lowers from `lower` with the fit loop and compiles; while placement refuses the
@@ -429,6 +526,7 @@ pub(crate) fn compile_fitting(
     mut retries: u32,
 ) -> Result<(Compiled, LowerOptions, u32, f64), CompileError> {
     loop {
+        opts.stage(Stage::Lower);
         let t = Instant::now();
         let (plan, fitted) = tessera_plan::lower_fitted(machine, graph, weights, &lower)?;
         let lower_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -453,13 +551,16 @@ pub fn compile_lowered(
     plan: &TilePlan,
     opts: &CompileOptions,
 ) -> Result<Compiled, CompileError> {
-    compile_plan_with(
-        machine,
-        plan,
-        &opts.place,
-        opts.exploit_declared_alignment,
-        opts.keep_layouts,
-    )
+    mutated(opts, || {
+        compile_plan_with(
+            machine,
+            plan,
+            &opts.place,
+            opts.lower.experimental.exploit_declared_alignment,
+            opts.keep_layouts,
+            &|stage| opts.stage(stage),
+        )
+    })
 }
 
 /// Places and emits a tile plan.
@@ -468,7 +569,7 @@ pub fn compile_plan(
     plan: &TilePlan,
     place: &PlaceOptions,
 ) -> Result<Compiled, CompileError> {
-    compile_plan_with(machine, plan, place, false, false)
+    compile_plan_with(machine, plan, place, false, false, &|_| {})
 }
 
 fn compile_plan_with(
@@ -477,9 +578,11 @@ fn compile_plan_with(
     place: &PlaceOptions,
     exploit: bool,
     keep_layouts: bool,
+    stage: &dyn Fn(Stage),
 ) -> Result<Compiled, CompileError> {
+    stage(Stage::Prepare);
     let start = Instant::now();
-    let host_err = |e: tessera_host::HostError| CompileError::Host(e.to_string());
+    let host_err = CompileError::Host;
     // Provisional host sizing: slicing and phases depend only on binding sizes and
     // tiles, so the bound counted here (before deduplication) holds for any tensor
     // addresses placement picks.
@@ -500,6 +603,9 @@ fn compile_plan_with(
         }
     }
     let prepare_ms = start.elapsed().as_secs_f64() * 1e3;
+    stage(Stage::Place {
+        tiles: problems.problems.len(),
+    });
     let t = Instant::now();
     let outcomes = tessera_place::place_tiles(machine, &problems.problems, place);
     let place_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -510,9 +616,9 @@ fn compile_plan_with(
         ..PlacementSummary::default()
     };
     for (problem, outcome) in problems.problems.iter().zip(outcomes) {
-        let outcome = outcome.map_err(|e| CompileError::Place {
+        let outcome = outcome.map_err(|source| CompileError::Place {
             tile: problem.tile,
-            message: e.to_string(),
+            source,
         })?;
         match (outcome.placement, outcome.diagnosis) {
             (Some(mut p), _) => {
@@ -524,9 +630,9 @@ fn compile_plan_with(
                     let violations =
                         tessera_place::check_placement(machine, problem, &p, place.capacity);
                     if let Some(v) = violations.first() {
-                        return Err(CompileError::Place {
+                        return Err(CompileError::PlacementRejected {
                             tile: problem.tile,
-                            message: format!("checker rejected the placement: {v}"),
+                            violation: v.to_string(),
                         });
                     }
                 }
@@ -544,10 +650,7 @@ fn compile_plan_with(
             }
             (None, Some(d)) => failures.push(d),
             (None, None) => {
-                return Err(CompileError::Place {
-                    tile: problem.tile,
-                    message: "no placement and no diagnosis".into(),
-                });
+                return Err(CompileError::NoPlacement { tile: problem.tile });
             }
         }
     }
@@ -556,6 +659,7 @@ fn compile_plan_with(
     }
     let place_ms = t.elapsed().as_secs_f64() * 1e3;
     // Final host planning at the placed addresses, into the reservation.
+    stage(Stage::Host);
     let t = Instant::now();
     let addrs = emit::addresses(plan, &problems, &placements);
     let final_plan = HostPlan::new(
@@ -597,6 +701,7 @@ fn compile_plan_with(
         link_cycles: final_plan.link_cycles(machine, 0..final_plan.phases().len()),
     };
     let host_ms = t.elapsed().as_secs_f64() * 1e3;
+    stage(Stage::Emit);
     let t = Instant::now();
     let package = emit::emit(
         machine,
@@ -609,8 +714,9 @@ fn compile_plan_with(
         },
     )?;
     let emit_ms = t.elapsed().as_secs_f64() * 1e3;
+    stage(Stage::Check);
     let t = Instant::now();
-    tessera_package::validate(&package).map_err(|e| CompileError::Package(e.to_string()))?;
+    tessera_package::validate(&package).map_err(CompileError::Package)?;
     let estimated = tessera_plan::estimate(machine, plan);
     let report = CompileReport {
         tiles_used: plan.tiles,

@@ -217,12 +217,8 @@ fn understated_rearrange_contract_faults_at_ld64step() {
         (compiled.report, report)
     };
 
-    let mut weak = CompileOptions {
-        exploit_declared_alignment: true,
-        ..CompileOptions::default()
-    };
-    weak.lower.rearrange_declared_align = Some(2);
-    weak.lower.rearrange_inputs = true;
+    let mut weak = CompileOptions::default();
+    weak.lower.experimental = weak.lower.experimental.weakened_rearrange_contract();
     let (compiled, report) = run(&weak);
     assert!(compiled.placement.exploited_buffers > 0);
     assert_eq!(report.status, Status::Fault);
@@ -249,10 +245,8 @@ fn understated_rearrange_contract_faults_at_ld64step() {
     );
 
     // With the true contracts, exploiting every declared alignment is harmless.
-    let truthful = CompileOptions {
-        exploit_declared_alignment: true,
-        ..CompileOptions::default()
-    };
+    let mut truthful = CompileOptions::default();
+    truthful.lower.experimental.exploit_declared_alignment = true;
     let (_, report) = run(&truthful);
     assert_eq!(report.status, Status::Ok);
 }

@@ -196,8 +196,12 @@ impl EncoderLayerConfig {
             map_head: d.map_head,
             token_output: f.token_output.unwrap_or(d.token_output),
         };
-        cfg.validate()
-            .map_err(|e| GraphError::Config(format!("{origin}: {e}")))?;
+        // The file's name goes before the reason, once: a `Config` error already
+        // says it is about the model's configuration.
+        cfg.validate().map_err(|e| match e {
+            GraphError::Config(reason) => GraphError::Config(format!("{origin}: {reason}")),
+            e => GraphError::Config(format!("{origin}: {e}")),
+        })?;
         Ok(cfg)
     }
 

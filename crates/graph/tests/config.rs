@@ -63,6 +63,9 @@ fn bad_files_say_what_and_where() {
             err.contains("bad.toml") && err.contains(want),
             "{text}: {err}"
         );
+        // The prefix once: `invalid model config: bad.toml: ...`, not twice.
+        assert_eq!(err.matches("invalid model config").count(), 1, "{err}");
+        assert!(err.starts_with("invalid model config: bad.toml: "), "{err}");
     }
     let err = EncoderLayerConfig::from_toml("width = 768", "b.toml", 0)
         .unwrap_err()

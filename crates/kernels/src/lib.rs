@@ -51,7 +51,7 @@ pub use elementwise::{Add, AddBias, ReduceAdd, ReduceNorm};
 pub use gelu::Gelu;
 pub use layernorm::LayerNorm;
 pub use matmul::{AmpMatmul, AmpStart, pack_chunk_major, pack_weights};
-pub use mutation::{MUTABLE, set_mutation};
+pub use mutation::{KernelMutation, MUTABLE, MutableKernel, UnknownMutableKernel, mutated};
 pub use rearrange::Rearrange;
 pub use recip_sum::RecipSum;
 pub use scale_cols::ScaleCols;

@@ -287,7 +287,7 @@ fn page(r: &HtmlReport, data: &str) -> String {
 <tr><th>cropped span (one inference)</th><td>{run} cycles ({ms:.3} ms at {mhz:.0} MHz)</td></tr>
 <tr><th>encoder interval</th><td>{enc}</td></tr>
 <tr><th>whole run</th><td>{total} cycles in {ss} supersteps: compute {c} ({cs:.1}%), exchange {x} ({xs:.1}%), host {h} ({hs:.1}%), sync {y} ({ys:.1}%)</td></tr>
-<tr><th>weight streaming (before the cropped span)</th><td>{init} cycles, {wp} host phases</td></tr>
+<tr><th>weight streaming (before the cropped span)</th><td>{init} cycles, {wp}</td></tr>
 <tr><th>faults</th><td>{nf}</td></tr>
 </table>
 </section>
@@ -315,14 +315,20 @@ fn page(r: &HtmlReport, data: &str) -> String {
         y = thousands(r.profile.sync),
         ys = share(r.profile.sync),
         init = thousands(r.init_cycles),
-        wp = r.weight_phases,
+        wp = match r.weight_phases {
+            1 => "1 host phase".to_string(),
+            n => format!("{n} host phases"),
+        },
         nf = r.faults.len(),
     );
     let cropped = format!(
-        "The cropped span ({} cycles) is one inference, the <code>cycles</code> of <code>tessera run --json</code>: from cycle {} (the end of the last of the {} host phases that stream the weights once, at initialisation) to the end of the run at cycle {}; it includes the inference's host input and output transfers ({} cycles).",
+        "The cropped span ({} cycles) is one inference, the <code>cycles</code> of <code>tessera run --json</code>: from cycle {} (the end of {}, at initialisation) to the end of the run at cycle {}; it includes the inference's host input and output transfers ({} cycles).",
         thousands(r.run_cycles),
         thousands(r.init_cycles),
-        r.weight_phases,
+        match r.weight_phases {
+            1 => "the host phase that streams the weights once".to_string(),
+            n => format!("the last of the {n} host phases that stream the weights once"),
+        },
         thousands(r.total_cycles),
         thousands(r.host_cycles)
     );

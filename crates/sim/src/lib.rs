@@ -91,6 +91,19 @@ pub struct SimOptions {
     pub captures: Vec<Capture>,
     /// Test hook: f16 values scaled in tile memory at superstep boundaries.
     pub perturb: Vec<Perturb>,
+    /// Told of every superstep the run completes, for a caller showing progress.
+    pub on_superstep: Option<SuperstepHook>,
+}
+
+/// Called after each superstep with the number completed so far. It runs on the
+/// simulator's thread between supersteps, so it should be quick.
+#[derive(Clone)]
+pub struct SuperstepHook(pub std::sync::Arc<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for SuperstepHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SuperstepHook")
+    }
 }
 
 impl Default for SimOptions {
@@ -101,6 +114,7 @@ impl Default for SimOptions {
             trace: true,
             captures: Vec::new(),
             perturb: Vec::new(),
+            on_superstep: None,
         }
     }
 }
@@ -535,6 +549,9 @@ impl Simulator {
                 ));
             }
             superstep += 1;
+            if let Some(hook) = &opts.on_superstep {
+                (hook.0)(superstep);
+            }
         }
         if opts.preload_bindings {
             self.collect_outputs();

@@ -43,6 +43,7 @@ pub struct BenchFuzzArgs {
     /// List the targets and exit.
     #[arg(long)]
     pub list: bool,
+    /// Print the result as JSON on stdout (and no progress on stderr)
     #[arg(long)]
     pub json: bool,
 }

@@ -10,6 +10,7 @@ pub enum MachineCmd {
         /// Override the tile count.
         #[arg(long)]
         tiles: Option<u32>,
+        /// Print the description as JSON on stdout instead of TOML
         #[arg(long)]
         json: bool,
     },

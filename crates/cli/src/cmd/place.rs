@@ -37,6 +37,7 @@ pub struct PlaceArgs {
     /// Draw the placed tile with the highest peak as an SVG picture (JSON problems)
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Print the result as JSON on stdout (and no progress on stderr)
     #[arg(long)]
     pub json: bool,
 }
@@ -51,6 +52,7 @@ pub struct BenchPlaceArgs {
     /// Only instances whose path contains this text.
     #[arg(long)]
     pub filter: Option<String>,
+    /// Print the result as JSON on stdout (and no progress on stderr)
     #[arg(long)]
     pub json: bool,
 }

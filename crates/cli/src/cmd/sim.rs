@@ -15,6 +15,7 @@ use tessera_sim::{DEFAULT_CYCLE_BUDGET, Fault, SimOptions, Simulator, Status};
 pub struct SimArgs {
     /// Package file.
     pub input: PathBuf,
+    /// Print the result as JSON on stdout (and no progress on stderr)
     #[arg(long)]
     pub json: bool,
     /// Contexts whose clock reaches this many cycles fault with Timeout.
@@ -28,6 +29,7 @@ pub struct SimArgs {
 
 #[derive(Args)]
 pub struct BenchSimArgs {
+    /// Print the result as JSON on stdout (and no progress on stderr)
     #[arg(long)]
     pub json: bool,
     /// Rows per tile of the throughput kernel.

@@ -29,7 +29,7 @@
 //! The row path (`Q K^T`, the keys transposed by the transposers, the row softmax
 //! on the AMP's block layout, `e V`) is taken under 12 keys, where the column
 //! softmax's six workers would not have two rows each, and by the test hook
-//! `LowerOptions::row_attention`. Its AMP calls stream only the tile's few query
+//! `Experimental::row_attention`. Its AMP calls stream only the tile's few query
 //! rows, so their fixed cost dominates: at So400m sizes, batch 2, it takes half
 //! as long again as the transposed path (196k cycles a tile against 127k,
 //! measured side by side).
@@ -54,6 +54,7 @@ use crate::dist::{DistTensor, Part, redistribute};
 
 mod split_keys;
 use crate::ir::*;
+use crate::lower::count;
 use crate::lower::ctx::Lowering;
 use crate::matmul::AMP_WIDTH;
 
@@ -424,7 +425,7 @@ pub(crate) fn attention(
     let (kc, tp, tb) = op.padded();
     let (path, group, rows_per, share, per_t) = geometry(
         tiles,
-        lw.opts.row_attention,
+        lw.opts.experimental.row_attention,
         (op.batch, op.heads, op.tq, op.t),
         op.scale,
     );
@@ -437,8 +438,13 @@ pub(crate) fn attention(
     }
     if path == Path::SingleQuery {
         lw.plan.decisions.push(format!(
-            "{name}: {} images x {} heads, one query cut over {} tiles each of {} key blocks; keys {} padded to {}",
-            op.batch, op.heads, per_t, share, op.t, tp
+            "{name}: {} x {}, one query cut over {} each of {}; keys {} padded to {}",
+            count(op.batch, "image"),
+            count(op.heads, "head"),
+            count(per_t, "tile"),
+            count(share, "key block"),
+            op.t,
+            tp
         ));
         return single_query(lw, op, group, share, per_t);
     }
@@ -449,7 +455,7 @@ pub(crate) fn attention(
                 op.d, op.stride, kc
             ));
         }
-        let split = (!lw.opts.whole_keys)
+        let split = (!lw.opts.experimental.whole_keys)
             .then(|| {
                 split_keys::split_geometry(
                     &lw.machine.timing,
@@ -462,15 +468,15 @@ pub(crate) fn attention(
         if let Some(sg) = split {
             let [h1, h2] = sg.halves;
             lw.plan.decisions.push(format!(
-                "{name}: {} images x {} heads, {} tiles each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} tiles with {} query blocks over keys {}..{}, {} tiles with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
-                op.batch,
-                op.heads,
-                sg.group,
-                h1.tiles,
-                h1.qb,
+                "{name}: {} x {}, {} each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} with {} over keys {}..{}, {} with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
+                count(op.batch, "image"),
+                count(op.heads, "head"),
+                count(sg.group, "tile"),
+                count(h1.tiles, "tile"),
+                count(h1.qb, "query block"),
                 h1.kb0 * AMP_WIDTH,
                 (h1.kb0 + h1.kbn) * AMP_WIDTH,
-                h2.tiles,
+                count(h2.tiles, "tile"),
                 h2.qb,
                 h2.kb0 * AMP_WIDTH,
                 op.t,
@@ -479,14 +485,26 @@ pub(crate) fn attention(
             return split_keys::lower(lw, op, sg);
         }
         lw.plan.decisions.push(format!(
-            "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} value blocks; keys {} padded to {}; scores transposed (K Q^T)",
-            op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
+            "{name}: {} x {}, {} each: {per_rows} with {}, {per_t} transposing {}; keys {} padded to {}; scores transposed (K Q^T)",
+            count(op.batch, "image"),
+            count(op.heads, "head"),
+            count(group, "tile"),
+            count(rows_per, "query row"),
+            count(share, "value block"),
+            op.t,
+            tp
         ));
         return transposed(lw, op, group, rows_per, share);
     }
     lw.plan.decisions.push(format!(
-        "{name}: {} images x {} heads, {} tiles each: {} with {} query rows, {} transposing {} key blocks; keys {} padded to {}",
-        op.batch, op.heads, group, per_rows, rows_per, per_t, share, op.t, tp
+        "{name}: {} x {}, {} each: {per_rows} with {}, {per_t} transposing {}; keys {} padded to {}",
+        count(op.batch, "image"),
+        count(op.heads, "head"),
+        count(group, "tile"),
+        count(rows_per, "query row"),
+        count(share, "key block"),
+        op.t,
+        tp
     ));
     let mut work = Vec::new();
     let mut trans = Vec::new();
@@ -641,7 +659,7 @@ pub(crate) fn attention(
             &[("in", at(s_rm)), ("out", at(s_rm)), ("recip", at(w.recip))],
         );
         let mut re = Rearrange::new(w.s.rows, tp);
-        if let Some(al) = lw.opts.rearrange_declared_align {
+        if let Some(al) = lw.opts.experimental.rearrange_declared_align {
             re.declared_align = al;
         }
         lw.call(

@@ -51,6 +51,7 @@ use tessera_kernels::{AmpMatmul, Gelu, Rearrange, ReduceAdd, ZeroFill, pack_weig
 use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
 use crate::ir::*;
+use crate::lower::count;
 use crate::lower::ctx::{Lowering, f16_bytes, groups};
 use crate::matmul::{AMP_WIDTH, MatmulMapping, part_chunks};
 
@@ -232,7 +233,7 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
     let g = Grid::new(op.map.clone());
     lw.plan.decisions.push(format!(
         "{name}: [{}x{}]x[{}x{}] {}on {} tiles as {} row x {} inner x {} column groups \
-         ({} rows, {} chunks, {} blocks per tile){}{}, estimated {} cycles ({:.0}% of peak)",
+         ({}, {}, {} per tile){}{}, estimated {} cycles ({:.0}% of peak)",
         rows_total,
         k,
         k,
@@ -248,9 +249,9 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         g.rows.len(),
         g.chunks.len(),
         g.blocks.len(),
-        g.map.rows_per_tile,
-        g.map.chunks_per_tile,
-        g.map.blocks_per_tile,
+        count(g.map.rows_per_tile, "row"),
+        count(g.map.chunks_per_tile, "chunk"),
+        count(g.map.blocks_per_tile, "block"),
         if direct { ", inputs in AMP layout" } else { "" },
         if engine_bias(op, &g) {
             ", bias in the engine"
@@ -485,7 +486,7 @@ fn one_pass(
     // the last part's call writes the slabs the reduction takes.
     let parts = g.map.shape.k_parts.max(1);
     let last_part = parts - 1;
-    let rearrange = !direct && lw.opts.rearrange_inputs;
+    let rearrange = !direct && lw.opts.experimental.rearrange_inputs;
     if parts > 1 && rearrange {
         return Err(PlanError::Unsupported(format!(
             "{name}: parts of K need the AMP to read its inputs as they land"
@@ -565,7 +566,7 @@ fn one_pass(
                 }
                 if rearrange {
                     let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
-                    if let Some(al) = lw.opts.rearrange_declared_align {
+                    if let Some(al) = lw.opts.experimental.rearrange_declared_align {
                         re.declared_align = al;
                     }
                     lw.call(

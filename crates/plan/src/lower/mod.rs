@@ -62,6 +62,27 @@ pub struct LowerOptions {
     /// per block and added block by block (slower, far smaller). A bias that
     /// varies with the row is a slab whatever its size.
     pub slab_bias_bytes: u32,
+    /// Let linears' row groups round up to whole rows a worker where that is
+    /// cheaper (`MatmulShape::even_rows`). The fit loop turns it off at a budget
+    /// before it shrinks the weight budget.
+    pub even_rows: bool,
+    /// The strategy to use per operation name, as an index into the operation's
+    /// candidates (`TilePlan::candidates`); operations not named take their first.
+    pub choices: BTreeMap<String, usize>,
+    /// Usable SRAM bytes a tile from the first SRAM address, when placement is
+    /// squeezed below the machine's (`--capacity`; a compile sets it from its
+    /// placement options): the fit limit is then [`FIT_SHARE`] of this, so the fit
+    /// loop and growth aim at what placement has.
+    pub capacity: Option<u64>,
+    /// Knobs for tests and demonstrations; all off by default.
+    pub experimental: Experimental,
+}
+
+/// Every knob that exists for tests and demonstrations rather than for a normal
+/// compile, in one place: each changes the package or breaks it on purpose. The
+/// lowering reads the first five, the compile after it the rest.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Experimental {
     /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
     /// keeps the kernel's true contract.
     pub rearrange_declared_align: Option<u32>,
@@ -69,10 +90,6 @@ pub struct LowerOptions {
     /// tile (the seed's way) instead of letting the AMP read it row-major. The
     /// seed-bug reproduction needs the rearrangement's kernel; nothing else does.
     pub rearrange_inputs: bool,
-    /// Let linears' row groups round up to whole rows a worker where that is
-    /// cheaper (`MatmulShape::even_rows`). The fit loop turns it off at a budget
-    /// before it shrinks the weight budget.
-    pub even_rows: bool,
     /// Lower every multi-query attention with scores `Q K^T` and the row softmax
     /// (for tests of that path), not only where the transposed one does not apply.
     pub row_attention: bool,
@@ -83,14 +100,29 @@ pub struct LowerOptions {
     /// Lower attentions with a constant query with their projections as they are
     /// (for tests that compare the absorbed lowering with it).
     pub unabsorbed: bool,
-    /// The strategy to use per operation name, as an index into the operation's
-    /// candidates (`TilePlan::candidates`); operations not named take their first.
-    pub choices: BTreeMap<String, usize>,
-    /// Usable SRAM bytes a tile from the first SRAM address, when placement is
-    /// squeezed below the machine's (`--capacity`; a compile sets it from its
-    /// placement options): the fit limit is then [`FIT_SHARE`] of this, so the fit
-    /// loop and growth aim at what placement has.
-    pub capacity: Option<u64>,
+    /// After placement, move each buffer whose declared alignment is below 8
+    /// bytes to an address that is not 8-byte aligned, wherever the placement
+    /// checker still accepts the tile: legal under the declared contracts, and
+    /// with the true contracts nothing moves.
+    pub exploit_declared_alignment: bool,
+    /// One kernel constant scaled (`tessera_kernels::mutated`): validation must
+    /// then report a mismatch.
+    pub mutate_kernel: Option<tessera_kernels::KernelMutation>,
+}
+
+impl Experimental {
+    /// The seed's bug: the rearrangement's operands declared 2-byte aligned,
+    /// linears' inputs rearranged on the tile, and those buffers moved off 8-byte
+    /// alignment where placement allows, so that the simulator faults at the
+    /// kernel's 64-bit load.
+    pub fn weakened_rearrange_contract(self) -> Experimental {
+        Experimental {
+            rearrange_declared_align: Some(2),
+            rearrange_inputs: true,
+            exploit_declared_alignment: true,
+            ..self
+        }
+    }
 }
 
 impl Default for LowerOptions {
@@ -99,15 +131,22 @@ impl Default for LowerOptions {
             weight_bytes: 512 * 1024,
             transient_bytes: 192 * 1024,
             slab_bias_bytes: 16 * 1024,
-            rearrange_declared_align: None,
-            rearrange_inputs: false,
             even_rows: true,
-            row_attention: false,
-            whole_keys: false,
-            unabsorbed: false,
             choices: BTreeMap::new(),
             capacity: None,
+            experimental: Experimental::default(),
         }
+    }
+}
+
+/// `n` and `noun`, the noun in the plural unless `n` is one: decisions are read
+/// by people, and "1 images" reads as a slip.
+pub(crate) fn count(n: impl std::fmt::Display, noun: &str) -> String {
+    let n = n.to_string();
+    if n == "1" {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 
@@ -714,7 +753,7 @@ impl<'g> Walker<'g> {
             k: kp,
             n,
             a_blocked: linear::takes_blocks(x),
-            rearrange: lw.opts.rearrange_inputs,
+            rearrange: lw.opts.experimental.rearrange_inputs,
             even_rows: lw.opts.even_rows,
             k_parts: 1,
             per_row_bias,
@@ -822,7 +861,7 @@ impl<'g> Walker<'g> {
         let (heads, d) = (n(heads)?, n(d)?);
         let (path, ..) = attention::geometry(
             machine.tiles,
-            opts.row_attention,
+            opts.experimental.row_attention,
             (n(b)?, heads, n(tq)?, n(t)?),
             scale,
         );
@@ -1701,7 +1740,7 @@ fn lower_with(
     };
     // Attentions with a constant query: their projections and splits are lowered
     // with the scores product.
-    if !opts.unabsorbed {
+    if !opts.experimental.unabsorbed {
         for op in graph.ops() {
             if let Some(ab) = w.absorbable(op) {
                 for f in ab.folded() {

@@ -29,7 +29,7 @@
 use tessera_graph::{Op, OpKind, TensorId};
 use tessera_kernels::{ColExpShift, ColMax, ReduceAdd, ReduceNorm, TransposeBlocks, ZeroFill};
 
-use super::{Cols, Val, Walker, attention::amp, to_u32, unsupported};
+use super::{Cols, Val, Walker, attention::amp, count, to_u32, unsupported};
 use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
 use crate::ir::*;
@@ -490,9 +490,15 @@ pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<Dist
     }
 
     lw.plan.decisions.push(format!(
-        "{name}: constant query, projections absorbed: {batch} images x {heads} heads; scores, softmax and weighted sums on {} tiles ({batch} x {tb} token blocks x {groups} column groups of {per} blocks), combined on {} ({span} blocks each)",
-        runs.len(),
-        combiners.len()
+        "{name}: constant query, projections absorbed: {} x {}; scores, softmax and weighted sums on {} ({batch} x {} x {} of {}), combined on {} ({} each)",
+        count(batch, "image"),
+        count(heads, "head"),
+        count(runs.len(), "tile"),
+        count(tb, "token block"),
+        count(groups, "column group"),
+        count(per, "block"),
+        count(combiners.len(), "tile"),
+        count(span, "block"),
     ));
 
     // Each run's blocks of S and X.

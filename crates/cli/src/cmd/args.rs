@@ -1,0 +1,266 @@
+//! The model options `compile`, `run` and the benches share, and what they mean
+//! to the driver.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use tessera_driver::{
+    Experimental, KernelMutation, LayerDims, MAX_FINALISTS, Machine, ModelSpec, MutableKernel,
+    Options,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModelKind {
+    /// The vision tower with one encoder layer: patch projection, attention, MLP,
+    /// post-LayerNorm and the attention-pooling head.
+    Layer,
+    /// The MLP block alone: LayerNorm, fc1, GELU, fc2, residual.
+    Mlp,
+}
+
+impl ModelKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Layer => "layer",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Size {
+    /// So400m/14 at 378 px (729 tokens, width 1152, 16 heads, MLP 4304).
+    So400m,
+    /// SigLIP B/16 at 224 px (196 tokens, width 768, 12 heads, MLP 3072).
+    Base,
+    /// 16 tokens, width 32, 4 heads, MLP 64 (the MLP block alone: hidden 96): for
+    /// quick checks.
+    Tiny,
+}
+
+impl From<Size> for tessera_driver::Size {
+    fn from(s: Size) -> Self {
+        match s {
+            Size::So400m => tessera_driver::Size::So400m,
+            Size::Base => tessera_driver::Size::Base,
+            Size::Tiny => tessera_driver::Size::Tiny,
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    #[arg(long, value_enum, default_value = "layer")]
+    pub model: ModelKind,
+    /// The model's dimensions [default: so400m]
+    #[arg(long, value_enum)]
+    pub size: Option<Size>,
+    /// Layer dimensions from a TOML file (`image_size`, `channels`, `patch`,
+    /// `width`, `heads`, `mlp_hidden`, `layers`, `eps`, and `token_output` as
+    /// `--tokens`; the rest as So400m). Only with `--model layer`; instead of `--size`.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Machine preset or TOML file.
+    #[arg(long, default_value = "c600")]
+    pub machine: String,
+    /// Override the machine's tile count.
+    #[arg(long)]
+    pub tiles: Option<u32>,
+    #[arg(long, default_value_t = 2)]
+    pub batch: usize,
+    /// Also send the post-LayerNorm tokens `[batch*tokens, width]` to the host and
+    /// check them (`--model layer`; the layer's result is `pooled`, `[batch, width]`).
+    /// At So400m they are 1.7 MB an image, about 80,000 cycles of host link.
+    #[arg(long)]
+    pub tokens: bool,
+    /// Usable SRAM bytes per tile from the first SRAM address, for placement (at
+    /// most the machine's): squeezes a compile without editing the machine.
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    /// Seed of the weights (inputs use seed + 1, wrapping).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Declare the rearrangement's operands 2-byte aligned, as the seed's bug did,
+    /// and move those buffers off 8-byte alignment where placement allows: the
+    /// simulator must then fault at the kernel's 64-bit load.
+    #[arg(long, hide = true)]
+    pub weaken_rearrange_contract: bool,
+    /// Validation test hook: scale one constant of this kernel kind by 1.01
+    /// (`gelu`, `layernorm`, `softmax`, `amp_matmul`); the run must then report a
+    /// mismatch.
+    #[arg(long, hide = true)]
+    pub mutate_kernel: Option<String>,
+    /// Test hook: lower every multi-query attention with scores `Q K^T` and the row
+    /// softmax, the path otherwise taken only where the transposed one does not
+    /// apply.
+    #[arg(long, hide = true)]
+    pub row_attention: bool,
+    /// Give every transposed attention's tiles whole keys, also where its groups
+    /// are an odd number of tiles and the key cut would apply (for comparisons).
+    #[arg(long, hide = true)]
+    pub whole_keys: bool,
+    /// Test hook: lower an attention with a constant query (the pooling head) with
+    /// its projections as they are, not absorbed.
+    #[arg(long, hide = true)]
+    pub unabsorbed_head: bool,
+    /// Whole-model plans to build completely before selecting one (1: the rules'
+    /// defaults, no search; at most 64, docs/limits.md)
+    #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
+    pub finalists: usize,
+    /// Simulate the N best-estimated feasible finalists and select the fewest
+    /// simulated cycles among them (with `--finalists` above 1)
+    #[arg(long, default_value_t = 0)]
+    pub simulate_finalists: usize,
+    /// Print the result as JSON on stdout (and no progress on stderr)
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn finalists_in_range(text: &str) -> Result<usize, String> {
+    let n: usize = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
+    if n > MAX_FINALISTS {
+        return Err(format!(
+            "{n} is above the largest accepted, {MAX_FINALISTS}"
+        ));
+    }
+    Ok(n)
+}
+
+impl ModelArgs {
+    /// The machine, with `--tiles` applied.
+    pub fn machine(&self) -> anyhow::Result<Machine> {
+        let mut machine = Machine::load(&self.machine)?;
+        if let Some(t) = self.tiles {
+            machine = machine.with_tiles(t);
+            machine.validate()?;
+        }
+        Ok(machine)
+    }
+
+    /// Refuses options that conflict or that this model does not use, before any
+    /// work.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        if self.model == ModelKind::Mlp {
+            let layer_only = [
+                (self.config.is_some(), "--config sets layer dimensions"),
+                (self.tokens, "--tokens adds the layer's token output"),
+                (self.row_attention, "--row-attention lowers attentions"),
+                (self.whole_keys, "--whole-keys lowers attentions"),
+                (
+                    self.unabsorbed_head,
+                    "--unabsorbed-head lowers the pooling head",
+                ),
+            ];
+            if let Some((_, what)) = layer_only.iter().find(|(set, _)| *set) {
+                bail!("{what}; it applies to --model layer only");
+            }
+        }
+        if self.config.is_some() && self.size.is_some() {
+            bail!("--size and --config both set the layer's dimensions: give one");
+        }
+        if self.simulate_finalists > 0 && self.finalists <= 1 {
+            bail!(
+                "--simulate-finalists selects among finalists: it needs --finalists above 1 (it is {})",
+                self.finalists
+            );
+        }
+        Ok(())
+    }
+
+    /// The model the options name ([`ModelArgs::check`] refuses the conflicts).
+    pub fn spec(&self) -> anyhow::Result<ModelSpec> {
+        self.check()?;
+        let size = self.size.unwrap_or(Size::So400m);
+        let kind = match self.model {
+            ModelKind::Mlp => tessera_driver::ModelKind::Mlp(size.into()),
+            ModelKind::Layer => tessera_driver::ModelKind::Layer {
+                dims: match &self.config {
+                    Some(path) => LayerDims::File(path.clone()),
+                    None => LayerDims::Preset(size.into()),
+                },
+                tokens: self.tokens,
+            },
+        };
+        Ok(ModelSpec {
+            kind,
+            batch: self.batch,
+            seed: self.seed,
+        })
+    }
+
+    /// The compile options these stand for; `keep_layouts` for the HTML
+    /// profile's SRAM viewer.
+    pub fn options(&self, keep_layouts: bool) -> anyhow::Result<Options> {
+        let mut experimental = Experimental {
+            row_attention: self.row_attention,
+            whole_keys: self.whole_keys,
+            unabsorbed: self.unabsorbed_head,
+            mutate_kernel: match &self.mutate_kernel {
+                Some(kind) => Some(KernelMutation {
+                    kernel: kind
+                        .parse::<MutableKernel>()
+                        .map_err(|e| anyhow::anyhow!("--mutate-kernel: {e}"))?,
+                    factor: 1.01,
+                }),
+                None => None,
+            },
+            ..Experimental::default()
+        };
+        if self.weaken_rearrange_contract {
+            experimental = experimental.weakened_rearrange_contract();
+        }
+        Ok(Options {
+            finalists: self.finalists,
+            simulate_finalists: self.simulate_finalists,
+            capacity: self.capacity,
+            keep_layouts,
+            experimental,
+        })
+    }
+}
+
+/// Refuses an output path that cannot be written, before any work: a run of
+/// minutes must not end in "cannot write" with its result lost. Leaves nothing
+/// behind (a file that did not exist still does not).
+pub fn check_writable(flag: &str, path: &Path) -> anyhow::Result<()> {
+    let shown = path.display();
+    if path.is_dir() {
+        bail!("{flag} {shown}: is a directory");
+    }
+    if path.exists() {
+        // Opening without truncating leaves an existing file as it was.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .with_context(|| format!("{flag} {shown}: cannot write"))?;
+        return Ok(());
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!(
+            "{flag} {shown}: the directory {} does not exist",
+            dir.display()
+        );
+    }
+    let probe = dir.join(format!(
+        ".tessera-write-check-{}-{}",
+        std::process::id(),
+        flag.trim_start_matches('-')
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .with_context(|| format!("{flag} {shown}: cannot create a file in {}", dir.display()))?;
+    // The probe was ours; failing to remove it leaves a stray empty file, not a
+    // wrong result.
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! The text forms of the driver's results: the compile report (on stderr), the
+//! operation table and the per-operation checks (on stdout).
+
+use tessera_driver::{CompileReport, Compiled, OpCheck, OpRow};
+
+pub fn print_report(r: &CompileReport) {
+    for d in &r.decisions {
+        eprintln!("  {d}");
+    }
+    if !r.finalists.is_empty() {
+        eprintln!(
+            "  finalists ({} built in {:.0} ms; selected rank {}):",
+            r.finalists.len(),
+            r.selection_ms.unwrap_or(0.0),
+            r.selected.unwrap_or(0)
+        );
+        eprintln!(
+            "    rank feasible failing missing_bytes peak_bytes estimated_cycles simulated_cycles build_ms  choices"
+        );
+        for f in &r.finalists {
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+            let choices: Vec<String> = f.choices.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            eprintln!(
+                "    {:>4} {:>8} {:>7} {:>13} {:>10} {:>16} {:>16} {:>8.0}  {}{}",
+                f.rank,
+                if f.feasible { "yes" } else { "no" },
+                f.failing_tiles,
+                opt(f.missing_bytes),
+                opt(f.peak_bytes),
+                opt(f.estimated_cycles),
+                opt(f.simulated_cycles),
+                f.build_ms,
+                if choices.is_empty() {
+                    "defaults".to_string()
+                } else {
+                    choices.join(" ")
+                },
+                f.error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" ({e})"))
+            );
+        }
+    }
+    eprintln!(
+        "  host: {}, {} in, {} out; {} packets in {} records; bound {} bytes/tile before deduplication, reserved {} bytes/tile at {:#x}..{:#x}, final at most {} bytes/tile ({} records deduplicated)",
+        count(r.host.weight_phases, "weight phase"),
+        r.host.input_phases,
+        r.host.output_phases,
+        r.host.packets,
+        r.host.records,
+        r.host.bound_bytes_max,
+        r.host.reserved_bytes_per_tile,
+        r.host.reserved_range.0,
+        r.host.reserved_range.1,
+        r.host.final_bytes_max,
+        r.host.records_deduplicated
+    );
+    eprintln!(
+        "  placement: peak {} bytes on tile {} ({} by lifetime order, {} by retry, {} by search) in {:.0} ms",
+        r.placement.peak_bytes,
+        r.placement.worst_tile,
+        count(r.placement.lifetime_mode, "tile"),
+        r.placement.retry_mode,
+        r.placement.search_mode,
+        r.placement.place_ms
+    );
+    let (m, t) = (&r.code.max_per_tile, &r.code.total);
+    eprintln!(
+        "  code per tile at most: supervisor {} bytes, kernels {}, exchange code {} (tile {}, {} messages); over all tiles: {}, {}, {}",
+        m.supervisor,
+        m.kernels,
+        m.exchange_code,
+        r.code.exchange_code_tile,
+        r.code.exchange_messages_on_that_tile,
+        t.supervisor,
+        t.kernels,
+        t.exchange_code
+    );
+}
+
+pub fn render_ops(ops: &[OpRow]) -> String {
+    let mut out = format!(
+        "{:44} {:>11} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>8} {:>7}\n",
+        "operation",
+        "kind",
+        "partials",
+        "cycles",
+        "compute",
+        "exchange",
+        "peak",
+        "host",
+        "floor",
+        "bound",
+        "floor%"
+    );
+    for o in ops {
+        out += &format!(
+            "{:44} {:>11} {:>8} {:>10} {:>10} {:>10} {:>7.1}% {:>9} {:>10} {:>8} {:>6.1}%\n",
+            o.name,
+            o.kind,
+            o.partials.unwrap_or(""),
+            o.cycles,
+            o.compute,
+            o.exchange,
+            100.0 * o.peak_share,
+            o.host,
+            o.floor_cycles,
+            o.bound,
+            100.0 * o.floor_share
+        );
+    }
+    out
+}
+
+/// The text report: one line per graph tensor of every operation.
+pub fn render_checks(c: &Compiled, checks: &[OpCheck]) -> String {
+    let mut out = format!(
+        "{:44} {:44} {:>10} {:>10} {:>6} {:>6}  read at / note\n",
+        "operation", "tensor", "max_err", "tolerance", "ratio", "tile"
+    );
+    for (o, ch) in c.plan_ops.iter().zip(checks) {
+        for t in &ch.tensors {
+            let num = |v: Option<f32>| v.map_or("-".to_string(), |v| format!("{v:.6}"));
+            let ratio = match (t.max_abs_error, t.tolerance) {
+                (Some(e), Some(tol)) => format!("{:.2}", e / tol),
+                _ => "-".to_string(),
+            };
+            let place = [t.read_at.clone(), t.note.clone()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; ");
+            out += &format!(
+                "{:44} {:44} {:>10} {:>10} {:>6} {:>6}  {}{}\n",
+                o.name,
+                t.tensor,
+                num(t.max_abs_error),
+                num(t.tolerance),
+                ratio,
+                t.worst_tile.map_or("-".to_string(), |t| t.to_string()),
+                place,
+                if t.passed == Some(false) {
+                    "  MISMATCH"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    out
+}
+
+/// `n` and `noun`, the noun in the plural unless `n` is one.
+pub fn count(n: impl std::fmt::Display, noun: &str) -> String {
+    let n = n.to_string();
+    if n == "1" {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}

@@ -1,0 +1,67 @@
+//! Everything the driver's calls can fail with. Each variant keeps the error it
+//! came from as its source (or is that error, transparently), so that a caller
+//! can match on the cause and a report can print the whole chain.
+
+use std::path::PathBuf;
+
+use tessera_compile::CompileError;
+
+/// Why a driver call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Machine(#[from] tessera_machine::MachineError),
+    /// A layer configuration file that could not be read.
+    #[error("reading {}", path.display())]
+    ReadConfig {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Graph(#[from] tessera_graph::GraphError),
+    /// The model cannot fit the machine, found before its weights are generated.
+    #[error(transparent)]
+    Plan(#[from] tessera_plan::PlanError),
+    /// A placement capacity outside the machine's SRAM.
+    #[error(transparent)]
+    Capacity(#[from] tessera_place::PlaceError),
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    #[error("loading the package")]
+    Load(#[source] tessera_sim::LoadError),
+    #[error(transparent)]
+    Binding(#[from] tessera_sim::SimError),
+    #[error(transparent)]
+    Reference(#[from] tessera_reference::RefError),
+    #[error(transparent)]
+    Tensor(#[from] tessera_graph::TensorError),
+    #[error(transparent)]
+    Html(#[from] tessera_profile::html::HtmlError),
+    #[error("batch must be at least 1")]
+    ZeroBatch,
+    #[error("the model has no input")]
+    NoInput,
+    #[error("the model has no output")]
+    NoOutput,
+    /// A graph output the reference or the run did not produce.
+    #[error("output `{0}`: no value")]
+    MissingOutput(String),
+    /// A plan result naming a tensor the graph does not have (a compiler bug).
+    #[error("the plan names `{0}`, not in the graph")]
+    UnknownTensor(String),
+    /// The perturbation's operation leaves nothing on the tiles to scale.
+    #[error("perturbation: `{0}` leaves no readable tensor on the tiles")]
+    NothingToPerturb(String),
+    /// A measurement that needs a run to complete saw it fault.
+    #[error("the run faulted: {0}")]
+    Faulted(usize),
+}
+
+impl Error {
+    /// A compile that did not fit (no finalist did, with the search): a result of
+    /// the model and machine rather than a failure of the tool.
+    pub fn does_not_fit(&self) -> bool {
+        matches!(self, Error::Compile(CompileError::DoesNotFit(_)))
+    }
+}

@@ -1,0 +1,55 @@
+//! Tessera as a library: the steps a user takes with a model, each one call. It owns
+//! building the built-in models with their weights and inputs ([`Model`]),
+//! compiling one for a machine with the finalist search ([`compile`]), simulating
+//! the package on the model's inputs ([`simulate`]), validating the run against
+//! the f32 and f16-storage references, operation by operation ([`validate`]),
+//! charging the run's cycles to the plan's operations with their floors and the
+//! encoder interval ([`attribute`]), and what is assembled from those (the HTML
+//! profile, the trace, the timing-sensitivity sweep). The command line is a shell
+//! over it; tests and programs call it directly.
+//!
+//! It must never print, read the environment or exit: progress goes to the
+//! caller's [`Progress`], failures are typed [`Error`]s that keep their sources.
+//! It must never decide a mapping, an address or an instruction's timing itself
+//! (the planner, placement and the simulator do), and no knob here may change a
+//! package unless the caller set it: the default options build what
+//! `tessera compile` builds, byte for byte.
+
+mod attribute;
+mod compile;
+mod error;
+mod html;
+mod model;
+mod progress;
+mod sensitivity;
+mod simulate;
+mod validate;
+
+pub use attribute::{Attribution, Interval, OpRow, attribute, op_flop};
+pub use compile::{MAX_FINALISTS, Options, compile, median_estimate_error};
+pub use error::Error;
+pub use html::{chrome_trace, profile_html};
+pub use model::{LayerDims, Model, ModelKind, ModelSpec, Size};
+pub use progress::{NoProgress, Progress, Step};
+pub use sensitivity::{
+    ASSUMPTIONS, Assumption, BoundRow, EXCHANGE_RULE_BOUNDS, Sensitivity, SensitivityRow, Variant,
+    sensitivity,
+};
+pub use simulate::{Run, SimulateOptions, simulate};
+pub use validate::{
+    Mismatch, OpCheck, OutputCheck, Perturbed, RunStatus, TensorCheck, ULPS, Validation, tolerance,
+    validate,
+};
+
+// What a caller needs to name the inputs and results of these calls without
+// depending on every crate behind them.
+pub use tessera_compile::error_chain;
+pub use tessera_compile::finalists::FinalistReport;
+pub use tessera_compile::{
+    CodeSummary, CompileError, CompileReport, Compiled, HostReport, PlacementSummary,
+};
+pub use tessera_graph::{EncoderLayerConfig, Graph, Inputs, MlpConfig, Weights};
+pub use tessera_kernels::{KernelMutation, MUTABLE, MutableKernel};
+pub use tessera_machine::Machine;
+pub use tessera_plan::{Experimental, PlanEstimate};
+pub use tessera_sim::{Fault, SimReport, Status};

@@ -1,0 +1,550 @@
+//! Validation of a run: every output against the f32 reference and against the
+//! reference that stores f16 where the program does, and every graph tensor an
+//! operation leaves on the tiles, copied out by the simulator at the superstep
+//! boundary where the operation's last step has ended, mapped back into the tensor
+//! through its distributed layout, and compared with the f16-storage reference.
+//! The output check alone misses a wrong block: the pooled output averages every
+//! token.
+
+use std::time::Instant;
+
+use half::f16;
+use serde::Serialize;
+use tessera_compile::Compiled;
+use tessera_compile::probe::{PlacedPart, ProbeAt, ResultProbe};
+use tessera_graph::{Graph, HostTensor, OpKind, TensorId};
+use tessera_sim::{Capture, CapturePoint, Perturb, Status};
+
+use crate::{Error, Model, Progress, Run, Step};
+
+/// f16 ulps, at the output's largest magnitude, that a run may differ from the
+/// reference rounding where the program stores f16: the kernels' own roundings
+/// (GELU in f16 arithmetic, softmax's f16 exponentials, LayerNorm's reciprocal
+/// square root) and the order of f32 sums. See docs/compile.md for how it was set.
+pub const ULPS: f32 = 4.0;
+
+/// The validation tolerance for an output of magnitude up to `scale`.
+pub fn tolerance(scale: f32) -> f32 {
+    ULPS * tessera_reference::f16_ulp(scale.max(1.0))
+}
+
+/// One output compared with the f32 reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputCheck {
+    pub name: String,
+    /// Against the reference that rounds to f16 where the program stores f16.
+    pub max_abs_error: Option<f32>,
+    /// [`ULPS`] f16 ulps at the output's scale.
+    pub tolerance: f32,
+    /// Against the pure f32 reference.
+    pub max_abs_error_f32: Option<f32>,
+    /// Largest `|reference|`.
+    pub scale: f32,
+    pub cosine: Option<f64>,
+    pub passed: bool,
+}
+
+/// How a validated run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    /// Completed, every output and operation within its tolerance.
+    Ok,
+    /// Completed, something beyond its tolerance.
+    Mismatch,
+    /// Stopped at a fault.
+    Fault,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Mismatch => "mismatch",
+            RunStatus::Fault => "fault",
+        }
+    }
+}
+
+/// A run held to the references.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    /// One per graph output, in the graph's order.
+    pub outputs: Vec<OutputCheck>,
+    /// One per plan operation, in program order (empty checks when the run kept
+    /// no probes).
+    pub ops: Vec<OpCheck>,
+    /// The first operation, in program order, whose tensors differ from the
+    /// reference beyond their tolerance.
+    pub mismatch: Option<Mismatch>,
+    pub status: RunStatus,
+    /// Wall time of the two reference evaluations.
+    pub reference_ms: f64,
+}
+
+impl Validation {
+    pub fn passed(&self) -> bool {
+        self.status == RunStatus::Ok
+    }
+
+    /// The output furthest from its reference against its own tolerance: the one
+    /// that speaks for the run.
+    pub fn worst_output(&self) -> Option<&OutputCheck> {
+        self.outputs.iter().max_by(|x, y| {
+            let r = |o: &OutputCheck| o.max_abs_error.map_or(f32::INFINITY, |e| e / o.tolerance);
+            r(x).total_cmp(&r(y))
+        })
+    }
+
+    /// The largest error of any output against the pure f32 reference.
+    pub fn max_abs_error_f32(&self) -> Option<f32> {
+        self.outputs
+            .iter()
+            .filter_map(|o| o.max_abs_error_f32)
+            .reduce(f32::max)
+    }
+
+    /// The smallest cosine similarity of any output with its reference.
+    pub fn min_cosine(&self) -> Option<f64> {
+        self.outputs
+            .iter()
+            .filter_map(|o| o.cosine)
+            .reduce(f64::min)
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(x), f64::from(y));
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    ab / (aa.sqrt() * bb.sqrt()).max(f64::MIN_POSITIVE)
+}
+
+/// Evaluates both references of `model` and holds `run` (of `compiled`) to them:
+/// its outputs, and with the run's probes every operation where it ends.
+pub fn validate(
+    model: &Model,
+    compiled: &Compiled,
+    run: &Run,
+    progress: &dyn Progress,
+) -> Result<Validation, Error> {
+    let (g, c) = (&model.graph, compiled);
+    progress.start(Step::Reference, None);
+    let t = Instant::now();
+    // Every tensor an operation leaves on the tiles is kept for its check.
+    let keep = match &run.requests {
+        Some(_) => wanted(g, c)?,
+        None => Vec::new(),
+    };
+    let (want32, kept32) = tessera_reference::evaluate_keeping(
+        g,
+        &model.weights,
+        &model.inputs,
+        &tessera_reference::EvalOptions::default(),
+        &keep,
+    )?;
+    // The reference that stores f16 where the program does (chunk partials, the
+    // plan's inner groups, every f16 tensor): the program may differ from it only
+    // by the kernels' own roundings, a few ulps.
+    let mut f16_opts = tessera_reference::EvalOptions::f16_machine();
+    for op in &c.plan_ops {
+        if let Some(chunks) = op.inner_chunks {
+            // Sibling projections fused into one matmul share its inner groups.
+            for name in std::iter::once(&op.name).chain(&op.fused) {
+                let is_matmul = g
+                    .ops()
+                    .iter()
+                    .any(|o| &o.name == name && matches!(o.kind, OpKind::MatMul { .. }));
+                if is_matmul {
+                    f16_opts = f16_opts.with_matmul_groups(name.clone(), chunks);
+                }
+            }
+        }
+    }
+    let (want16, kept16) =
+        tessera_reference::evaluate_keeping(g, &model.weights, &model.inputs, &f16_opts, &keep)?;
+    let reference_ms = t.elapsed().as_secs_f64() * 1e3;
+    progress.finish();
+    let completed = run.report.status == Status::Ok;
+    let mut outputs = Vec::new();
+    for out in g.outputs() {
+        let missing = || Error::MissingOutput(out.name.clone());
+        let want = want16.get(&out.name).ok_or_else(missing)?;
+        let want32 = want32.get(&out.name).ok_or_else(missing)?;
+        let scale = want32.data().iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let tol = tolerance(scale);
+        let (max_err, max_err32, cosine) = if completed {
+            let got = run.output(&out.name).ok_or_else(missing)?;
+            let got = HostTensor::new(want.shape().clone(), got)?;
+            (
+                Some(tessera_reference::max_abs_error(&got, want)?),
+                Some(tessera_reference::max_abs_error(&got, want32)?),
+                Some(cosine(got.data(), want32.data())),
+            )
+        } else {
+            (None, None, None)
+        };
+        outputs.push(OutputCheck {
+            name: out.name.clone(),
+            max_abs_error: max_err,
+            tolerance: tol,
+            max_abs_error_f32: max_err32,
+            scale,
+            cosine,
+            passed: max_err.is_some_and(|e| e <= tol),
+        });
+    }
+    if outputs.is_empty() {
+        return Err(Error::NoOutput);
+    }
+    let ops = match &run.requests {
+        Some(req) => check(c, req, run.sim.captured(), &kept16, &kept32),
+        None => vec![OpCheck::default(); c.plan_ops.len()],
+    };
+    let mismatch = first_mismatch(c, &ops);
+    let status = if !completed {
+        RunStatus::Fault
+    } else if outputs.iter().all(|o| o.passed) && mismatch.is_none() {
+        RunStatus::Ok
+    } else {
+        RunStatus::Mismatch
+    };
+    Ok(Validation {
+        outputs,
+        ops,
+        mismatch,
+        status,
+        reference_ms,
+    })
+}
+
+/// One graph tensor of an operation, checked (or why not).
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorCheck {
+    /// The graph operation whose output it is.
+    pub tensor: String,
+    /// Largest `|run - reference|` over every stored copy of every element
+    /// (against the f16-storage reference); `None` when not checked.
+    pub max_abs_error: Option<f32>,
+    /// [`ULPS`] f16 ulps at the tensor's largest magnitude in the
+    /// f32 reference (floor 1), as for the outputs.
+    pub tolerance: Option<f32>,
+    /// The tile holding the element with the largest error.
+    pub worst_tile: Option<u32>,
+    pub passed: Option<bool>,
+    /// Where it was read: `before exchange #N` or `end of run`.
+    pub read_at: Option<String>,
+    /// How it is stored, or why it was not checked.
+    pub note: Option<String>,
+}
+
+/// The check of one plan operation: its tensors, and the worst of them against
+/// its own tolerance.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OpCheck {
+    pub max_abs_error: Option<f32>,
+    pub tolerance: Option<f32>,
+    pub worst_tile: Option<u32>,
+    /// `None` when none of its tensors was checked.
+    pub passed: Option<bool>,
+    pub tensors: Vec<TensorCheck>,
+}
+
+/// The first operation, in program order, whose check failed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Mismatch {
+    pub op: String,
+    pub tensor: String,
+    pub worst_tile: Option<u32>,
+    pub max_abs_error: Option<f32>,
+    pub tolerance: Option<f32>,
+}
+
+/// The test hook's perturbation: one tile's part of an operation's output scaled
+/// where the operation ends.
+#[derive(Debug, Clone, Serialize)]
+pub struct Perturbed {
+    pub op: String,
+    pub tensor: String,
+    pub tile: u32,
+    pub factor: f32,
+}
+
+/// What the simulator is asked to copy out (and, under the test hook, perturb).
+#[derive(Debug, Clone)]
+pub(crate) struct Requests {
+    pub captures: Vec<Capture>,
+    pub perturb: Vec<Perturb>,
+    pub perturbed: Option<Perturbed>,
+    /// Per probe of `Compiled::results`, the index of its first part's capture.
+    first: Vec<Option<usize>>,
+}
+
+fn point(at: &ProbeAt) -> CapturePoint {
+    at.exchange
+        .map_or(CapturePoint::End, CapturePoint::Exchange)
+}
+
+/// Captures of every readable result's parts, and with `perturb` (a plan
+/// operation's name) its first readable tensor's first part scaled by `factor`.
+pub(crate) fn requests(
+    c: &Compiled,
+    perturb: Option<&str>,
+    factor: f32,
+) -> Result<Requests, Error> {
+    let mut captures = Vec::new();
+    let mut first = Vec::with_capacity(c.results.len());
+    for r in &c.results {
+        let Some(at) = &r.at else {
+            first.push(None);
+            continue;
+        };
+        first.push(Some(captures.len()));
+        for p in &at.parts {
+            captures.push(Capture {
+                at: point(at),
+                tile: p.tile,
+                addr: p.addr,
+                len: p.bytes(),
+            });
+        }
+    }
+    let (mut pert, mut perturbed) = (Vec::new(), None);
+    if let Some(op) = perturb {
+        let (r, at, part) = c
+            .results
+            .iter()
+            .filter(|r| c.plan_ops.get(r.op).is_some_and(|o| o.name == op))
+            .find_map(|r| {
+                let at = r.at.as_ref()?;
+                Some((r, at, at.parts.first()?))
+            })
+            .ok_or_else(|| Error::NothingToPerturb(op.to_string()))?;
+        pert.push(Perturb {
+            at: point(at),
+            tile: part.tile,
+            addr: part.addr,
+            len: part.bytes(),
+            factor,
+        });
+        perturbed = Some(Perturbed {
+            op: op.to_string(),
+            tensor: r.tensor.clone(),
+            tile: part.tile,
+            factor,
+        });
+    }
+    Ok(Requests {
+        captures,
+        perturb: pert,
+        perturbed,
+        first,
+    })
+}
+
+/// The graph tensors the checks compare with: those of every readable result.
+fn wanted(g: &Graph, c: &Compiled) -> Result<Vec<TensorId>, Error> {
+    c.results
+        .iter()
+        .filter(|r| r.at.is_some())
+        .map(|r| {
+            g.ops()
+                .iter()
+                .find(|o| o.name == r.tensor)
+                .map(|o| o.output)
+                .ok_or_else(|| Error::UnknownTensor(r.tensor.clone()))
+        })
+        .collect()
+}
+
+/// The flat index into the graph tensor (of dims `dims`) of stored element
+/// (`row`, `col`) of `at`, or `None` for a padding column or another tensor's
+/// column (siblings stored side by side).
+fn element(at: &ProbeAt, dims: &[usize], row: u32, col: u32) -> Option<usize> {
+    let s = &at.stored;
+    let rel = col.checked_sub(s.offset)?;
+    let (logical, split) = match s.heads {
+        None => (rel, None),
+        Some((heads, d, dp)) => {
+            let (h, j) = (rel / dp, rel % dp);
+            if h >= heads || j >= d {
+                return None;
+            }
+            (h * d + j, Some((h, j, d)))
+        }
+    };
+    if logical >= s.logical_cols() {
+        return None;
+    }
+    let (row, logical) = (row as usize, logical as usize);
+    match (split, dims) {
+        // `[batch, heads, tokens, d]` stored merged: `[batch * tokens, heads * dp]`.
+        (Some((h, j, d)), &[_, heads, tokens, dd]) if dd == d as usize => {
+            let (b, t) = (row / tokens, row % tokens);
+            Some(((b * heads + h as usize) * tokens + t) * dd + j as usize)
+        }
+        _ => Some(row * s.logical_cols() as usize + logical),
+    }
+}
+
+/// Compares every readable result with the reference (`want16`, `want32`: the
+/// values of [`wanted`]'s tensors, in its order) and groups the checks by plan
+/// operation; `captured` is the simulator's copy of [`Requests::captures`] (a
+/// tensor the run did not reach, having faulted before, is reported unread).
+fn check(
+    c: &Compiled,
+    req: &Requests,
+    captured: &[Option<Vec<u8>>],
+    want16: &[HostTensor],
+    want32: &[HostTensor],
+) -> Vec<OpCheck> {
+    let mut ops = vec![OpCheck::default(); c.plan_ops.len()];
+    let mut k = 0;
+    for (r, first) in c.results.iter().zip(&req.first) {
+        let compared = match (&r.at, first) {
+            (Some(at), Some(first)) => {
+                let i = k;
+                k += 1;
+                match (captured.get(*first..), want16.get(i), want32.get(i)) {
+                    (Some(captured), Some(w16), Some(w32)) => {
+                        Some(compare(r, at, captured, w16, w32))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let check = compared.unwrap_or_else(|| TensorCheck {
+            tensor: r.tensor.clone(),
+            max_abs_error: None,
+            tolerance: None,
+            worst_tile: None,
+            passed: None,
+            read_at: None,
+            note: r.note.clone(),
+        });
+        if let Some(op) = ops.get_mut(r.op) {
+            op.tensors.push(check);
+        }
+    }
+    for op in &mut ops {
+        let ratio = |t: &TensorCheck| match (t.max_abs_error, t.tolerance) {
+            (Some(e), Some(tol)) => e / tol,
+            _ => f32::NEG_INFINITY,
+        };
+        // The tensor furthest from the reference against its own tolerance.
+        if let Some(w) = op
+            .tensors
+            .iter()
+            .filter(|t| t.passed.is_some())
+            .max_by(|x, y| ratio(x).total_cmp(&ratio(y)))
+        {
+            op.max_abs_error = w.max_abs_error;
+            op.tolerance = w.tolerance;
+            op.worst_tile = w.worst_tile;
+            op.passed = Some(op.tensors.iter().all(|t| t.passed != Some(false)));
+        }
+    }
+    ops
+}
+
+fn compare(
+    r: &ResultProbe,
+    at: &ProbeAt,
+    captured: &[Option<Vec<u8>>],
+    want16: &HostTensor,
+    want32: &HostTensor,
+) -> TensorCheck {
+    let scale = at.stored.scale;
+    let magnitude = want32.data().iter().fold(0.0f32, |m, v| m.max(v.abs())) * scale.abs();
+    let tol = tolerance(magnitude);
+    let dims = want16.shape().dims().to_vec();
+    let mut worst: Option<(f32, u32)> = None;
+    let mut unread = false;
+    for (p, bytes) in at.parts.iter().zip(captured) {
+        let Some(bytes) = bytes else {
+            unread = true;
+            continue;
+        };
+        let e = part_error(at, p, bytes, &dims, want16.data(), scale);
+        if worst.is_none_or(|(w, _)| e > w) {
+            worst = Some((e, p.tile));
+        }
+    }
+    let read_at = Some(match at.exchange {
+        Some(id) => format!("before exchange #{id}"),
+        None => "end of run".to_string(),
+    });
+    match worst {
+        Some((e, tile)) if !unread => TensorCheck {
+            tensor: r.tensor.clone(),
+            max_abs_error: Some(e),
+            tolerance: Some(tol),
+            worst_tile: Some(tile),
+            passed: Some(e <= tol),
+            read_at,
+            note: r.note.clone(),
+        },
+        _ => TensorCheck {
+            tensor: r.tensor.clone(),
+            max_abs_error: None,
+            tolerance: Some(tol),
+            worst_tile: None,
+            passed: None,
+            read_at,
+            note: Some("not read: the run stopped before it".to_string()),
+        },
+    }
+}
+
+/// Largest error of one part's elements; a NaN counts as infinite.
+fn part_error(
+    at: &ProbeAt,
+    p: &PlacedPart,
+    bytes: &[u8],
+    dims: &[usize],
+    want: &[f32],
+    scale: f32,
+) -> f32 {
+    let mut worst = 0.0f32;
+    for row in p.rows.clone() {
+        for col in p.cols.clone() {
+            let Some(i) = element(at, dims, row, col) else {
+                continue;
+            };
+            let (Some(off), Some(&w)) = (p.offset_of(row, col), want.get(i)) else {
+                worst = f32::INFINITY;
+                continue;
+            };
+            let off = off as usize;
+            let Some(&[lo, hi]) = bytes.get(off..off + 2) else {
+                worst = f32::INFINITY;
+                continue;
+            };
+            let got = f16::from_le_bytes([lo, hi]).to_f32();
+            let d = (got - w * scale).abs();
+            worst = worst.max(if d.is_nan() { f32::INFINITY } else { d });
+        }
+    }
+    worst
+}
+
+/// The first failing operation in program order.
+fn first_mismatch(c: &Compiled, checks: &[OpCheck]) -> Option<Mismatch> {
+    c.plan_ops.iter().zip(checks).find_map(|(o, ch)| {
+        if ch.passed != Some(false) {
+            return None;
+        }
+        let t = ch.tensors.iter().find(|t| t.passed == Some(false))?;
+        Some(Mismatch {
+            op: o.name.clone(),
+            tensor: t.tensor.clone(),
+            worst_tile: t.worst_tile,
+            max_abs_error: t.max_abs_error,
+            tolerance: t.tolerance,
+        })
+    })
+}
