@@ -1,4 +1,4 @@
-//! Bad input never crashes (issue 12): every defect of the issue's list through the
+//! Bad input never crashes: each kind of defect a user can feed, through the
 //! `tessera` binary. Each input is refused with exit 2 and a message naming what is
 //! wrong, or gives its result (exit 1) with a readable reason; none aborts, panics
 //! or runs for minutes.
@@ -56,8 +56,8 @@ fn models_that_cannot_fit_are_refused_before_generation() {
             "cannot fit: the tensors of matmul `layers.0.attn.q` on its busiest tile",
         ),
         // Passes the chip-wide count; its fc1 cannot fit one tile's SRAM even in
-        // the most row passes, which the lowering used to find out only after
-        // seconds of work.
+        // the most row passes, and is refused as soon as that is known, not
+        // after a search.
         (
             vec!["compile", "--batch", "200"],
             "cannot fit: the tensors of matmul `layers.0.mlp.fc1` on its busiest tile",
@@ -97,9 +97,9 @@ fn tiles_beyond_the_machine_are_refused_with_the_range() {
     }
 }
 
-/// A `small` machine with four workers used to compile, run on four workers and
-/// report a mismatch with nothing on stderr: the kernels split their work six
-/// ways. It is refused before anything is built, naming the field and what the
+/// A `small` machine with four workers would compile, run on four workers and
+/// report a mismatch with nothing on stderr, were it accepted: the kernels split
+/// their work six ways. It is refused before anything is built, naming the field and what the
 /// kernels accept; so is a repeat limit below the counts the kernels emit.
 #[test]
 fn machines_the_kernels_cannot_target_are_refused() {

@@ -144,8 +144,8 @@ fn check_common(dom: &str, json: &serde_json::Value) {
         assert!(dom.contains(&format!(r#"id="{id}""#)), "no section {id}");
     }
     assert!(dom.contains(r#"id="timeline-svg""#), "no timeline");
-    // The page opens on the cropped span (its self-check counted every superstep
-    // of the whole run before).
+    // The page opens on the cropped span; its self-check counts the supersteps
+    // drawn there, not those of the whole run.
     let supersteps = json["supersteps"].as_u64().unwrap() as usize;
     let drawn = dom.matches(r#"class="ss""#).count();
     assert!(

@@ -372,7 +372,7 @@ fn errors_are_located_and_clear() {
             "5:7: tile range 4..=4 is empty or outside 0..4",
         ),
         (
-            // Exchange is code now: the package lists no transfers.
+            // Exchange is code: the package lists no transfers.
             "  exit\n.transfer 0 0 4 -> 1 0\n",
             "5:1: unknown directive `.transfer`",
         ),

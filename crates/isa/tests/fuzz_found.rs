@@ -10,7 +10,7 @@ fn listing(tiles: u64) -> String {
 
 /// `.tiles 327686` passed the assembler's own bound (2^20), `.tile all` then laid
 /// out one image per tile and only the package check refused the count: 0.4 s per
-/// input in a release build, over a second near 2^20. The machine's bound is now
+/// input in a release build, over a second near 2^20. The machine's bound is
 /// checked where the count is read.
 #[test]
 fn fuzz_found_a_tile_count_beyond_the_machine_is_refused_where_it_is_read() {
