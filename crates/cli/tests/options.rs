@@ -74,6 +74,14 @@ fn conflicting_and_unused_options_are_refused() {
             vec!["run", "--size", "tiny", "--mutate-kernel", "fc9"],
             "--mutate-kernel: `fc9` has no constant to mutate",
         ),
+        (
+            vec!["run", "--size", "tiny", "--layers", "0"],
+            "--layers must be at least 1",
+        ),
+        (
+            vec!["run", "--model", "mlp", "--size", "tiny", "--layers", "2"],
+            "--layers sets the encoder's layer count; it applies to --model layer only",
+        ),
     ] {
         let r = tessera(&args);
         assert_eq!(r.code, 2, "{args:?}: {}", r.text());
@@ -155,4 +163,46 @@ fn a_bad_config_is_reported_with_one_prefix() {
         "{}",
         r.stderr
     );
+}
+
+/// `--layers N` stacks N encoder layers, with `--size` or over a config file's
+/// own `layers`: every layer's operations are in the plan, and no others.
+#[test]
+fn layers_sets_the_encoder_layer_count() {
+    let dir = scratch("layers");
+    let config = write(
+        &dir,
+        "l.toml",
+        "width = 64\nheads = 2\nmlp_hidden = 128\nimage_size = 42\nlayers = 5\n",
+    );
+    for (extra, layers) in [
+        (vec!["--size", "tiny", "--layers", "3"], 3),
+        (vec!["--config", s(&config), "--layers", "2"], 2),
+    ] {
+        let out = dir.join(format!("l{layers}.tpk"));
+        let mut args = vec![
+            "compile",
+            "--machine",
+            "small",
+            "--finalists",
+            "1",
+            "--json",
+            "-o",
+            s(&out),
+        ];
+        args.extend(extra);
+        let r = tessera(&args);
+        assert_eq!(r.code, 0, "{args:?}: {}", r.text());
+        let decisions = r.stdout.clone();
+        for l in 0..layers {
+            assert!(
+                decisions.contains(&format!("layers.{l}.mlp.fc2")),
+                "{args:?}: no layer {l}"
+            );
+        }
+        assert!(
+            !decisions.contains(&format!("layers.{layers}.")),
+            "{args:?}: a layer too many"
+        );
+    }
 }

@@ -40,6 +40,8 @@ pub enum Error {
     Html(#[from] tessera_profile::html::HtmlError),
     #[error("batch must be at least 1")]
     ZeroBatch,
+    #[error("a vision tower needs at least one encoder layer")]
+    ZeroLayers,
     #[error("the model has no input")]
     NoInput,
     #[error("the model has no output")]

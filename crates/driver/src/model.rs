@@ -48,8 +48,14 @@ pub enum ModelKind {
     Mlp(Size),
     /// The vision tower: patch projection, encoder layers, post-LayerNorm and the
     /// attention-pooling head. `tokens` also sends the post-LayerNorm tokens to
-    /// the host as an output.
-    Layer { dims: LayerDims, tokens: bool },
+    /// the host as an output; `layers`, when given, is the number of encoder
+    /// layers, in place of the dimensions' own (`layers` of a config file, one
+    /// for the presets).
+    Layer {
+        dims: LayerDims,
+        tokens: bool,
+        layers: Option<usize>,
+    },
 }
 
 /// A built-in model at a batch size, with the seed of its weights (its inputs use
@@ -68,6 +74,7 @@ impl ModelSpec {
             kind: ModelKind::Layer {
                 dims: LayerDims::Preset(Size::Tiny),
                 tokens: false,
+                layers: None,
             },
             batch,
             seed: 1,
@@ -75,20 +82,29 @@ impl ModelSpec {
     }
 
     /// What a report calls the model, and its dimensions.
-    pub fn title(&self) -> (&'static str, String) {
+    pub fn title(&self) -> (String, String) {
+        let tower = |layers: &Option<usize>| match layers {
+            Some(n) if *n != 1 => format!("vision tower with {n} encoder layers"),
+            _ => "vision tower with one encoder layer".to_string(),
+        };
         match &self.kind {
-            ModelKind::Mlp(size) => ("MLP block", size.label().to_string()),
+            ModelKind::Mlp(size) => ("MLP block".to_string(), size.label().to_string()),
             ModelKind::Layer {
                 dims: LayerDims::File(p),
-                ..
-            } => ("encoder layer (config file)", p.display().to_string()),
-            ModelKind::Layer {
-                dims: LayerDims::Preset(size),
+                layers,
                 ..
             } => (
-                "vision tower with one encoder layer",
-                size.label().to_string(),
+                match layers {
+                    Some(_) => format!("{} (config file)", tower(layers)),
+                    None => "encoder layer (config file)".to_string(),
+                },
+                p.display().to_string(),
             ),
+            ModelKind::Layer {
+                dims: LayerDims::Preset(size),
+                layers,
+                ..
+            } => (tower(layers), size.label().to_string()),
         }
     }
 
@@ -104,7 +120,11 @@ impl ModelSpec {
                 Size::Base => MlpConfig::base(batch),
                 Size::Tiny => MlpConfig::tiny(batch),
             })?,
-            ModelKind::Layer { dims, tokens } => {
+            ModelKind::Layer {
+                dims,
+                tokens,
+                layers,
+            } => {
                 let mut cfg = match dims {
                     LayerDims::File(path) => {
                         let text =
@@ -119,6 +139,12 @@ impl ModelSpec {
                     LayerDims::Preset(Size::Tiny) => EncoderLayerConfig::tiny(batch),
                 };
                 cfg.token_output |= *tokens;
+                if let Some(n) = *layers {
+                    if n == 0 {
+                        return Err(Error::ZeroLayers);
+                    }
+                    cfg.layers = n;
+                }
                 encoder_layer(&cfg)?
             }
         })

@@ -70,6 +70,7 @@ fn small_layer_config(dir: &Path, image_size: u32) -> ModelSpec {
         kind: ModelKind::Layer {
             dims: LayerDims::File(c),
             tokens: false,
+            layers: None,
         },
         batch: 1,
         seed: 1,

@@ -78,6 +78,11 @@ pub struct ModelArgs {
     /// most the machine's): squeezes a compile without editing the machine.
     #[arg(long)]
     pub capacity: Option<u64>,
+    /// Encoder layers of the vision tower (`--model layer`), in place of the
+    /// dimensions' own (`layers` in a `--config` file; one for `--size`).
+    /// `--layers 27` is the whole So400m tower.
+    #[arg(long)]
+    pub layers: Option<usize>,
     /// Seed of the weights (inputs use seed + 1, wrapping).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -144,9 +149,16 @@ impl ModelArgs {
         if self.batch == 0 {
             bail!("--batch must be at least 1");
         }
+        if self.layers == Some(0) {
+            bail!("--layers must be at least 1");
+        }
         if self.model == ModelKind::Mlp {
             let layer_only = [
                 (self.config.is_some(), "--config sets layer dimensions"),
+                (
+                    self.layers.is_some(),
+                    "--layers sets the encoder's layer count",
+                ),
                 (self.tokens, "--tokens adds the layer's token output"),
                 (self.row_attention, "--row-attention lowers attentions"),
                 (self.whole_keys, "--whole-keys lowers attentions"),
@@ -183,6 +195,7 @@ impl ModelArgs {
                     None => LayerDims::Preset(size.into()),
                 },
                 tokens: self.tokens,
+                layers: self.layers,
             },
         };
         Ok(ModelSpec {

@@ -56,6 +56,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
             ModelKind::Layer => tessera_driver::ModelKind::Layer {
                 dims: LayerDims::Preset(a.size.into()),
                 tokens: false,
+                layers: None,
             },
         },
         batch: a.batch,
