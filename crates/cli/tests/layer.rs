@@ -84,11 +84,12 @@ fn tiny_layer_runs_and_validates() {
     }
 }
 
-/// `bench sensitivity --model layer`: every assumption halved and doubled, and the
+/// `bench sensitivity --model layer`: every assumption halved and doubled, the
 /// layer at the two ends of the shared-bus exchange rule, the same measurements as
-/// the halved cells where those are the same machines.
+/// the halved cells where those are the same machines, and with exchange code and
+/// bytes overlapped.
 #[test]
-fn sensitivity_reports_the_exchange_rule_at_its_ends() {
+fn sensitivity_reports_the_exchange_rules_at_their_ends() {
     let r = common::tessera(&[
         "bench",
         "sensitivity",
@@ -125,6 +126,18 @@ fn sensitivity_reports_the_exchange_rule_at_its_ends() {
         assert_eq!(row["halved"]["value"], b["value"], "{row}");
         assert_eq!(row["halved"]["cycles"], b["cycles"], "{row}");
     }
+    // The machine charges code and bytes one after the other; overlapping them can
+    // only shorten a layer whose tiles run exchange code beside their bytes.
+    let code = v["exchange_code_bounds"].as_array().expect("code bounds");
+    assert_eq!(code.len(), 1, "{code:?}");
+    let b = &code[0];
+    assert_eq!(b["field"], "exchange_code_overlap_percent", "{b}");
+    assert_eq!(b["value"], 100, "{b}");
+    assert!(!b["reading"].as_str().unwrap().is_empty(), "{b}");
+    let overlapped = b["cycles"].as_u64().unwrap();
+    let baseline = v["baseline_cycles"].as_u64().unwrap();
+    assert!(overlapped < baseline, "{overlapped} against {baseline}");
+    assert!(b["change"].as_f64().unwrap() < 0.0, "{b}");
 }
 
 /// The layer's result is `pooled`; the tokens go to the host only when asked for,

@@ -32,8 +32,8 @@ pub use html::{chrome_trace, profile_html};
 pub use model::{LayerDims, Model, ModelKind, ModelSpec, Size};
 pub use progress::{NoProgress, Progress, Step};
 pub use sensitivity::{
-    ASSUMPTIONS, Assumption, BoundRow, EXCHANGE_RULE_BOUNDS, Sensitivity, SensitivityRow, Variant,
-    sensitivity,
+    ASSUMPTIONS, Assumption, BoundRow, EXCHANGE_CODE_BOUNDS, EXCHANGE_RULE_BOUNDS,
+    RULE_ASSUMPTIONS, Sensitivity, SensitivityRow, Variant, sensitivity,
 };
 pub use simulate::{Run, SimulateOptions, simulate};
 pub use validate::{

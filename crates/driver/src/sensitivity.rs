@@ -1,7 +1,8 @@
 //! The timing model's sensitivity: a model's cycles with each assumption of the
 //! machine's timing (a figure that is ours rather than public, or public and held
 //! with little confidence: docs/machine.md) halved and doubled, everything else as
-//! is; then the model at the two ends of the shared-bus exchange rule.
+//! is; then the model at the two ends of the shared-bus exchange rule, and with
+//! exchange code and bytes fully overlapped.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +42,10 @@ pub const ASSUMPTIONS: &[Assumption] = assumptions!(
     tiles_per_shared_exchange_bus,
 );
 
+/// Assumptions about a rule rather than a figure, measured only at the bounds
+/// below: halving or doubling a percentage that is 0 moves nothing.
+pub const RULE_ASSUMPTIONS: &[Assumption] = assumptions!(exchange_code_overlap_percent);
+
 /// The two ends of the shared-bus rule (two tiles of a bus pair receiving the same
 /// data both get it at twice the port rate): poplibs' estimators state it, no
 /// measurement we have confirms it, so the model's answer is reported at both
@@ -58,6 +63,16 @@ pub const EXCHANGE_RULE_BOUNDS: &[(&str, u32, &str)] = &[
          the same data gets 4 B/cycle each, a tile alone 2",
     ),
 ];
+
+/// The other end of the exchange code's overlap with its bytes (docs/machine.md,
+/// "Exchange code"): the machine charges their sum, an upper bound; fully
+/// overlapped, a tile's part of a phase takes the longer of the two.
+pub const EXCHANGE_CODE_BOUNDS: &[(&str, u32, &str)] = &[(
+    "exchange_code_overlap_percent",
+    100,
+    "exchange code and bytes fully overlapped: each tile takes the longer of the two, \
+     not their sum",
+)];
 
 /// The model on a machine with one assumption changed.
 #[derive(Debug, Serialize, Clone)]
@@ -80,7 +95,8 @@ pub struct SensitivityRow {
     pub doubled: Variant,
 }
 
-/// The model at one end of the shared-bus rule ([`EXCHANGE_RULE_BOUNDS`]).
+/// The model at one end of an exchange rule ([`EXCHANGE_RULE_BOUNDS`],
+/// [`EXCHANGE_CODE_BOUNDS`]).
 #[derive(Debug, Serialize)]
 pub struct BoundRow {
     pub field: &'static str,
@@ -98,6 +114,8 @@ pub struct Sensitivity {
     pub rows: Vec<SensitivityRow>,
     /// One per [`EXCHANGE_RULE_BOUNDS`] entry, in its order.
     pub exchange_rule_bounds: Vec<BoundRow>,
+    /// One per [`EXCHANGE_CODE_BOUNDS`] entry, in its order.
+    pub exchange_code_bounds: Vec<BoundRow>,
 }
 
 /// Cycles of one inference of `spec` on `machine`, compiled for it with the
@@ -117,7 +135,8 @@ fn inference_cycles(spec: &ModelSpec, machine: &Machine) -> Result<u64, Error> {
 }
 
 /// Measures `spec` on `base` and on each variant of it: every assumption of
-/// [`ASSUMPTIONS`] halved and doubled, then [`EXCHANGE_RULE_BOUNDS`]. Each
+/// [`ASSUMPTIONS`] halved and doubled, then [`EXCHANGE_RULE_BOUNDS`] and
+/// [`EXCHANGE_CODE_BOUNDS`]. Each
 /// distinct machine is compiled and simulated once; `step(k, total, what)` is
 /// called before each measurement.
 pub fn sensitivity(
@@ -135,8 +154,12 @@ pub fn sensitivity(
             wanted.push((asm, v));
         }
     }
-    for &(field, v, _) in EXCHANGE_RULE_BOUNDS {
-        if let Some(asm) = ASSUMPTIONS.iter().find(|asm| asm.field == field) {
+    for &(field, v, _) in EXCHANGE_RULE_BOUNDS.iter().chain(EXCHANGE_CODE_BOUNDS) {
+        if let Some(asm) = ASSUMPTIONS
+            .iter()
+            .chain(RULE_ASSUMPTIONS)
+            .find(|asm| asm.field == field)
+        {
             wanted.push((asm, v));
         }
     }
@@ -197,17 +220,20 @@ pub fn sensitivity(
             }
         })
         .collect();
-    let exchange_rule_bounds = EXCHANGE_RULE_BOUNDS
-        .iter()
-        .map(|&(field, v, reading)| BoundRow {
-            field,
-            reading,
-            variant: get(field, v),
-        })
-        .collect();
+    let bounds = |table: &[(&'static str, u32, &'static str)]| {
+        table
+            .iter()
+            .map(|&(field, v, reading)| BoundRow {
+                field,
+                reading,
+                variant: get(field, v),
+            })
+            .collect()
+    };
     Ok(Sensitivity {
         baseline_cycles: baseline,
         rows,
-        exchange_rule_bounds,
+        exchange_rule_bounds: bounds(EXCHANGE_RULE_BOUNDS),
+        exchange_code_bounds: bounds(EXCHANGE_CODE_BOUNDS),
     })
 }

@@ -16,6 +16,7 @@ pub struct ExchangeLoad {
     rate: u64,
     group: u32,
     overhead: u64,
+    overlap_percent: u64,
     sent: Counts,
     /// In units of 1/group byte, so that sums stay exact integers.
     received: Counts,
@@ -57,6 +58,8 @@ impl ExchangeLoad {
             rate: u64::from(t.exchange_bytes_per_cycle.max(1)),
             group: t.tiles_per_shared_exchange_bus.max(1),
             overhead: u64::from(t.exchange_overhead_cycles),
+            // Past 100 the overlap would hide more than the shorter part.
+            overlap_percent: u64::from(t.exchange_code_overlap_percent.min(100)),
             sent: Counts::new(tiles),
             received: Counts::new(tiles),
             dsts: Vec::new(),
@@ -84,15 +87,22 @@ impl ExchangeLoad {
         self.cycles_with(|_| 0)
     }
 
-    /// The phase's cycles when each tile first runs its exchange code, `code(t)`
-    /// cycles of instructions, and only then moves its bytes: the fixed overhead,
-    /// then the tile whose code and data together take longest. With no code this
-    /// is [`ExchangeLoad::cycles`].
+    /// The phase's cycles when each tile runs its exchange code, `code(t)` cycles
+    /// of instructions, and moves its bytes, `data(t)` cycles: the fixed overhead,
+    /// then the tile whose code and data together take longest. How much of the
+    /// two overlap is the machine's `exchange_code_overlap_percent` `p`, an
+    /// assumption: a tile takes `code + data - p/100 * min(code, data)` (rounded
+    /// up), from the sum at 0 to the larger of the two at 100. With no code this
+    /// is [`ExchangeLoad::cycles`] whatever `p` is.
     pub fn cycles_with(&self, code: impl Fn(u32) -> u64) -> u64 {
         let per = self.rate * u64::from(self.group);
+        let tile =
+            |code: u64, bytes: u64| overlapped(code, bytes.div_ceil(per), self.overlap_percent);
         let dense = (0..self.sent.dense.len()).map(|t| {
-            let bytes = self.sent.dense[t].max(self.received.dense[t]);
-            code(t as u32) + bytes.div_ceil(per)
+            tile(
+                code(t as u32),
+                self.sent.dense[t].max(self.received.dense[t]),
+            )
         });
         let beyond = self
             .sent
@@ -101,10 +111,19 @@ impl ExchangeLoad {
             .chain(self.received.beyond.keys())
             .map(|&t| {
                 let get = |c: &Counts| c.beyond.get(&t).copied().unwrap_or(0);
-                code(t) + get(&self.sent).max(get(&self.received)).div_ceil(per)
+                tile(code(t), get(&self.sent).max(get(&self.received)))
             });
         self.overhead + dense.chain(beyond).max().unwrap_or(0)
     }
+}
+
+/// One tile's exchange: `code` and `data` cycles, `percent` of the shorter hidden
+/// under the longer. The hidden part rounds down, so that a partial overlap never
+/// charges less than the exact figure; in u128 so that no count overflows it.
+fn overlapped(code: u64, data: u64, percent: u64) -> u64 {
+    let hidden = u128::from(percent) * u128::from(code.min(data)) / 100;
+    // At most min(code, data): the result lies between max(code, data) and the sum.
+    code + data - hidden as u64
 }
 
 #[cfg(test)]
@@ -164,13 +183,80 @@ mod tests {
                 "case {case}: {transfers:?}"
             );
             assert_eq!(load.cycles_with(|_| 0), load.cycles(), "case {case}");
-            // With code: each tile's code, then its own bytes.
-            let code = |t: u32| u64::from(t * 7 % 23);
-            assert_eq!(
-                load.cycles_with(code),
-                oracle_with_code(&m, &transfers, code),
-                "case {case}: {transfers:?}"
-            );
+            // With code: each tile's code and its own bytes, at each reading of
+            // their overlap. Scaled so that either of code and bytes is the
+            // shorter on some tiles; tiles past the machine with no bytes are not
+            // in the rule's count, so none of them may have the most code.
+            let code = |t: u32| u64::from(t * 7 % 23) * 50;
+            for percent in [0, 50, 100] {
+                let mut m = m.clone();
+                m.timing.exchange_code_overlap_percent = percent;
+                let mut load = ExchangeLoad::new(&m);
+                for (src, bytes, dsts) in &transfers {
+                    load.add(*src, *bytes, dsts.iter().copied());
+                }
+                assert_eq!(load.cycles_with(|_| 0), oracle(&m, &transfers), "{case}");
+                assert_eq!(
+                    load.cycles_with(code),
+                    oracle_with_code(&m, &transfers, code),
+                    "case {case} at {percent} %: {transfers:?}"
+                );
+            }
+        }
+    }
+
+    /// One tile's code and data under the overlap, by cases: the sum, the larger,
+    /// or in between the sum less the hidden share of the shorter, rounded up.
+    fn tile_oracle(code: u64, data: u64, percent: u32) -> u64 {
+        match percent {
+            0 => code + data,
+            100 => code.max(data),
+            p => (100 * (code + data) - u64::from(p) * code.min(data)).div_ceil(100),
+        }
+    }
+
+    #[test]
+    fn overlap_of_code_and_data_by_hand() {
+        // Tile 0 sends 40 bytes to tile 2 alone: 10 cycles at 4 B/cycle on either
+        // side, after the 100 of overhead.
+        let (code, data) = (
+            |t: u32| [30, 0, 7][t as usize % 3],
+            |m: &Machine| {
+                let mut load = ExchangeLoad::new(m);
+                load.add(0, 40, [2]);
+                load
+            },
+        );
+        // (percent, phase): tile 0 runs 30 cycles of code beside its 10 of bytes,
+        // tile 2 runs 7 beside its 10.
+        for (percent, want) in [(0, 100 + 40), (50, 100 + 35), (100, 100 + 30)] {
+            let mut m = Machine::small();
+            m.timing.exchange_code_overlap_percent = percent;
+            let load = data(&m);
+            assert_eq!(load.cycles_with(code), want, "{percent} %");
+            assert_eq!(load.cycles(), 100 + 10, "{percent} %");
+        }
+        // Tile 2 alone decides when tile 0 has no code: 7 + 10 = 17 at 0 %, 10 at
+        // 100 %, 17 - 3.5 rounded up to 14 at 50 %.
+        let code = |t: u32| if t == 2 { 7 } else { 0 };
+        for (percent, want) in [(0, 117), (50, 114), (100, 110)] {
+            let mut m = Machine::small();
+            m.timing.exchange_code_overlap_percent = percent;
+            assert_eq!(data(&m).cycles_with(code), want, "{percent} %");
+        }
+        for (c, d) in [(0, 0), (30, 10), (7, 10), (10, 10), (1, u64::MAX / 200)] {
+            for p in [0, 1, 50, 99, 100] {
+                assert_eq!(
+                    overlapped(c, d, p.into()),
+                    tile_oracle(c, d, p),
+                    "{c} {d} {p}"
+                );
+                assert_eq!(
+                    overlapped(d, c, p.into()),
+                    tile_oracle(c, d, p),
+                    "{c} {d} {p}"
+                );
+            }
         }
     }
 
@@ -197,7 +283,11 @@ mod tests {
                     .map(|(_, bytes, dsts)| (u32::MAX, *bytes, dsts.clone()))
                     .collect();
                 let received = received_by(m, &recv, t);
-                code(t) + sent.max(received)
+                tile_oracle(
+                    code(t),
+                    sent.max(received),
+                    m.timing.exchange_code_overlap_percent,
+                )
             })
             .max()
             .unwrap_or(0)

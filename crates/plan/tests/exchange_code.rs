@@ -45,3 +45,29 @@ fn counts_agree_with_the_parts_on_every_phase() {
         assert!(messages > 0);
     }
 }
+
+/// The planner's estimate charges exchange by the simulator's rule, so it follows
+/// the machine's overlap of exchange code and bytes: the same plan's exchange
+/// estimate falls as the overlap grows, and nothing else in it moves.
+#[test]
+fn the_estimate_follows_the_overlap_of_code_and_bytes() {
+    let machine = Machine::small();
+    let graph = encoder_layer(&EncoderLayerConfig::tiny(2)).unwrap();
+    let weights = init_weights(&graph, 1);
+    let plan = lower(&machine, &graph, &weights, &LowerOptions::default()).unwrap();
+    let at = |percent: u32| {
+        let mut m = machine.clone();
+        m.timing.exchange_code_overlap_percent = percent;
+        tessera_plan::estimate(&m, &plan)
+    };
+    let (none, half, full) = (at(0), at(50), at(100));
+    assert_eq!(none, tessera_plan::estimate(&machine, &plan));
+    assert!(
+        none.exchange > half.exchange && half.exchange > full.exchange,
+        "{none:?} {half:?} {full:?}"
+    );
+    for e in [half, full] {
+        assert_eq!((e.compute, e.sync), (none.compute, none.sync));
+        assert_eq!(e.cycles, e.compute + e.exchange + e.sync);
+    }
+}

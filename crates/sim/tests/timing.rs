@@ -58,6 +58,11 @@ fn host_phases(r: &SimReport) -> Vec<u64> {
 /// it sends); each destination receives at R1 + 8 KiB (+4 KiB per message it
 /// receives).
 fn exchange(transfers: &[(u32, u16, &[u32])]) -> u64 {
+    exchange_on(&Machine::small(), transfers)
+}
+
+/// [`exchange`] on `m`, a machine of four tiles.
+fn exchange_on(m: &Machine, transfers: &[(u32, u16, &[u32])]) -> u64 {
     let mut sends: Vec<Vec<(u32, u16)>> = vec![Vec::new(); 4];
     let mut recvs: Vec<Vec<(u32, u16, u32)>> = vec![Vec::new(); 4];
     for &(src, bytes, dsts) in transfers {
@@ -79,7 +84,7 @@ fn exchange(transfers: &[(u32, u16, &[u32])]) -> u64 {
             b.image()
         })
         .collect();
-    let (_, r) = run(&package(&Machine::small(), tiles, vec![phase(1)], vec![]));
+    let (_, r) = run(&package(m, tiles, vec![phase(1)], vec![]));
     assert_eq!(r.status, tessera_sim::Status::Ok, "{:#?}", r.faults);
     let p = exchange_phases(&r);
     assert_eq!(p.len(), 1);
@@ -143,6 +148,31 @@ fn every_message_costs_its_code_on_both_sides() {
         exchange(&[(0, 4, &[3]), (1, 4, &[3]), (2, 4, &[3])]),
         100 + 25 + 3
     );
+}
+
+/// The overlap of exchange code and bytes (`exchange_code_overlap_percent`, p)
+/// reaches the simulator: each tile takes code + data - p/100 x min(code, data),
+/// rounded up.
+#[test]
+fn exchange_code_overlaps_its_bytes_as_described() {
+    let at = |percent: u32, transfers: &[(u32, u16, &[u32])]| {
+        let mut m = Machine::small();
+        m.timing.exchange_code_overlap_percent = percent;
+        exchange_on(&m, transfers)
+    };
+    // Bytes longer than code: the receiver's 9 cycles of code beside its 1024 of
+    // bytes (the sender's 8 beside its 1024 is shorter at every p): 9 + 1024,
+    // 1033 - 4.5 rounded up to 1029, 1024.
+    let one: &[(u32, u16, &[u32])] = &[(2, 4096, &[0])];
+    assert_eq!(at(0, one), 100 + 9 + 1024);
+    assert_eq!(at(50, one), 100 + 1029);
+    assert_eq!(at(100, one), 100 + 1024);
+    // Code longer than bytes: three 4-byte messages, the receiver's 23 cycles of
+    // code beside its 3 of bytes: 26, 26 - 1.5 rounded up to 25, 23.
+    let three: &[(u32, u16, &[u32])] = &[(0, 4, &[1]), (0, 4, &[1]), (0, 4, &[1])];
+    assert_eq!(at(0, three), 100 + 23 + 3);
+    assert_eq!(at(50, three), 100 + 25);
+    assert_eq!(at(100, three), 100 + 23);
 }
 
 /// A tile that moves `inward` bytes in and `outward` bytes out in one `hostxfer`.

@@ -40,11 +40,13 @@ struct SensitivityJson<'a> {
     baseline_cycles: u64,
     rows: &'a [SensitivityRow],
     exchange_rule_bounds: &'a [BoundRow],
+    exchange_code_bounds: &'a [BoundRow],
 }
 
 /// `tessera bench sensitivity`: for each assumption of the timing model, the
 /// model's cycles with that value halved and doubled, everything else as is; then
-/// the model at the two ends of the shared-bus exchange rule.
+/// the model at the two ends of the shared-bus exchange rule, and with exchange
+/// code and bytes fully overlapped.
 pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
     if a.batch == 0 {
         anyhow::bail!("--batch must be at least 1");
@@ -73,6 +75,7 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
             baseline_cycles: s.baseline_cycles,
             rows: &s.rows,
             exchange_rule_bounds: &s.exchange_rule_bounds,
+            exchange_code_bounds: &s.exchange_code_bounds,
         })
         .map(|()| Outcome::Ok);
     }
@@ -103,17 +106,22 @@ pub fn sensitivity(a: BenchSensitivityArgs) -> anyhow::Result<Outcome> {
             cell(&r.doubled)
         );
     }
-    println!(
-        "the shared-bus exchange rule (poplibs states it, no measurement confirms it) at its ends:"
-    );
-    for b in &s.exchange_rule_bounds {
+    let bound = |b: &BoundRow| {
         let v = &b.variant;
         let result = match (v.cycles, v.change, &v.note) {
             (Some(c), Some(d), _) => format!("{c} cycles ({:+.1} %)", 100.0 * d),
             (_, _, note) => format!("refused: {}", note.as_deref().unwrap_or("")),
         };
         println!("  {} = {}: {result}; {}", b.field, v.value, b.reading);
-    }
+    };
+    println!(
+        "the shared-bus exchange rule (poplibs states it, no measurement confirms it) at its ends:"
+    );
+    s.exchange_rule_bounds.iter().for_each(bound);
+    println!(
+        "exchange code and bytes, charged one after the other (an assumption), at the other end:"
+    );
+    s.exchange_code_bounds.iter().for_each(bound);
     Ok(Outcome::Ok)
 }
 
