@@ -130,6 +130,17 @@ impl GraphBuilder {
         Ok(id)
     }
 
+    /// An operation named `name` exactly (no scope, no suffix): the text form's
+    /// names are already the scoped ones.
+    pub(crate) fn push_named(
+        &mut self,
+        name: String,
+        kind: OpKind,
+    ) -> Result<TensorId, GraphError> {
+        self.claim("operation", &name)?;
+        self.push(name, kind)
+    }
+
     fn push_auto(&mut self, base: &str, kind: OpKind) -> Result<TensorId, GraphError> {
         let name = self.fresh_name(base);
         self.push(name, kind)

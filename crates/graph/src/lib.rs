@@ -15,6 +15,7 @@ mod infer;
 mod ir;
 pub mod models;
 mod tensors;
+mod text;
 
 pub use builder::{GAMMA_STD, GraphBuilder, SMALL_STD};
 pub use error::{GraphError, ShapeMismatch};

@@ -22,6 +22,7 @@
 
 mod attention;
 mod ctx;
+mod fuse;
 mod linear;
 mod pooling;
 
@@ -38,6 +39,7 @@ use crate::dist::{DistTensor, Part};
 use crate::ir::*;
 use crate::matmul::{AMP_WIDTH, MatmulShape, map_matmul_capped};
 use ctx::{Lowering, f16_bytes};
+use fuse::{FusedAttention, Fusion, Uses};
 
 /// Policy knobs of the lowering.
 #[derive(Debug, Clone, PartialEq)]
@@ -179,16 +181,6 @@ impl Cols {
     }
 }
 
-/// An attention's scores product `q k^T` and what follows it: the softmax's
-/// scale, the operations after the product (the product by the values `v` last).
-struct Scores<'g> {
-    q: TensorId,
-    k: TensorId,
-    scale: f32,
-    chain: Vec<&'g Op>,
-    v: TensorId,
-}
-
 #[derive(Debug, Clone)]
 struct Val {
     t: DistTensor,
@@ -247,9 +239,9 @@ fn to_u32(v: usize, what: &str) -> Result<u32, PlanError> {
 type Member<'g> = (&'g Op, &'g [f32], Option<&'g [f32]>);
 
 struct Walker<'g> {
-    graph: &'g Graph,
-    weights: &'g TensorMap,
-    consumers: Vec<Vec<tessera_graph::OpId>>,
+    g: Uses<'g>,
+    /// The fused operations recognised before the walk.
+    fusion: Fusion<'g>,
     vals: HashMap<TensorId, Val>,
     /// Operations a rule already lowered as part of another (fused epilogues).
     done: Vec<bool>,
@@ -264,68 +256,16 @@ struct Walker<'g> {
     /// The operation with strategies that produced a value (its name), for the
     /// finalist search's layout costs.
     made_by: HashMap<TensorId, String>,
-    /// Attentions with a constant query, lowered with their projections absorbed.
-    absorbed: Vec<pooling::Absorbed<'g>>,
     /// FLOP of the current rule's products, when they are not the graph's.
     flop: Option<u64>,
-    /// Query projections (the tensor their head split reads) whose attention
-    /// scales the scores by this factor: the projection multiplies its weights
-    /// and bias by it instead, and the softmax skips its multiply.
-    query_scales: HashMap<TensorId, f32>,
     /// The query projections that did fold their attention's scale.
     folded_scales: HashMap<TensorId, f32>,
-    /// Projections (the tensors their head splits read) that store their heads
-    /// packed, `d` columns a head without padding: each is read by one head split
-    /// into one attention that takes the transposed path.
-    packed: HashSet<TensorId>,
 }
 
 impl<'g> Walker<'g> {
-    fn param(&self, t: TensorId) -> Option<(&'g str, &'g [f32])> {
-        match &self.graph.producer(t).kind {
-            OpKind::Parameter { name, .. } => {
-                self.weights.get(name).map(|w| (name.as_str(), w.data()))
-            }
-            _ => None,
-        }
-    }
-
-    fn param_data(&self, t: TensorId, len: usize) -> Result<&'g [f32], PlanError> {
-        let name = match &self.graph.producer(t).kind {
-            OpKind::Parameter { name, .. } => name.clone(),
-            other => {
-                return Err(unsupported(format!(
-                    "expected a parameter, found `{}`",
-                    other.mnemonic()
-                )));
-            }
-        };
-        let (_, data) = self
-            .param(t)
-            .ok_or_else(|| PlanError::MissingWeight(name.clone()))?;
-        if data.len() != len {
-            return Err(PlanError::MissingWeight(format!(
-                "{name} has {} values, expected {len}",
-                data.len()
-            )));
-        }
-        Ok(data)
-    }
-
-    fn is_param(&self, t: TensorId) -> bool {
-        matches!(self.graph.producer(t).kind, OpKind::Parameter { .. })
-    }
-
-    /// The only consumer of `t`, if it has exactly one.
-    fn sole(&self, t: TensorId) -> Option<&'g Op> {
-        match self.consumers[t.index()][..] {
-            [op] => Some(self.graph.op(op)),
-            _ => None,
-        }
-    }
-
     fn is_done(&self, op: &Op) -> bool {
-        self.graph
+        self.g
+            .graph
             .ops()
             .iter()
             .position(|o| std::ptr::eq(o, op))
@@ -335,6 +275,7 @@ impl<'g> Walker<'g> {
     fn mark(&mut self, op: &Op) {
         self.fused.push(op.name.clone());
         let i = self
+            .g
             .graph
             .ops()
             .iter()
@@ -347,7 +288,7 @@ impl<'g> Walker<'g> {
         self.vals.get(&t).ok_or_else(|| {
             unsupported(format!(
                 "tensor {t} (from `{}`) has no layout: its producer is not lowered",
-                self.graph.producer(t).name
+                self.g.graph.producer(t).name
             ))
         })
     }
@@ -355,12 +296,12 @@ impl<'g> Walker<'g> {
     /// A parameter used as an activation (the pooling head's probe): its rows on
     /// row owners, as constants.
     fn materialize(&mut self, lw: &mut Lowering<'_>, t: TensorId) -> Result<Val, PlanError> {
-        let dims = self.graph.shape(t).dims().to_vec();
+        let dims = self.g.graph.shape(t).dims().to_vec();
         let cols = *dims.last().unwrap_or(&1);
         let rows = dims.iter().product::<usize>() / cols.max(1);
-        let data = self.param_data(t, rows * cols)?;
+        let data = self.g.param_data(t, rows * cols)?;
         let (rows, cols) = (to_u32(rows, "rows")?, to_u32(cols, "columns")?);
-        let name = self.graph.producer(t).name.clone();
+        let name = self.g.graph.producer(t).name.clone();
         let mut parts = Vec::new();
         for (o, (r0, n)) in lw.row_owners(rows).into_iter().enumerate() {
             let bytes = f16_bytes(
@@ -384,7 +325,7 @@ impl<'g> Walker<'g> {
     }
 
     fn operand(&mut self, lw: &mut Lowering<'_>, t: TensorId) -> Result<Val, PlanError> {
-        if self.is_param(t) {
+        if self.g.is_param(t) {
             return self.materialize(lw, t);
         }
         self.val(t).cloned()
@@ -404,8 +345,8 @@ impl<'g> Walker<'g> {
             )));
         }
         let width = xv.t.cols;
-        let g = f16_bytes(self.param_data(gamma, width as usize)?.iter().copied());
-        let b = f16_bytes(self.param_data(beta, width as usize)?.iter().copied());
+        let g = f16_bytes(self.g.param_data(gamma, width as usize)?.iter().copied());
+        let b = f16_bytes(self.g.param_data(beta, width as usize)?.iter().copied());
         let t = row_wise(lw, &op.name, &xv.t, |lw, tile, step, n, input, out| {
             let gb = lw.constant(
                 tile,
@@ -440,20 +381,20 @@ impl<'g> Walker<'g> {
     /// is what the rule left on the tiles; one read only inside it never exists
     /// whole.
     fn results(&self, i: usize, fused: &[String], plan_op: usize) -> Vec<OpResult> {
-        let ops = self.graph.ops();
+        let ops = self.g.graph.ops();
         let mut group: Vec<usize> = vec![i];
         for name in fused {
             if let Some(j) = ops.iter().position(|o| &o.name == name) {
                 group.push(j);
             }
         }
-        let outputs: HashSet<TensorId> = self.graph.outputs().iter().map(|o| o.tensor).collect();
+        let outputs: HashSet<TensorId> = self.g.graph.outputs().iter().map(|o| o.tensor).collect();
         let mut out = Vec::new();
         for &j in &group {
             let op = &ops[j];
             let t = op.output;
             let read_outside = outputs.contains(&t)
-                || self.consumers[t.index()]
+                || self.g.consumers[t.index()]
                     .iter()
                     .any(|c| !group.contains(&(c.0 as usize)));
             let (stored, note) = match self.vals.get(&t) {
@@ -509,14 +450,14 @@ impl<'g> Walker<'g> {
         (a, w, bias): (TensorId, TensorId, Option<TensorId>),
     ) -> Result<(), PlanError> {
         let xv = self.operand(lw, a)?;
-        let wdims = self.graph.shape(w).dims().to_vec();
+        let wdims = self.g.graph.shape(w).dims().to_vec();
         let [k_log, n_log] = wdims[..] else {
             return Err(unsupported(format!("{}: weight must be 2-D", op.name)));
         };
         let (k_log, n_log) = (to_u32(k_log, "k")?, to_u32(n_log, "n")?);
-        let wdata = self.param_data(w, (k_log * n_log) as usize)?;
+        let wdata = self.g.param_data(w, (k_log * n_log) as usize)?;
         let bdata = match bias {
-            Some(b) => Some(self.param_data(b, n_log as usize)?),
+            Some(b) => Some(self.g.param_data(b, n_log as usize)?),
             None => None,
         };
 
@@ -526,7 +467,7 @@ impl<'g> Walker<'g> {
         let mut gelu = false;
         let mut row_const: Option<(&[f32], u32)> = None;
         let mut residual: Option<Val> = None;
-        while let Some(next) = self.sole(end) {
+        while let Some(next) = self.g.sole(end) {
             match &next.kind {
                 OpKind::Reshape { .. } => views.push(next),
                 OpKind::Gelu { .. } if !gelu && residual.is_none() && row_const.is_none() => {
@@ -534,17 +475,17 @@ impl<'g> Walker<'g> {
                 }
                 OpKind::Add { a: x, b: y } if residual.is_none() => {
                     let other = if *x == end { *y } else { *x };
-                    if self.is_param(other) {
+                    if self.g.is_param(other) {
                         if row_const.is_some() || gelu {
                             break;
                         }
-                        let pd = self.graph.shape(other).dims().to_vec();
+                        let pd = self.g.graph.shape(other).dims().to_vec();
                         let cols = *pd.last().unwrap_or(&0);
                         let prow = pd.iter().product::<usize>() / cols.max(1);
                         if to_u32(cols, "columns")? != n_log {
                             break;
                         }
-                        let data = self.param_data(other, prow * cols)?;
+                        let data = self.g.param_data(other, prow * cols)?;
                         row_const = Some((data, to_u32(prow, "rows")?));
                     } else if let Some(v) = self.vals.get(&other) {
                         if v.cols != Cols::Dense {
@@ -565,11 +506,11 @@ impl<'g> Walker<'g> {
         }
 
         // Head-split consumers get each head on whole AMP blocks.
-        let consumers = &self.consumers[end.index()];
-        let heads = match consumers.first().map(|c| &self.graph.op(*c).kind) {
+        let consumers = &self.g.consumers[end.index()];
+        let heads = match consumers.first().map(|c| &self.g.graph.op(*c).kind) {
             Some(OpKind::SplitHeads { heads, .. })
                 if consumers.iter().all(|c| {
-                    matches!(&self.graph.op(*c).kind, OpKind::SplitHeads { heads: h, .. } if h == heads)
+                    matches!(&self.g.graph.op(*c).kind, OpKind::SplitHeads { heads: h, .. } if h == heads)
                 }) =>
             {
                 let heads = to_u32(*heads, "heads")?;
@@ -591,7 +532,7 @@ impl<'g> Walker<'g> {
         // one rearrangement, a wider output.
         let mut members: Vec<Member<'g>> = vec![(op, wdata, bdata)];
         if heads != Cols::Dense && residual.is_none() && !gelu && row_const.is_none() {
-            for sib in self.graph.ops() {
+            for sib in self.g.graph.ops() {
                 if std::ptr::eq(sib, op) || self.is_done(sib) {
                     continue;
                 }
@@ -604,22 +545,22 @@ impl<'g> Walker<'g> {
                 else {
                     continue;
                 };
-                let cons = &self.consumers[sib.output.index()];
+                let cons = &self.g.consumers[sib.output.index()];
                 let splits_alike = !cons.is_empty()
                     && cons.iter().all(|c| {
-                        matches!(&self.graph.op(*c).kind,
+                        matches!(&self.g.graph.op(*c).kind,
                             OpKind::SplitHeads { heads: h, .. } if self.head_cols(sib.output, *h as u32, n_log / (*h as u32).max(1)) == heads)
                     });
                 if sa != a
-                    || !self.is_param(sb)
-                    || self.graph.shape(sb).dims() != wdims
+                    || !self.g.is_param(sb)
+                    || self.g.graph.shape(sb).dims() != wdims
                     || !splits_alike
                 {
                     continue;
                 }
-                let sw = self.param_data(sb, (k_log * n_log) as usize)?;
+                let sw = self.g.param_data(sb, (k_log * n_log) as usize)?;
                 let sbd = match sbias {
-                    Some(b) => Some(self.param_data(b, n_log as usize)?),
+                    Some(b) => Some(self.g.param_data(b, n_log as usize)?),
                     None => None,
                 };
                 members.push((sib, sw, sbd));
@@ -632,8 +573,8 @@ impl<'g> Walker<'g> {
             .collect();
         let scales: Vec<f32> = member_out
             .iter()
-            .map(|t| match self.query_scales.get(t) {
-                Some(&f) if !gelu && residual.is_none() => f,
+            .map(|t| match self.fusion.query_scale(*t) {
+                Some(f) if !gelu && residual.is_none() => f,
                 _ => 1.0,
             })
             .collect();
@@ -795,150 +736,22 @@ impl<'g> Walker<'g> {
         Cols::Heads {
             heads,
             d,
-            dp: if self.packed.contains(&t) { d } else { dp },
+            dp: if self.fusion.packs(t) { d } else { dp },
         }
-    }
-
-    /// An attention's scores product `q k^T` the walker lowers as one (not an
-    /// absorbed pooling head's, not `q q^T`), with what follows it.
-    fn attention_scores(&self, scores: &'g Op) -> Option<Scores<'g>> {
-        let OpKind::MatMul {
-            a: q,
-            b: k,
-            transpose_b: true,
-            bias: None,
-        } = scores.kind
-        else {
-            return None;
-        };
-        if q == k
-            || self
-                .absorbed
-                .iter()
-                .any(|ab| std::ptr::eq(ab.scores_op, scores))
-        {
-            return None;
-        }
-        let (scale, chain, v) = self.softmax_chain(scores).ok()?;
-        Some(Scores {
-            q,
-            k,
-            scale,
-            chain,
-            v,
-        })
-    }
-
-    /// For an attention's scores product that takes the transposed path, the
-    /// tensors its queries, keys and values are split from, when each is read by
-    /// its split alone and each split by this attention alone, and its heads can
-    /// be read packed ([`attention::packs_heads`]): their projections then store no
-    /// padding columns (a tenth of the So400m QKV projection's work).
-    fn packable(
-        &self,
-        machine: &Machine,
-        opts: &LowerOptions,
-        scores: &'g Op,
-    ) -> Option<[TensorId; 3]> {
-        let Scores {
-            q,
-            k,
-            scale,
-            chain,
-            v,
-        } = self.attention_scores(scores)?;
-        let pv = *chain.last()?;
-        let xs = [
-            self.sole_split(q, scores)?,
-            self.sole_split(k, scores)?,
-            self.sole_split(v, pv)?,
-        ];
-        let (qd, kd) = (self.graph.shape(q).dims(), self.graph.shape(k).dims());
-        let (&[_, heads, tq, d], &[b, _, t, _]) = (qd, kd) else {
-            return None;
-        };
-        let n = |x: usize| u32::try_from(x).ok();
-        let (heads, d) = (n(heads)?, n(d)?);
-        let (path, ..) = attention::geometry(
-            machine.tiles,
-            opts.experimental.row_attention,
-            (n(b)?, heads, n(tq)?, n(t)?),
-            scale,
-        );
-        (path == attention::Path::Transposed && attention::packs_heads(heads, d)).then_some(xs)
-    }
-
-    /// What follows an attention's scores product: an optional scale, the softmax,
-    /// and the probabilities (left) times the values. Returns the scale, those
-    /// operations (the product last) and the values' tensor, or what is missing.
-    fn softmax_chain(&self, scores: &Op) -> Result<(f32, Vec<&'g Op>, TensorId), &'static str> {
-        let mut scale = 1.0f32;
-        let mut chain = Vec::new();
-        let mut next = self
-            .sole(scores.output)
-            .ok_or("scores must have one consumer")?;
-        if let OpKind::Scale { factor, .. } = next.kind {
-            scale = factor;
-            chain.push(next);
-            next = self
-                .sole(next.output)
-                .ok_or("scaled scores must have one consumer")?;
-        }
-        let OpKind::Softmax { .. } = next.kind else {
-            return Err("scores must feed a softmax");
-        };
-        chain.push(next);
-        let pv = self
-            .sole(next.output)
-            .ok_or("probabilities must have one consumer")?;
-        let OpKind::MatMul {
-            a,
-            b: v,
-            transpose_b: false,
-            bias: None,
-        } = pv.kind
-        else {
-            return Err("probabilities must feed a matmul by the values");
-        };
-        if a != next.output {
-            return Err("probabilities must be the left operand");
-        }
-        chain.push(pv);
-        Ok((scale, chain, v))
-    }
-
-    /// For an attention's scores product whose softmax scales the scores down
-    /// (`0 < scale < 1`: the weights times it cannot overflow f16), the tensor its
-    /// queries are split from and the scale, when that tensor has no other
-    /// reader: its projection can carry the scale (`softmax((s q) k^T)` is the
-    /// same function).
-    fn query_scale(&self, scores: &'g Op) -> Option<(TensorId, f32)> {
-        let Scores { q, scale, .. } = self.attention_scores(scores)?;
-        let x = self.sole_split(q, scores)?;
-        (scale > 0.0 && scale < 1.0).then_some((x, scale))
-    }
-
-    /// The tensor head split `t` reads, when `t`'s only reader is `reader` and
-    /// the split is that tensor's only reader: then its producer may change how
-    /// it stores the heads for `reader` alone.
-    fn sole_split(&self, t: TensorId, reader: &Op) -> Option<TensorId> {
-        let OpKind::SplitHeads { x, .. } = self.graph.producer(t).kind else {
-            return None;
-        };
-        (std::ptr::eq(self.sole(t)?, reader) && self.sole(x).is_some()).then_some(x)
     }
 
     /// `softmax(q @ k^T * scale) @ v` per image and head, from the scores product.
     fn attention(
         &mut self,
         lw: &mut Lowering<'_>,
-        op: &'g Op,
-        (q, k): (TensorId, TensorId),
+        fa: &FusedAttention<'g>,
     ) -> Result<(), PlanError> {
+        let op = fa.scores;
         let fail = |what: &str| unsupported(format!("{}: {what}", op.name));
-        let (mut scale, chain, v) = self.softmax_chain(op).map_err(fail)?;
+        let (q, k, v, mut scale) = (fa.q, fa.k, fa.v, fa.scale);
+        let chain = fa.chain.clone();
         let pv = *chain.last().expect("the chain ends at p V");
-        if let OpKind::SplitHeads { x, .. } = self.graph.producer(q).kind
+        if let OpKind::SplitHeads { x, .. } = self.g.graph.producer(q).kind
             && self.folded_scales.get(&x) == Some(&scale)
         {
             lw.plan.decisions.push(format!(
@@ -951,17 +764,17 @@ impl<'g> Walker<'g> {
             return Err(fail("the softmax scale must be in (0, 16]"));
         }
 
-        let qd = self.graph.shape(q).dims().to_vec();
-        let kd = self.graph.shape(k).dims().to_vec();
+        let qd = self.g.graph.shape(q).dims().to_vec();
+        let kd = self.g.graph.shape(k).dims().to_vec();
         let (&[qb, qh, tq, d], &[b, h, tk, d2]) = (&qd[..], &kd[..]) else {
             return Err(fail("attention operands must be [batch, heads, tokens, d]"));
         };
-        if qh != h || d != d2 || (qb != b && qb != 1) || self.graph.shape(v).dims() != kd {
+        if qh != h || d != d2 || (qb != b && qb != 1) || self.g.graph.shape(v).dims() != kd {
             return Err(fail("queries, keys and values disagree in shape"));
         }
         let head_val = |w: &Self, t: TensorId| -> Result<Val, PlanError> {
             // The tensor before its split: views pass the layout through.
-            let src = match &w.graph.producer(t).kind {
+            let src = match &w.g.graph.producer(t).kind {
                 OpKind::SplitHeads { x, .. } => *x,
                 _ => return Err(fail("attention operands must come from split_heads")),
             };
@@ -1166,39 +979,47 @@ impl<'g> Walker<'g> {
                 beta,
                 eps,
             } => self.layer_norm(lw, op, (*x, *gamma, *beta, *eps)),
-            OpKind::MatMul { .. }
-                if self
-                    .absorbed
-                    .iter()
-                    .any(|ab| std::ptr::eq(ab.scores_op, op)) =>
-            {
-                let i = self
-                    .absorbed
-                    .iter()
-                    .position(|ab| std::ptr::eq(ab.scores_op, op));
-                self.absorbed_attention(lw, i.expect("just found"))
+            OpKind::MatMul { .. } if let Some(i) = self.fusion.pooled_at(op) => {
+                self.absorbed_attention(lw, i)
             }
             OpKind::MatMul {
                 a,
                 b,
                 transpose_b: false,
                 bias,
-            } if self.is_param(*b) && self.graph.shape(*b).rank() == 2 => {
+            } if self.g.is_param(*b) && self.g.graph.shape(*b).rank() == 2 => {
                 self.linear(lw, op, (*a, *b, *bias))
             }
             OpKind::MatMul {
-                a,
-                b,
                 transpose_b: true,
                 bias: None,
-            } => self.attention(lw, op, (*a, *b)),
+                ..
+            } => match self.fusion.attention(op) {
+                Some(fa) => {
+                    let fa = FusedAttention {
+                        chain: fa.chain.clone(),
+                        ..*fa
+                    };
+                    self.attention(lw, &fa)
+                }
+                None => Err(unsupported(format!(
+                    "{}: {}",
+                    op.name,
+                    self.g
+                        .softmax_chain(op)
+                        .err()
+                        .unwrap_or("a product by a transposed operand outside attention")
+                ))),
+            },
             OpKind::Reshape { x, .. } | OpKind::SplitHeads { x, .. } | OpKind::MergeHeads { x } => {
                 let v = self.operand(lw, *x)?;
                 self.vals.insert(op.output, v);
                 Ok(())
             }
             OpKind::Gelu { x } => self.elementwise(lw, op, *x, None),
-            OpKind::Add { a, b } if self.graph.shape(*a).dims() == self.graph.shape(*b).dims() => {
+            OpKind::Add { a, b }
+                if self.g.graph.shape(*a).dims() == self.g.graph.shape(*b).dims() =>
+            {
                 self.elementwise(lw, op, *a, Some(*b))
             }
             OpKind::Softmax { x } => self.softmax(lw, op, *x),
@@ -1721,48 +1542,30 @@ fn lower_with(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
+    let uses = Uses::new(graph, weights);
+    let fusion = fuse::fuse(&uses, machine, opts);
+    let mut done = vec![false; graph.ops().len()];
+    for f in fusion.folded() {
+        let i = graph
+            .ops()
+            .iter()
+            .position(|o| std::ptr::eq(o, f))
+            .expect("op of this graph");
+        done[i] = true;
+    }
     let mut w = Walker {
-        graph,
-        weights,
-        consumers: graph.consumers(),
+        g: uses,
+        fusion,
         vals: HashMap::new(),
-        done: vec![false; graph.ops().len()],
+        done,
         weight_floors: 0,
         weight_demand: 0.0,
         fused: Vec::new(),
         inner_chunks: None,
         made_by: HashMap::new(),
-        absorbed: Vec::new(),
         flop: None,
-        query_scales: HashMap::new(),
         folded_scales: HashMap::new(),
-        packed: HashSet::new(),
     };
-    // Attentions with a constant query: their projections and splits are lowered
-    // with the scores product.
-    if !opts.experimental.unabsorbed {
-        for op in graph.ops() {
-            if let Some(ab) = w.absorbable(op) {
-                for f in ab.folded() {
-                    let i = graph
-                        .ops()
-                        .iter()
-                        .position(|o| std::ptr::eq(o, f))
-                        .expect("op of this graph");
-                    w.done[i] = true;
-                }
-                w.absorbed.push(ab);
-            }
-        }
-    }
-    for op in graph.ops() {
-        if let Some((x, scale)) = w.query_scale(op) {
-            w.query_scales.insert(x, scale);
-        }
-        if let Some(xs) = w.packable(machine, opts, op) {
-            w.packed.extend(xs);
-        }
-    }
     // Every matmul by a parameter keeps its weights resident, except absorbed
     // query and key projections (the scores' few weights are constants beside
     // the tiles' pieces of the input; the value projection serves `heads` rows an
@@ -1771,13 +1574,13 @@ fn lower_with(
         let OpKind::MatMul { a, b, .. } = op.kind else {
             continue;
         };
-        if !w.is_param(b) || w.absorbed.iter().any(|ab| ab.replaces(op)) {
+        if !w.g.is_param(b) || w.fusion.pooled.iter().any(|ab| ab.replaces(op)) {
             continue;
         }
         let dims = graph.shape(b).dims();
         let wbytes =
             (dims[0].next_multiple_of(16) * dims[dims.len() - 1].next_multiple_of(16) * 2) as u64;
-        let rows = match w.absorbed.iter().find_map(|ab| ab.value_rows(op)) {
+        let rows = match w.fusion.pooled.iter().find_map(|ab| ab.value_rows(op)) {
             Some(r) => u64::from(r),
             None => (graph.shape(a).numel() / dims[0].max(1)) as u64,
         };

@@ -29,6 +29,7 @@
 use tessera_graph::{Op, OpKind, TensorId};
 use tessera_kernels::{ColExpShift, ColMax, ReduceAdd, ReduceNorm, TransposeBlocks, ZeroFill};
 
+use super::fuse::Uses;
 use super::{Cols, Val, Walker, attention::amp, count, to_u32, unsupported};
 use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
@@ -55,7 +56,7 @@ pub(super) struct Absorbed<'g> {
     u: Vec<f32>,
 }
 
-impl Absorbed<'_> {
+impl<'g> Absorbed<'g> {
     /// The rows its value projection `op` is applied to (`Y`'s), if it is this
     /// attention's.
     pub fn value_rows(&self, op: &Op) -> Option<u32> {
@@ -70,14 +71,14 @@ impl Absorbed<'_> {
     /// Operations lowered as part of the scores product: the projections (the
     /// query's folded, the keys' into `U`, the values' after the weighted sums)
     /// and the splits.
-    pub fn folded(&self) -> impl Iterator<Item = &Op> {
+    pub fn folded(&self) -> impl Iterator<Item = &'g Op> + use<'g> {
         [self.q_op, self.k_op, self.v_op]
             .into_iter()
             .chain(self.splits)
     }
 }
 
-impl<'g> Walker<'g> {
+impl<'g> Uses<'g> {
     /// `q_op` as the query projection of an attention this rule can absorb: a
     /// parameter projected, split into at most 16 heads, whose scores feed the
     /// chain `attention` takes, with keys and values projected from one input that
@@ -211,7 +212,9 @@ impl<'g> Walker<'g> {
             u,
         })
     }
+}
 
+impl Walker<'_> {
     /// Absorbed attention `i`, at its scores product: the scores, softmax and
     /// weighted sums, then `Y Wv + bv`, whose head blocks are the context.
     pub(super) fn absorbed_attention(
@@ -219,12 +222,12 @@ impl<'g> Walker<'g> {
         lw: &mut Lowering<'_>,
         i: usize,
     ) -> Result<(), PlanError> {
-        let ab = &self.absorbed[i];
+        let ab = &self.fusion.pooled[i];
         let name = ab.scores_op.name.clone();
         let (batch, t, heads, d, x, v_op) = (ab.batch, ab.t, ab.heads, ab.d, ab.x, ab.v_op);
         let chain = ab.chain.clone();
         let fused: Vec<String> = [ab.q_op, ab.k_op].iter().map(|o| o.name.clone()).collect();
-        let u = std::mem::take(&mut self.absorbed[i].u);
+        let u = std::mem::take(&mut self.fusion.pooled[i].u);
         let xv = self.operand(lw, x)?;
         let width = xv.t.cols;
         if xv.cols != Cols::Dense || xv.offset != 0 || u.len() as u32 != width * AMP_WIDTH {
@@ -255,9 +258,9 @@ impl<'g> Walker<'g> {
         };
         let dp = d.next_multiple_of(AMP_WIDTH);
         let n = heads * dp;
-        let wd = self.param_data(wv, (width * heads * d) as usize)?;
+        let wd = self.g.param_data(wv, (width * heads * d) as usize)?;
         let bd = match bv {
-            Some(b) => Some(self.param_data(b, (heads * d) as usize)?),
+            Some(b) => Some(self.g.param_data(b, (heads * d) as usize)?),
             None => None,
         };
         let mut wp = vec![0f32; (width * n) as usize];
@@ -322,7 +325,7 @@ impl<'g> Walker<'g> {
         for op in chain {
             self.mark(op);
         }
-        let pv = self.absorbed[i]
+        let pv = self.fusion.pooled[i]
             .chain
             .last()
             .expect("the chain ends at p V");
