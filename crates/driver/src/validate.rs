@@ -200,10 +200,34 @@ pub fn validate(
     if outputs.is_empty() {
         return Err(Error::NoOutput);
     }
+    let t = Instant::now();
     let ops = match &run.requests {
-        Some(req) => check(c, req, run.sim.captured(), &kept16, &kept32),
+        Some(req) => {
+            // Each operation is held to the reference fed the values the program
+            // gave it, so that its check measures its own error; the error it
+            // inherits from the operations before is reported beside it.
+            let captured = run.sim.captured();
+            let given = program_values(c, req, captured, &keep, &kept16);
+            let own16 = tessera_reference::evaluate_keeping_from(
+                g,
+                &model.weights,
+                &model.inputs,
+                &f16_opts,
+                &keep,
+                &given,
+            )?;
+            let mut ops = check(c, req, captured, &own16, &kept32);
+            let inherited = check(c, req, captured, &kept16, &kept32);
+            for (op, from) in ops.iter_mut().zip(&inherited) {
+                for (t, f) in op.tensors.iter_mut().zip(&from.tensors) {
+                    t.max_abs_error_inherited = f.max_abs_error;
+                }
+            }
+            ops
+        }
         None => vec![OpCheck::default(); c.plan_ops.len()],
     };
+    let reference_ms = reference_ms + t.elapsed().as_secs_f64() * 1e3;
     let mismatch = first_mismatch(c, &ops);
     let status = if !completed {
         RunStatus::Fault
@@ -226,9 +250,14 @@ pub fn validate(
 pub struct TensorCheck {
     /// The graph operation whose output it is.
     pub tensor: String,
-    /// Largest `|run - reference|` over every stored copy of every element
-    /// (against the f16-storage reference); `None` when not checked.
+    /// Largest `|run - reference|` over every stored copy of every element,
+    /// against the f16-storage reference fed the program's own values of the
+    /// tensors the operation reads: the operation's own error. `None` when not
+    /// checked.
     pub max_abs_error: Option<f32>,
+    /// The same against the f16-storage reference of the whole model: with what
+    /// the operation inherits from those before it.
+    pub max_abs_error_inherited: Option<f32>,
     /// [`ULPS`] f16 ulps at the tensor's largest magnitude in the
     /// f32 reference (floor 1), as for the outputs.
     pub tolerance: Option<f32>,
@@ -420,6 +449,7 @@ fn check(
         let check = compared.unwrap_or_else(|| TensorCheck {
             tensor: r.tensor.clone(),
             max_abs_error: None,
+            max_abs_error_inherited: None,
             tolerance: None,
             worst_tile: None,
             passed: None,
@@ -482,6 +512,7 @@ fn compare(
         Some((e, tile)) if !unread => TensorCheck {
             tensor: r.tensor.clone(),
             max_abs_error: Some(e),
+            max_abs_error_inherited: None,
             tolerance: Some(tol),
             worst_tile: Some(tile),
             passed: Some(e <= tol),
@@ -491,6 +522,7 @@ fn compare(
         _ => TensorCheck {
             tensor: r.tensor.clone(),
             max_abs_error: None,
+            max_abs_error_inherited: None,
             tolerance: Some(tol),
             worst_tile: None,
             passed: None,
@@ -498,6 +530,66 @@ fn compare(
             note: Some("not read: the run stopped before it".to_string()),
         },
     }
+}
+
+/// The program's values of [`wanted`]'s tensors (`keep`, with their references
+/// `want16` in the same order), as the run left them on the tiles: each element
+/// from the first stored copy that holds it, unscaled, and the reference's value
+/// where no read part holds it. A tensor no part of which was read is left out.
+fn program_values(
+    c: &Compiled,
+    req: &Requests,
+    captured: &[Option<Vec<u8>>],
+    keep: &[TensorId],
+    want16: &[HostTensor],
+) -> Vec<(TensorId, HostTensor)> {
+    let mut given = Vec::new();
+    let mut k = 0;
+    for (r, first) in c.results.iter().zip(&req.first) {
+        let (Some(at), Some(first)) = (&r.at, first) else {
+            continue;
+        };
+        let i = k;
+        k += 1;
+        let (Some(&tensor), Some(want), Some(parts)) =
+            (keep.get(i), want16.get(i), captured.get(*first..))
+        else {
+            continue;
+        };
+        let scale = at.stored.scale;
+        if scale == 0.0 || !scale.is_finite() {
+            continue;
+        }
+        let dims = want.shape().dims().to_vec();
+        let mut data = want.data().to_vec();
+        let mut set = vec![false; data.len()];
+        let mut read = false;
+        for (p, bytes) in at.parts.iter().zip(parts) {
+            let Some(bytes) = bytes else {
+                continue;
+            };
+            read = true;
+            for row in p.rows.clone() {
+                for col in p.cols.clone() {
+                    let Some(e) = element(at, &dims, row, col) else {
+                        continue;
+                    };
+                    let Some(off) = p.offset_of(row, col) else {
+                        continue;
+                    };
+                    let off = off as usize;
+                    if let (Some(&[lo, hi]), Some(false)) = (bytes.get(off..off + 2), set.get(e)) {
+                        data[e] = f16::from_le_bytes([lo, hi]).to_f32() / scale;
+                        set[e] = true;
+                    }
+                }
+            }
+        }
+        if read && let Ok(v) = HostTensor::new(want.shape().clone(), data) {
+            given.push((tensor, v));
+        }
+    }
+    given
 }
 
 /// Largest error of one part's elements; a NaN counts as infinite.

@@ -203,6 +203,20 @@ fn a_one_percent_error_in_one_tiles_block_fails_at_its_operation() {
             assert_ne!(check.passed, Some(false), "{check:?}");
         }
         assert_eq!(v.ops[at].passed, Some(false));
+        // The operations after it are held to what they were fed, so the error
+        // they inherit does not fail them; it is reported beside.
+        for check in &v.ops[at + 1..] {
+            assert_ne!(check.passed, Some(false), "{check:?}");
+        }
+        let inherited = v.ops[at + 1..]
+            .iter()
+            .flat_map(|o| &o.tensors)
+            .filter_map(|t| Some((t.max_abs_error_inherited?, t.max_abs_error?)))
+            .any(|(inherited, own)| inherited > own);
+        assert!(
+            inherited,
+            "{target}: nothing downstream inherited the error"
+        );
     }
 }
 

@@ -40,6 +40,12 @@ pub enum RefError {
     NotAMatmul(String),
     #[error("matmul `{0}`: an inner group must hold at least one chunk")]
     EmptyGroup(String),
+    #[error("a value given for {tensor} has shape {given}, the graph's is {expected}")]
+    OverrideShape {
+        tensor: TensorId,
+        given: Shape,
+        expected: Shape,
+    },
 }
 
 /// How to evaluate. The default is pure f32, the ground truth; the other settings model
@@ -132,7 +138,7 @@ pub fn evaluate_with(
     inputs: &Inputs,
     options: &EvalOptions,
 ) -> Result<Outputs, RefError> {
-    let values = run(graph, weights, inputs, options, false, &[])?;
+    let (values, _) = run(graph, weights, inputs, options, false, &[], &[])?;
     collect_outputs(graph, &values)
 }
 
@@ -147,7 +153,7 @@ pub fn evaluate_keeping(
     options: &EvalOptions,
     keep: &[TensorId],
 ) -> Result<(Outputs, Vec<HostTensor>), RefError> {
-    let values = run(graph, weights, inputs, options, false, keep)?;
+    let (values, _) = run(graph, weights, inputs, options, false, keep, &[])?;
     let kept = keep
         .iter()
         .map(|&t| {
@@ -160,6 +166,47 @@ pub fn evaluate_keeping(
     Ok((collect_outputs(graph, &values)?, kept))
 }
 
+/// The values of the tensors in `keep` (in `keep`'s order) when every tensor of
+/// `overrides` takes, as soon as its operation has computed it, the given value
+/// instead (a program's own): what each kept tensor's operation gives from the
+/// values the program fed it. Compared with the program, that is the
+/// operation's own error, without what it inherits from the operations before.
+pub fn evaluate_keeping_from(
+    graph: &Graph,
+    weights: &Weights,
+    inputs: &Inputs,
+    options: &EvalOptions,
+    keep: &[TensorId],
+    overrides: &[(TensorId, HostTensor)],
+) -> Result<Vec<HostTensor>, RefError> {
+    let mut by_tensor: Vec<Option<&HostTensor>> = vec![None; graph.tensors().len()];
+    for (t, v) in overrides {
+        let expected = graph
+            .tensors()
+            .get(t.index())
+            .map(|i| i.shape.clone())
+            .ok_or(RefError::Released(*t))?;
+        if v.shape() != &expected {
+            return Err(RefError::OverrideShape {
+                tensor: *t,
+                given: v.shape().clone(),
+                expected,
+            });
+        }
+        by_tensor[t.index()] = Some(v);
+    }
+    let (values, mut computed) = run(graph, weights, inputs, options, false, keep, &by_tensor)?;
+    keep.iter()
+        .map(|&t| {
+            computed
+                .get_mut(t.index())
+                .and_then(Option::take)
+                .or_else(|| values.get(t.index()).and_then(Option::clone))
+                .ok_or(RefError::Released(t))
+        })
+        .collect()
+}
+
 /// Evaluates `graph` and returns the value of every tensor, indexed by
 /// [`TensorId::index`], for debugging a mismatch op by op.
 pub fn evaluate_all(
@@ -168,7 +215,7 @@ pub fn evaluate_all(
     inputs: &Inputs,
     options: &EvalOptions,
 ) -> Result<Vec<HostTensor>, RefError> {
-    let values = run(graph, weights, inputs, options, true, &[])?;
+    let (values, _) = run(graph, weights, inputs, options, true, &[], &[])?;
     values
         .into_iter()
         .enumerate()
@@ -188,6 +235,11 @@ fn collect_outputs(graph: &Graph, values: &[Option<HostTensor>]) -> Result<Outpu
     Ok(outputs)
 }
 
+/// The values by tensor, and for each overridden tensor (`overrides`, by tensor
+/// index; empty for none) the value its operation computed before the override
+/// replaced it.
+type Values = (Vec<Option<HostTensor>>, Vec<Option<HostTensor>>);
+
 fn run(
     graph: &Graph,
     weights: &Weights,
@@ -195,7 +247,8 @@ fn run(
     options: &EvalOptions,
     keep_all: bool,
     keep: &[TensorId],
-) -> Result<Vec<Option<HostTensor>>, RefError> {
+    overrides: &[Option<&HostTensor>],
+) -> Result<Values, RefError> {
     graph.validate()?;
     weights.check_params(graph)?;
     inputs.check_inputs(graph)?;
@@ -220,6 +273,7 @@ fn run(
     }
 
     let mut values: Vec<Option<HostTensor>> = vec![None; n];
+    let mut computed: Vec<Option<HostTensor>> = vec![None; overrides.len()];
     for (i, op) in graph.ops().iter().enumerate() {
         let info = &graph.tensors()[i];
         let chunking = options.chunking(&op.name, info.dtype);
@@ -235,6 +289,9 @@ fn run(
         if options.round_f16_storage && info.dtype == DType::F16 {
             value.round_to_f16();
         }
+        if let Some(Some(given)) = overrides.get(i) {
+            computed[i] = Some(std::mem::replace(&mut value, (*given).clone()));
+        }
         values[i] = Some(value);
         for t in op.kind.inputs() {
             if last_use[t.index()] == i {
@@ -242,7 +299,7 @@ fn run(
             }
         }
     }
-    Ok(values)
+    Ok((values, computed))
 }
 
 /// `chunking` is the chunks per inner group when a matmul's partials are rounded.

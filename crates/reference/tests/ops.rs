@@ -241,3 +241,41 @@ fn cast_rounds_only_under_f16_storage() {
         &[0.099975586, f32::INFINITY]
     );
 }
+
+/// A value given for a tensor replaces the computed one for the operations that
+/// read it, and the tensor itself keeps what its own operation computed.
+#[test]
+fn given_values_feed_later_operations_and_keep_their_own() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", vec![1, 4], DType::F32).unwrap();
+    let y = b.add(x, x).unwrap();
+    let z = b.add(y, y).unwrap();
+    b.output("z", z).unwrap();
+    let g: Graph = b.finish().unwrap();
+    let mut inputs = TensorMap::new();
+    inputs.insert("x", HostTensor::new(vec![1, 4], vec![1.0; 4]).unwrap());
+    let given = HostTensor::new(vec![1, 4], vec![10.0; 4]).unwrap();
+    let kept = tessera_reference::evaluate_keeping_from(
+        &g,
+        &TensorMap::new(),
+        &inputs,
+        &EvalOptions::default(),
+        &[y, z],
+        &[(y, given)],
+    )
+    .unwrap();
+    assert_eq!(kept[0].data(), &[2.0; 4], "y keeps its own value");
+    assert_eq!(kept[1].data(), &[20.0; 4], "z is computed from the given y");
+    // A value of the wrong shape is refused, naming the tensor.
+    let wrong = HostTensor::new(vec![4], vec![0.0; 4]).unwrap();
+    let e = tessera_reference::evaluate_keeping_from(
+        &g,
+        &TensorMap::new(),
+        &inputs,
+        &EvalOptions::default(),
+        &[z],
+        &[(y, wrong)],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("has shape"), "{e}");
+}
