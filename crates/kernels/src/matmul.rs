@@ -1019,7 +1019,8 @@ fn rows_stream(s: &mut Asm, f: Feed, count: Count, strided: bool) {
             }
         }
     }
-    // Issue -1: the first input (and with partials the second row's first word).
+    // Issue -1: the first input word (and, with partials, row 1's first partial
+    // word).
     let first = Slot {
         load: true,
         pin: f == Feed::Partials && straight.is_none_or(|q| q > 1),
