@@ -664,6 +664,29 @@ mod tests {
         assert_eq!(linears(&other), linears(&graph));
     }
 
+    /// The layer emitted in another order lowers to the same fused operations:
+    /// the same rules, each fusing as many operations.
+    #[test]
+    fn the_layer_in_another_order_lowers_to_the_same_rules() {
+        let graph = encoder_layer(&EncoderLayerConfig::tiny(2)).unwrap();
+        let other = Graph::parse(&reordered(&graph.to_string())).unwrap();
+        let rules = |g: &Graph| {
+            let plan = crate::lower(
+                &Machine::small(),
+                g,
+                &init_weights(g, 1),
+                &LowerOptions::default(),
+            )
+            .unwrap();
+            let mut rules: Vec<(String, usize)> = (plan.ops.iter())
+                .map(|o| (o.kind.clone(), o.fused.len()))
+                .collect();
+            rules.sort();
+            rules
+        };
+        assert_eq!(rules(&other), rules(&graph));
+    }
+
     /// The residual operand emitted after the product is still the residual:
     /// recognition does not ask what is lowered yet, and the walk lowers the
     /// linear once its operand is.
