@@ -7,17 +7,21 @@
 //!   ([`pooling::Absorbed`], recognised by `Uses::absorbable`);
 //! - an attention: its scores product `q k^T`, the scale, the softmax and the
 //!   product by the values ([`FusedAttention`]), with the query projection that
-//!   may carry the scale and the projections that may store their heads packed.
+//!   may carry the scale and the projections that may store their heads packed;
+//! - a linear `x W (+ b)` with the epilogue that follows it alone (views, GELU, a
+//!   per-row constant, a residual add) and the sibling projections computed with
+//!   it ([`FusedLinear`]).
 //!
 //! Its invariant: what it records is a fact about the graph (and, for packing,
 //! the machine's attention geometry), so the walker decides nothing from what it
-//! has already lowered when it picks a rule for an attention.
+//! has already lowered when it picks a rule.
 
 use tessera_graph::{Graph, Op, OpId, OpKind, TensorId, TensorMap};
 use tessera_machine::Machine;
 
-use super::{LowerOptions, attention, pooling, unsupported};
+use super::{Cols, LowerOptions, attention, pooling, unsupported};
 use crate::PlanError;
+use crate::matmul::AMP_WIDTH;
 
 /// The graph with its readers and weights: what every recognition reads.
 pub(super) struct Uses<'g> {
@@ -43,10 +47,48 @@ pub(super) struct FusedAttention<'g> {
     pub packs: Option<[TensorId; 3]>,
 }
 
+/// A linear `x W (+ b)`, `W` a 2-D parameter, with its epilogue and siblings.
+#[derive(Clone)]
+pub(super) struct FusedLinear<'g> {
+    pub matmul: &'g Op,
+    pub x: TensorId,
+    pub w: TensorId,
+    pub bias: Option<TensorId>,
+    /// The operations after the product, each the only reader of the one
+    /// before: views, a GELU, a per-row constant add, a residual add.
+    pub epilogue: Vec<&'g Op>,
+    pub gelu: bool,
+    /// A parameter added per row, its rows repeating down the output.
+    pub row_const: Option<TensorId>,
+    /// The other operand of the residual add; the walker lowers the linear once
+    /// it has a value, wherever its producer was emitted.
+    pub residual: Option<TensorId>,
+    /// The tensor the epilogue leaves.
+    pub end: TensorId,
+    /// How `end` stores its columns: in heads when head splits alone read it.
+    pub cols: Cols,
+    /// Projections of the same input into heads alike, computed as one matmul
+    /// with this one (attention's q, k and v): one input exchange, a wider output.
+    pub siblings: Vec<&'g Op>,
+    /// The attention scale each member's output carries, this one first (1 for
+    /// none; never through a GELU or a residual).
+    pub scales: Vec<f32>,
+}
+
+impl FusedLinear<'_> {
+    /// Each member's output as its head split reads it, this one first.
+    pub fn outputs(&self) -> impl Iterator<Item = TensorId> + '_ {
+        std::iter::once(self.end).chain(self.siblings.iter().map(|s| s.output))
+    }
+}
+
 /// The fused operations of one graph.
 pub(super) struct Fusion<'g> {
     pub pooled: Vec<pooling::Absorbed<'g>>,
     pub attentions: Vec<FusedAttention<'g>>,
+    pub linears: Vec<FusedLinear<'g>>,
+    /// By op index: lowered inside another operation's rule, never on its own.
+    inside: Vec<bool>,
 }
 
 impl<'g> Fusion<'g> {
@@ -78,10 +120,35 @@ impl<'g> Fusion<'g> {
             .any(|a| a.packs.is_some_and(|xs| xs.contains(&t)))
     }
 
-    /// Operations lowered inside another fused operation's rule, never on their
-    /// own: the absorbed attentions' projections and splits.
-    pub fn folded(&self) -> impl Iterator<Item = &'g Op> + '_ {
-        self.pooled.iter().flat_map(|ab| ab.folded())
+    /// The fused linear whose product is `op`.
+    pub fn linear(&self, op: &Op) -> Option<usize> {
+        self.linears.iter().position(|l| std::ptr::eq(l.matmul, op))
+    }
+
+    /// Whether operation `i` is lowered inside another's rule.
+    pub fn inside(&self, i: usize) -> bool {
+        self.inside[i]
+    }
+
+    /// The attention scale `t` is stored times, when its projection folded it.
+    pub fn folded_scale(&self, t: TensorId) -> Option<f32> {
+        self.linears.iter().find_map(|l| {
+            l.outputs()
+                .zip(&l.scales)
+                .find(|&(o, &f)| o == t && f != 1.0)
+                .map(|(_, &f)| f)
+        })
+    }
+
+    /// How a projection split into `heads` heads of `d` columns stores them:
+    /// packed where its attention reads them so, padded otherwise.
+    pub fn head_cols(&self, t: TensorId, heads: u32, d: u32) -> Cols {
+        let dp = d.next_multiple_of(AMP_WIDTH);
+        Cols::Heads {
+            heads,
+            d,
+            dp: if self.packs(t) { d } else { dp },
+        }
     }
 }
 
@@ -103,7 +170,45 @@ pub(super) fn fuse<'g>(uses: &Uses<'g>, machine: &Machine, opts: &LowerOptions) 
         .filter(|op| !pooled.iter().any(|ab| std::ptr::eq(ab.scores_op, *op)))
         .filter_map(|op| uses.attention(op, machine, opts))
         .collect();
-    Fusion { pooled, attentions }
+    let mut fusion = Fusion {
+        pooled,
+        attentions,
+        linears: Vec::new(),
+        inside: vec![false; uses.graph.ops().len()],
+    };
+    let folded: Vec<&Op> = fusion.pooled.iter().flat_map(|ab| ab.folded()).collect();
+    fusion.linears = uses.linears(&fusion, &folded);
+    // An absorbed attention's chain is the one `softmax_chain` found for it.
+    let pooled_chains = (fusion.pooled.iter())
+        .filter_map(|ab| uses.softmax_chain(ab.scores_op).ok())
+        .flat_map(|(_, chain, _)| chain);
+    let inner = pooled_chains
+        .chain(folded)
+        .chain(
+            fusion
+                .attentions
+                .iter()
+                .flat_map(|a| a.chain.iter().copied()),
+        )
+        .chain((fusion.linears.iter()).flat_map(|l| l.epilogue.iter().chain(&l.siblings).copied()));
+    let index = |op: &Op| {
+        (uses.graph.ops().iter())
+            .position(|o| std::ptr::eq(o, op))
+            .expect("op of this graph")
+    };
+    for op in inner.collect::<Vec<_>>() {
+        fusion.inside[index(op)] = true;
+    }
+    fusion
+}
+
+/// What follows a linear's product alone, and the tensor it leaves.
+struct Epilogue<'g> {
+    ops: Vec<&'g Op>,
+    gelu: bool,
+    row_const: Option<TensorId>,
+    residual: Option<TensorId>,
+    end: TensorId,
 }
 
 impl<'g> Uses<'g> {
@@ -269,6 +374,147 @@ impl<'g> Uses<'g> {
         (path == attention::Path::Transposed && attention::packs_heads(heads, d)).then_some(xs)
     }
 
+    /// Every linear by a 2-D parameter outside the absorbed attentions, in
+    /// emission order: a projection taken as an earlier one's sibling is not
+    /// one of its own.
+    fn linears(&self, fusion: &Fusion<'g>, folded: &[&'g Op]) -> Vec<FusedLinear<'g>> {
+        let ops = self.graph.ops();
+        let is_folded = |op: &Op| folded.iter().any(|f| std::ptr::eq(*f, op));
+        let mut taken = vec![false; ops.len()];
+        let mut out = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            if taken[i] || is_folded(op) || fusion.pooled_at(op).is_some() {
+                continue;
+            }
+            let OpKind::MatMul {
+                a: x,
+                b: w,
+                transpose_b: false,
+                bias,
+            } = op.kind
+            else {
+                continue;
+            };
+            if !self.is_param(w) || self.graph.shape(w).rank() != 2 {
+                continue;
+            }
+            let wdims = self.graph.shape(w).dims();
+            let n = wdims[1];
+            let ep = self.epilogue(op, n);
+            let cols = self.split_cols(fusion, ep.end, n);
+            let mut siblings = Vec::new();
+            if cols != Cols::Dense && ep.residual.is_none() && !ep.gelu && ep.row_const.is_none() {
+                for (j, sib) in ops.iter().enumerate() {
+                    if j == i || taken[j] || is_folded(sib) {
+                        continue;
+                    }
+                    let OpKind::MatMul {
+                        a: sa,
+                        b: sb,
+                        transpose_b: false,
+                        ..
+                    } = sib.kind
+                    else {
+                        continue;
+                    };
+                    let cons = &self.consumers[sib.output.index()];
+                    let splits_alike = !cons.is_empty()
+                        && cons.iter().all(|c| {
+                            matches!(&self.graph.op(*c).kind,
+                                OpKind::SplitHeads { heads: h, .. } if fusion.head_cols(sib.output, *h as u32, n as u32 / (*h as u32).max(1)) == cols)
+                        });
+                    if sa == x
+                        && self.is_param(sb)
+                        && self.graph.shape(sb).dims() == wdims
+                        && splits_alike
+                    {
+                        taken[j] = true;
+                        siblings.push(sib);
+                    }
+                }
+            }
+            let mut fl = FusedLinear {
+                matmul: op,
+                x,
+                w,
+                bias,
+                epilogue: ep.ops,
+                gelu: ep.gelu,
+                row_const: ep.row_const,
+                residual: ep.residual,
+                end: ep.end,
+                cols,
+                siblings,
+                scales: Vec::new(),
+            };
+            fl.scales = (fl.outputs())
+                .map(|t| match fusion.query_scale(t) {
+                    Some(f) if !fl.gelu && fl.residual.is_none() => f,
+                    _ => 1.0,
+                })
+                .collect();
+            out.push(fl);
+        }
+        out
+    }
+
+    /// The epilogue of the product `op` of `n` columns: views, at most one GELU
+    /// (the kernel's, before any add), at most one constant add of `n` columns
+    /// per row (not after the GELU), and a residual add, which ends it.
+    fn epilogue(&self, op: &'g Op, n: usize) -> Epilogue<'g> {
+        let mut ep = Epilogue {
+            ops: Vec::new(),
+            gelu: false,
+            row_const: None,
+            residual: None,
+            end: op.output,
+        };
+        while let Some(next) = self.sole(ep.end) {
+            match next.kind {
+                OpKind::Reshape { .. } => {}
+                OpKind::Gelu { .. } if !ep.gelu && ep.row_const.is_none() => ep.gelu = true,
+                OpKind::Add { a, b } => {
+                    let other = if a == ep.end { b } else { a };
+                    if other == ep.end {
+                        break;
+                    }
+                    if self.is_param(other) {
+                        let cols = self.graph.shape(other).dims().last().copied();
+                        if ep.row_const.is_some() || ep.gelu || cols != Some(n) {
+                            break;
+                        }
+                        ep.row_const = Some(other);
+                    } else {
+                        ep.residual = Some(other);
+                    }
+                }
+                _ => break,
+            }
+            ep.ops.push(next);
+            ep.end = next.output;
+            if ep.residual.is_some() {
+                break;
+            }
+        }
+        ep
+    }
+
+    /// `t`'s columns stored in heads when every reader splits it into the same
+    /// number of heads.
+    fn split_cols(&self, fusion: &Fusion<'g>, t: TensorId, n: usize) -> Cols {
+        let consumers = &self.consumers[t.index()];
+        let heads = |c: &OpId| match self.graph.op(*c).kind {
+            OpKind::SplitHeads { heads, .. } => u32::try_from(heads).ok(),
+            _ => None,
+        };
+        match consumers.first().and_then(heads) {
+            Some(h) if consumers.iter().all(|c| heads(c) == Some(h)) => {
+                fusion.head_cols(t, h, n as u32 / h)
+            }
+            _ => Cols::Dense,
+        }
+    }
+
     /// The tensor head split `t` reads, when `t`'s only reader is `reader` and
     /// the split is that tensor's only reader: then its producer may change how
     /// it stores the heads for `reader` alone.
@@ -358,6 +604,149 @@ mod tests {
         let other = Graph::parse(&reordered(&text)).unwrap();
         assert_ne!(other.to_string(), text, "the premise: another order");
         assert_eq!(recognised(&other), recognised(&graph));
+    }
+
+    /// A fused linear by names: its members (sorted: which one leads follows
+    /// the emission order), its epilogue, the GELU, the per-row constant and
+    /// the residual operand's producer.
+    type Linear = (
+        Vec<String>,
+        Vec<String>,
+        bool,
+        Option<String>,
+        Option<String>,
+    );
+
+    fn linears(graph: &Graph) -> Vec<Linear> {
+        let weights = init_weights(graph, 1);
+        let uses = Uses::new(graph, &weights);
+        let f = fuse(&uses, &Machine::small(), &LowerOptions::default());
+        let name = |t: TensorId| graph.producer(t).name.clone();
+        let mut out: Vec<Linear> = (f.linears.iter())
+            .map(|l| {
+                let mut members: Vec<String> = std::iter::once(l.matmul)
+                    .chain(l.siblings.iter().copied())
+                    .map(|o| o.name.clone())
+                    .collect();
+                members.sort();
+                (
+                    members,
+                    l.epilogue.iter().map(|o| o.name.clone()).collect(),
+                    l.gelu,
+                    l.row_const.map(name),
+                    l.residual.map(name),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn the_layers_linears_carry_their_epilogues() {
+        let graph = encoder_layer(&EncoderLayerConfig::tiny(2)).unwrap();
+        let ls = linears(&graph);
+        assert!(
+            ls.iter().any(|l| l.0.len() == 3 && l.1.is_empty()),
+            "q, k and v as one product: {ls:?}"
+        );
+        assert!(ls.iter().any(|l| l.2), "a GELU: {ls:?}");
+        assert!(
+            ls.iter().filter(|l| l.4.is_some()).count() >= 2,
+            "the residuals: {ls:?}"
+        );
+    }
+
+    #[test]
+    fn linear_recognition_does_not_depend_on_the_emission_order() {
+        let graph = encoder_layer(&EncoderLayerConfig::tiny(2)).unwrap();
+        let other = Graph::parse(&reordered(&graph.to_string())).unwrap();
+        assert_eq!(linears(&other), linears(&graph));
+    }
+
+    /// The layer emitted in another order lowers to the same fused operations:
+    /// the same rules, each fusing as many operations.
+    #[test]
+    fn the_layer_in_another_order_lowers_to_the_same_rules() {
+        let graph = encoder_layer(&EncoderLayerConfig::tiny(2)).unwrap();
+        let other = Graph::parse(&reordered(&graph.to_string())).unwrap();
+        let rules = |g: &Graph| {
+            let plan = crate::lower(
+                &Machine::small(),
+                g,
+                &init_weights(g, 1),
+                &LowerOptions::default(),
+            )
+            .unwrap();
+            let mut rules: Vec<(String, usize)> = (plan.ops.iter())
+                .map(|o| (o.kind.clone(), o.fused.len()))
+                .collect();
+            rules.sort();
+            rules
+        };
+        assert_eq!(rules(&other), rules(&graph));
+    }
+
+    /// The residual operand emitted after the product is still the residual:
+    /// recognition does not ask what is lowered yet, and the walk lowers the
+    /// linear once its operand is.
+    #[test]
+    fn a_residual_emitted_after_the_product_fuses() {
+        let text = "\
+x: f16[32, 16] = input \"x\"
+w: f16[16, 16] = param \"proj.w\" normal(mean=0, std=0.25)
+y: f16[32, 16] = matmul x, w  # proj
+g: f16[32, 16] = gelu y  # proj.gelu
+z: f16[32, 16] = gelu x  # other
+r: f16[32, 16] = add z, g  # proj.residual
+output \"r\" = r
+";
+        let graph = Graph::parse(text).unwrap();
+        let expect = vec![(
+            vec!["proj".to_string()],
+            vec!["proj.gelu".to_string(), "proj.residual".to_string()],
+            true,
+            None,
+            Some("other".to_string()),
+        )];
+        assert_eq!(linears(&graph), expect);
+        let plan = crate::lower(
+            &Machine::small().with_tiles(4),
+            &graph,
+            &init_weights(&graph, 1),
+            &LowerOptions::default(),
+        )
+        .unwrap();
+        let op = plan.ops.iter().find(|o| o.name == "proj").unwrap();
+        assert_eq!(op.fused, ["proj.gelu", "proj.residual"]);
+        let at = |n: &str| plan.ops.iter().position(|o| o.name == n).unwrap();
+        assert!(at("other") < at("proj"), "the operand is lowered first");
+    }
+
+    /// A constant of the output's width added per row is the linear's; one of
+    /// another width, or one after the GELU, is not.
+    #[test]
+    fn a_row_constant_fuses_before_the_gelu_only() {
+        let graph = Graph::parse(
+            "\
+x: f16[2, 16, 16] = input \"x\"
+w: f16[16, 16] = param \"a.w\" normal(mean=0, std=0.25)
+c: f16[16, 16] = param \"pos\" normal(mean=0, std=0.25)
+y: f16[2, 16, 16] = matmul x, w  # a
+p: f16[2, 16, 16] = add y, c  # a.pos
+u: f16[16, 16] = param \"b.w\" normal(mean=0, std=0.25)
+v: f16[2, 16, 16] = matmul p, u  # b
+g: f16[2, 16, 16] = gelu v  # b.gelu
+q: f16[2, 16, 16] = add g, c  # b.pos
+output \"q\" = q
+",
+        )
+        .unwrap();
+        let ls = linears(&graph);
+        assert_eq!(ls[0].1, ["a.pos"]);
+        assert_eq!(ls[0].3.as_deref(), Some("c"));
+        assert_eq!(ls[1].1, ["b.gelu"]);
+        assert_eq!(ls[1].3, None);
     }
 
     /// `q q^T` is an attention, but its one operand can neither carry the scale

@@ -243,8 +243,6 @@ struct Walker<'g> {
     /// The fused operations recognised before the walk.
     fusion: Fusion<'g>,
     vals: HashMap<TensorId, Val>,
-    /// Operations a rule already lowered as part of another (fused epilogues).
-    done: Vec<bool>,
     /// Every matmul by a parameter, for the budget shares: the floors' sum and
     /// the sum of weight bytes times rows.
     weight_floors: u64,
@@ -258,30 +256,13 @@ struct Walker<'g> {
     made_by: HashMap<TensorId, String>,
     /// FLOP of the current rule's products, when they are not the graph's.
     flop: Option<u64>,
-    /// The query projections that did fold their attention's scale.
-    folded_scales: HashMap<TensorId, f32>,
 }
 
 impl<'g> Walker<'g> {
-    fn is_done(&self, op: &Op) -> bool {
-        self.g
-            .graph
-            .ops()
-            .iter()
-            .position(|o| std::ptr::eq(o, op))
-            .is_some_and(|i| self.done[i])
-    }
-
+    /// Records `op` as lowered by the current rule; the walk skips it, as the
+    /// canonicalisation pass put it inside that rule.
     fn mark(&mut self, op: &Op) {
         self.fused.push(op.name.clone());
-        let i = self
-            .g
-            .graph
-            .ops()
-            .iter()
-            .position(|o| std::ptr::eq(o, op))
-            .expect("op of this graph");
-        self.done[i] = true;
     }
 
     fn val(&self, t: TensorId) -> Result<&Val, PlanError> {
@@ -399,7 +380,7 @@ impl<'g> Walker<'g> {
                     .any(|c| !group.contains(&(c.0 as usize)));
             let (stored, note) = match self.vals.get(&t) {
                 Some(v) if read_outside => {
-                    let scale = self.folded_scales.get(&t).copied().unwrap_or(1.0);
+                    let scale = self.fusion.folded_scale(t).unwrap_or(1.0);
                     let stored = StoredTensor {
                         t: v.t.clone(),
                         heads: match v.cols {
@@ -441,14 +422,11 @@ impl<'g> Walker<'g> {
         out
     }
 
-    /// `x @ W (+ b)` with `W` a 2-D parameter, and the epilogue that follows it
-    /// alone: views, one per-row constant add, GELU, one residual add.
-    fn linear(
-        &mut self,
-        lw: &mut Lowering<'_>,
-        op: &'g Op,
-        (a, w, bias): (TensorId, TensorId, Option<TensorId>),
-    ) -> Result<(), PlanError> {
+    /// Fused linear `l` of the canonicalisation pass: `x @ W (+ b)` with its
+    /// epilogue and siblings as one matmul.
+    fn linear(&mut self, lw: &mut Lowering<'_>, l: usize) -> Result<(), PlanError> {
+        let fl = self.fusion.linears[l].clone();
+        let (op, a, w) = (fl.matmul, fl.x, fl.w);
         let xv = self.operand(lw, a)?;
         let wdims = self.g.graph.shape(w).dims().to_vec();
         let [k_log, n_log] = wdims[..] else {
@@ -456,68 +434,46 @@ impl<'g> Walker<'g> {
         };
         let (k_log, n_log) = (to_u32(k_log, "k")?, to_u32(n_log, "n")?);
         let wdata = self.g.param_data(w, (k_log * n_log) as usize)?;
-        let bdata = match bias {
+        let bdata = match fl.bias {
             Some(b) => Some(self.g.param_data(b, n_log as usize)?),
             None => None,
         };
-
-        // The fused epilogue: follow single consumers.
-        let mut end = op.output;
-        let mut views = Vec::new();
-        let mut gelu = false;
-        let mut row_const: Option<(&[f32], u32)> = None;
-        let mut residual: Option<Val> = None;
-        while let Some(next) = self.g.sole(end) {
-            match &next.kind {
-                OpKind::Reshape { .. } => views.push(next),
-                OpKind::Gelu { .. } if !gelu && residual.is_none() && row_const.is_none() => {
-                    gelu = true
-                }
-                OpKind::Add { a: x, b: y } if residual.is_none() => {
-                    let other = if *x == end { *y } else { *x };
-                    if self.g.is_param(other) {
-                        if row_const.is_some() || gelu {
-                            break;
-                        }
-                        let pd = self.g.graph.shape(other).dims().to_vec();
-                        let cols = *pd.last().unwrap_or(&0);
-                        let prow = pd.iter().product::<usize>() / cols.max(1);
-                        if to_u32(cols, "columns")? != n_log {
-                            break;
-                        }
-                        let data = self.g.param_data(other, prow * cols)?;
-                        row_const = Some((data, to_u32(prow, "rows")?));
-                    } else if let Some(v) = self.vals.get(&other) {
-                        if v.cols != Cols::Dense {
-                            break;
-                        }
-                        residual = Some(v.clone());
-                    } else {
-                        break;
-                    }
-                }
-                _ => break,
+        let row_const: Option<(&[f32], u32)> = match fl.row_const {
+            Some(c) => {
+                let pd = self.g.graph.shape(c).dims();
+                let cols = *pd.last().unwrap_or(&0);
+                let prow = pd.iter().product::<usize>() / cols.max(1);
+                Some((self.g.param_data(c, prow * cols)?, to_u32(prow, "rows")?))
             }
-            self.mark(next);
-            end = next.output;
-            if residual.is_some() {
-                break;
-            }
-        }
-
-        // Head-split consumers get each head on whole AMP blocks.
-        let consumers = &self.g.consumers[end.index()];
-        let heads = match consumers.first().map(|c| &self.g.graph.op(*c).kind) {
-            Some(OpKind::SplitHeads { heads, .. })
-                if consumers.iter().all(|c| {
-                    matches!(&self.g.graph.op(*c).kind, OpKind::SplitHeads { heads: h, .. } if h == heads)
-                }) =>
-            {
-                let heads = to_u32(*heads, "heads")?;
-                self.head_cols(end, heads, n_log / heads)
-            }
-            _ => Cols::Dense,
+            None => None,
         };
+        let residual = match fl.residual {
+            Some(r) => {
+                let v = self.val(r)?.clone();
+                // No rule adds a head-split tensor, fused or not.
+                if v.cols != Cols::Dense {
+                    let add = fl
+                        .epilogue
+                        .last()
+                        .expect("a residual add ends the epilogue");
+                    return Err(unsupported(format!(
+                        "{}: elementwise op on head-split tensors",
+                        add.name
+                    )));
+                }
+                Some(v)
+            }
+            None => None,
+        };
+        let (gelu, end, heads) = (fl.gelu, fl.end, fl.cols);
+        for next in &fl.epilogue {
+            self.mark(next);
+        }
+        let views = fl
+            .epilogue
+            .iter()
+            .filter(|o| matches!(o.kind, OpKind::Reshape { .. }));
+
         if heads == Cols::Dense && !n_log.is_multiple_of(AMP_WIDTH) {
             return Err(unsupported(format!(
                 "{}: output width {n_log} must be a multiple of {AMP_WIDTH}",
@@ -527,57 +483,19 @@ impl<'g> Walker<'g> {
         if residual.is_some() && heads != Cols::Dense {
             return Err(unsupported(format!("{}: residual into heads", op.name)));
         }
-        // Sibling projections of the same input into heads (attention's q, k and
-        // v) are one matmul with their weights side by side: one input exchange,
-        // one rearrangement, a wider output.
         let mut members: Vec<Member<'g>> = vec![(op, wdata, bdata)];
-        if heads != Cols::Dense && residual.is_none() && !gelu && row_const.is_none() {
-            for sib in self.g.graph.ops() {
-                if std::ptr::eq(sib, op) || self.is_done(sib) {
-                    continue;
-                }
-                let OpKind::MatMul {
-                    a: sa,
-                    b: sb,
-                    transpose_b: false,
-                    bias: sbias,
-                } = sib.kind
-                else {
-                    continue;
-                };
-                let cons = &self.g.consumers[sib.output.index()];
-                let splits_alike = !cons.is_empty()
-                    && cons.iter().all(|c| {
-                        matches!(&self.g.graph.op(*c).kind,
-                            OpKind::SplitHeads { heads: h, .. } if self.head_cols(sib.output, *h as u32, n_log / (*h as u32).max(1)) == heads)
-                    });
-                if sa != a
-                    || !self.g.is_param(sb)
-                    || self.g.graph.shape(sb).dims() != wdims
-                    || !splits_alike
-                {
-                    continue;
-                }
-                let sw = self.g.param_data(sb, (k_log * n_log) as usize)?;
-                let sbd = match sbias {
-                    Some(b) => Some(self.g.param_data(b, n_log as usize)?),
-                    None => None,
-                };
-                members.push((sib, sw, sbd));
-            }
+        for sib in &fl.siblings {
+            let OpKind::MatMul { b: sb, bias, .. } = sib.kind else {
+                unreachable!("a sibling is a product")
+            };
+            let sw = self.g.param_data(sb, (k_log * n_log) as usize)?;
+            let sbd = match bias {
+                Some(b) => Some(self.g.param_data(b, n_log as usize)?),
+                None => None,
+            };
+            members.push((sib, sw, sbd));
         }
-        // Each member's output as its head split reads it, and the attention
-        // scale it carries (1 if none; never through GELU or a residual).
-        let member_out: Vec<TensorId> = (members.iter().enumerate())
-            .map(|(m, (sib, _, _))| if m == 0 { end } else { sib.output })
-            .collect();
-        let scales: Vec<f32> = member_out
-            .iter()
-            .map(|t| match self.fusion.query_scale(*t) {
-                Some(f) if !gelu && residual.is_none() => f,
-                _ => 1.0,
-            })
-            .collect();
+        let scales = fl.scales.clone();
         // A fused GELU reads `x / 2` (`Gelu::with_half_input`): the halving goes
         // into the weights and bias, exactly (a power of two).
         let pre = if gelu { 0.5 } else { 1.0 };
@@ -649,11 +567,6 @@ impl<'g> Walker<'g> {
             cols: heads,
             offset: 0,
         };
-        for (t, &f) in member_out.iter().zip(&scales) {
-            if f != 1.0 {
-                self.folded_scales.insert(*t, f);
-            }
-        }
         for (m, (sib, _, _)) in members.iter().enumerate().skip(1) {
             self.mark(sib);
             let sv = Val {
@@ -729,17 +642,6 @@ impl<'g> Walker<'g> {
         lower(lw, map)
     }
 
-    /// How a projection split into `heads` heads of `d` columns stores them: packed
-    /// where the walker found its attention reads them so, padded otherwise.
-    fn head_cols(&self, t: TensorId, heads: u32, d: u32) -> Cols {
-        let dp = d.next_multiple_of(AMP_WIDTH);
-        Cols::Heads {
-            heads,
-            d,
-            dp: if self.fusion.packs(t) { d } else { dp },
-        }
-    }
-
     /// `softmax(q @ k^T * scale) @ v` per image and head, from the scores product.
     fn attention(
         &mut self,
@@ -752,7 +654,7 @@ impl<'g> Walker<'g> {
         let chain = fa.chain.clone();
         let pv = *chain.last().expect("the chain ends at p V");
         if let OpKind::SplitHeads { x, .. } = self.g.graph.producer(q).kind
-            && self.folded_scales.get(&x) == Some(&scale)
+            && self.fusion.folded_scale(x) == Some(scale)
         {
             lw.plan.decisions.push(format!(
                 "{}: softmax scale {scale} folded into the query projection",
@@ -982,14 +884,7 @@ impl<'g> Walker<'g> {
             OpKind::MatMul { .. } if let Some(i) = self.fusion.pooled_at(op) => {
                 self.absorbed_attention(lw, i)
             }
-            OpKind::MatMul {
-                a,
-                b,
-                transpose_b: false,
-                bias,
-            } if self.g.is_param(*b) && self.g.graph.shape(*b).rank() == 2 => {
-                self.linear(lw, op, (*a, *b, *bias))
-            }
+            OpKind::MatMul { .. } if let Some(l) = self.fusion.linear(op) => self.linear(lw, l),
             OpKind::MatMul {
                 transpose_b: true,
                 bias: None,
@@ -1536,6 +1431,36 @@ pub fn lower_exact(
     lower_with(machine, graph, weights, opts)
 }
 
+/// Lowers operation `i` by its rule and records the plan's op for it.
+fn lower_at<'g>(w: &mut Walker<'g>, lw: &mut Lowering<'_>, i: usize) -> Result<(), PlanError> {
+    let op = &w.g.graph.ops()[i];
+    lw.op = op.name.clone();
+    let steps = lw.plan.steps.len();
+    w.lower_op(lw, op)?;
+    let fused = std::mem::take(&mut w.fused);
+    if lw.plan.steps.len() > steps || !fused.is_empty() {
+        let kind = match &op.kind {
+            OpKind::LayerNorm { .. } => "layer_norm",
+            OpKind::MatMul {
+                transpose_b: true, ..
+            } => "attention",
+            OpKind::MatMul { .. } => "linear",
+            OpKind::Gelu { .. } | OpKind::Add { .. } => "elementwise",
+            other => other.mnemonic(),
+        };
+        let results = w.results(i, &fused, lw.plan.ops.len());
+        lw.plan.results.extend(results);
+        lw.plan.ops.push(PlanOp {
+            name: op.name.clone(),
+            kind: kind.to_string(),
+            fused,
+            inner_chunks: w.inner_chunks.take(),
+            flop: w.flop.take(),
+        });
+    }
+    Ok(())
+}
+
 fn lower_with(
     machine: &Machine,
     graph: &Graph,
@@ -1544,27 +1469,16 @@ fn lower_with(
 ) -> Result<TilePlan, PlanError> {
     let uses = Uses::new(graph, weights);
     let fusion = fuse::fuse(&uses, machine, opts);
-    let mut done = vec![false; graph.ops().len()];
-    for f in fusion.folded() {
-        let i = graph
-            .ops()
-            .iter()
-            .position(|o| std::ptr::eq(o, f))
-            .expect("op of this graph");
-        done[i] = true;
-    }
     let mut w = Walker {
         g: uses,
         fusion,
         vals: HashMap::new(),
-        done,
         weight_floors: 0,
         weight_demand: 0.0,
         fused: Vec::new(),
         inner_chunks: None,
         made_by: HashMap::new(),
         flop: None,
-        folded_scales: HashMap::new(),
     };
     // Every matmul by a parameter keeps its weights resident, except absorbed
     // query and key projections (the scores' few weights are constants beside
@@ -1588,34 +1502,31 @@ fn lower_with(
         w.weight_demand += wbytes as f64 * rows as f64;
     }
     let mut lw = Lowering::new(machine, opts);
-    for (i, op) in graph.ops().iter().enumerate() {
-        if w.done[i] {
+    // A fused linear waits for its residual operand, which an importer may emit
+    // after the product; the built-in builders never do.
+    let waits = |w: &Walker<'_>, i: usize| {
+        (w.fusion.linear(&graph.ops()[i]))
+            .and_then(|l| w.fusion.linears[l].residual)
+            .is_some_and(|r| !w.vals.contains_key(&r))
+    };
+    let mut waiting: Vec<usize> = Vec::new();
+    for i in 0..graph.ops().len() {
+        if w.fusion.inside(i) {
             continue;
         }
-        lw.op = op.name.clone();
-        let steps = lw.plan.steps.len();
-        w.lower_op(&mut lw, op)?;
-        let fused = std::mem::take(&mut w.fused);
-        if lw.plan.steps.len() > steps || !fused.is_empty() {
-            let kind = match &op.kind {
-                OpKind::LayerNorm { .. } => "layer_norm",
-                OpKind::MatMul {
-                    transpose_b: true, ..
-                } => "attention",
-                OpKind::MatMul { .. } => "linear",
-                OpKind::Gelu { .. } | OpKind::Add { .. } => "elementwise",
-                other => other.mnemonic(),
-            };
-            let results = w.results(i, &fused, lw.plan.ops.len());
-            lw.plan.results.extend(results);
-            lw.plan.ops.push(PlanOp {
-                name: op.name.clone(),
-                kind: kind.to_string(),
-                fused,
-                inner_chunks: w.inner_chunks.take(),
-                flop: w.flop.take(),
-            });
+        if waits(&w, i) {
+            waiting.push(i);
+            continue;
         }
+        lower_at(&mut w, &mut lw, i)?;
+        while let Some(k) = waiting.iter().position(|&j| !waits(&w, j)) {
+            let j = waiting.remove(k);
+            lower_at(&mut w, &mut lw, j)?;
+        }
+    }
+    // What still waits has an operand nothing lowers: its rule says why.
+    for j in waiting {
+        lower_at(&mut w, &mut lw, j)?;
     }
     for out in graph.outputs() {
         lw.op = format!("output.{}", out.name);
