@@ -1099,20 +1099,19 @@ struct KeyRun {
     sum: Loc,
 }
 
-/// The single-query attention (the pooling head's probe) with the keys cut over the
-/// group instead of one tile holding the whole row while the rest only transpose:
-/// each member scores its run of keys, takes its maximum; the members exchange
-/// their maxima; each computes `e = exp(scale (s - M))` for the row's maximum `M`,
-/// `e V` over its values and the sum of `e`; member 0 sums the products and divides
-/// by the sum of the sums (`reduce_norm`). Exchanges: queries, keys and values;
-/// the maxima; the products and sums.
-fn single_query(
+/// Member 0 of a pair in the single-query attention: its tile, image and head,
+/// and its buffers of every member's `e V` and sum and of the context.
+type SumTile = (u32, u32, u32, BufId, BufId, BufId);
+
+/// The single-query attention's key runs and, per pair, its member 0's
+/// combination buffers.
+fn single_query_layout(
     lw: &mut Lowering<'_>,
     op: &Attention<'_>,
     group: u32,
     share: u32,
     g: u32,
-) -> Result<DistTensor, PlanError> {
+) -> (Vec<KeyRun>, Vec<SumTile>) {
     let name = op.name;
     let tiles = lw.machine.tiles;
     let kc = op.padded().0;
@@ -1190,6 +1189,26 @@ fn single_query(
             });
         }
     }
+    (runs, combine)
+}
+
+/// The single-query attention (the pooling head's probe) with the keys cut over the
+/// group instead of one tile holding the whole row while the rest only transpose:
+/// each member scores its run of keys, takes its maximum; the members exchange
+/// their maxima; each computes `e = exp(scale (s - M))` for the row's maximum `M`,
+/// `e V` over its values and the sum of `e`; member 0 sums the products and divides
+/// by the sum of the sums (`reduce_norm`). Exchanges: queries, keys and values;
+/// the maxima; the products and sums.
+fn single_query(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    group: u32,
+    share: u32,
+    g: u32,
+) -> Result<DistTensor, PlanError> {
+    let name = op.name;
+    let kc = op.padded().0;
+    let (runs, combine) = single_query_layout(lw, op, group, share, g);
     let (q_first, k_first, v_first) = (op.q.1, op.k.1, op.v.1);
     let (mut q_parts, mut k_parts, mut v_parts) = (Vec::new(), Vec::new(), Vec::new());
     for r in &runs {
