@@ -422,292 +422,360 @@ pub(crate) fn attention(
 ) -> Result<DistTensor, PlanError> {
     let name = op.name;
     let tiles = lw.machine.tiles;
-    let (kc, tp, tb) = op.padded();
+    let (_, tp, _) = op.padded();
     let (path, group, rows_per, share, per_t) = geometry(
         tiles,
         lw.opts.experimental.row_attention,
         (op.batch, op.heads, op.tq, op.t),
         op.scale,
     );
-    let per_rows = op.tq.div_ceil(rows_per);
     if op.stride != op.dp && (path != Path::Transposed || !packs_heads(op.heads, op.d)) {
         return Err(PlanError::Unsupported(format!(
             "{name}: heads of {} columns stored packed need the transposed attention",
             op.d
         )));
     }
-    if path == Path::SingleQuery {
-        lw.plan.decisions.push(format!(
-            "{name}: {} x {}, one query cut over {} each of {}; keys {} padded to {}",
-            count(op.batch, "image"),
-            count(op.heads, "head"),
-            count(per_t, "tile"),
-            count(share, "key block"),
-            op.t,
-            tp
-        ));
-        return single_query(lw, op, group, share, per_t);
-    }
-    if path == Path::Transposed {
-        if op.stride != op.dp {
+    match path {
+        Path::SingleQuery => {
             lw.plan.decisions.push(format!(
-                "{name}: heads of {} dimensions read packed from the projections ({} columns a head, none of padding); each head's {} chunks from its 16-column boundary, the neighbouring heads' rows of Q^T zeroed",
-                op.d, op.stride, kc
-            ));
-        }
-        let split = (!lw.opts.experimental.whole_keys)
-            .then(|| {
-                split_keys::split_geometry(
-                    &lw.machine.timing,
-                    tiles,
-                    (op.batch, op.heads, op.tq, op.t),
-                    (op.d, op.scale),
-                )
-            })
-            .flatten();
-        if let Some(sg) = split {
-            let [h1, h2] = sg.halves;
-            lw.plan.decisions.push(format!(
-                "{name}: {} x {}, {} each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} with {} over keys {}..{}, {} with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
+                "{name}: {} x {}, one query cut over {} each of {}; keys {} padded to {}",
                 count(op.batch, "image"),
                 count(op.heads, "head"),
-                count(sg.group, "tile"),
-                count(h1.tiles, "tile"),
-                count(h1.qb, "query block"),
-                h1.kb0 * AMP_WIDTH,
-                (h1.kb0 + h1.kbn) * AMP_WIDTH,
-                count(h2.tiles, "tile"),
-                h2.qb,
-                h2.kb0 * AMP_WIDTH,
+                count(per_t, "tile"),
+                count(share, "key block"),
                 op.t,
-                split_keys::longest_merge(&sg, op.tq)
+                tp
             ));
-            return split_keys::lower(lw, op, sg);
+            single_query(lw, op, group, share, per_t)
         }
+        Path::Transposed => transposed_path(lw, op, group, rows_per, share, per_t),
+        Path::Rows => {
+            lw.plan.decisions.push(format!(
+                "{name}: {} x {}, {} each: {} with {}, {per_t} transposing {}; keys {} padded to {}",
+                count(op.batch, "image"),
+                count(op.heads, "head"),
+                count(group, "tile"),
+                op.tq.div_ceil(rows_per),
+                count(rows_per, "query row"),
+                count(share, "key block"),
+                op.t,
+                tp
+            ));
+            let rows = RowAttention::lay_out(lw, op, group, rows_per, share);
+            rows.land_qk(lw)?;
+            rows.transpose_keys(lw);
+            rows.scores(lw);
+            rows.values_and_context(lw)
+        }
+    }
+}
+
+/// The transposed attention: with the keys cut in two runs where
+/// `split_keys::split_geometry` finds that cheaper, otherwise whole.
+fn transposed_path(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    group: u32,
+    rows_per: u32,
+    share: u32,
+    per_t: u32,
+) -> Result<DistTensor, PlanError> {
+    let name = op.name;
+    let tiles = lw.machine.tiles;
+    let (kc, tp, _) = op.padded();
+    let per_rows = op.tq.div_ceil(rows_per);
+    if op.stride != op.dp {
         lw.plan.decisions.push(format!(
-            "{name}: {} x {}, {} each: {per_rows} with {}, {per_t} transposing {}; keys {} padded to {}; scores transposed (K Q^T)",
+            "{name}: heads of {} dimensions read packed from the projections ({} columns a head, none of padding); each head's {} chunks from its 16-column boundary, the neighbouring heads' rows of Q^T zeroed",
+            op.d, op.stride, kc
+        ));
+    }
+    let split = (!lw.opts.experimental.whole_keys)
+        .then(|| {
+            split_keys::split_geometry(
+                &lw.machine.timing,
+                tiles,
+                (op.batch, op.heads, op.tq, op.t),
+                (op.d, op.scale),
+            )
+        })
+        .flatten();
+    if let Some(sg) = split {
+        let [h1, h2] = sg.halves;
+        lw.plan.decisions.push(format!(
+            "{name}: {} x {}, {} each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} with {} over keys {}..{}, {} with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
             count(op.batch, "image"),
             count(op.heads, "head"),
-            count(group, "tile"),
-            count(rows_per, "query row"),
-            count(share, "value block"),
+            count(sg.group, "tile"),
+            count(h1.tiles, "tile"),
+            count(h1.qb, "query block"),
+            h1.kb0 * AMP_WIDTH,
+            (h1.kb0 + h1.kbn) * AMP_WIDTH,
+            count(h2.tiles, "tile"),
+            h2.qb,
+            h2.kb0 * AMP_WIDTH,
             op.t,
-            tp
+            split_keys::longest_merge(&sg, op.tq)
         ));
-        return transposed(lw, op, group, rows_per, share);
+        return split_keys::lower(lw, op, sg);
     }
     lw.plan.decisions.push(format!(
-        "{name}: {} x {}, {} each: {per_rows} with {}, {per_t} transposing {}; keys {} padded to {}",
+        "{name}: {} x {}, {} each: {per_rows} with {}, {per_t} transposing {}; keys {} padded to {}; scores transposed (K Q^T)",
         count(op.batch, "image"),
         count(op.heads, "head"),
         count(group, "tile"),
         count(rows_per, "query row"),
-        count(share, "key block"),
+        count(share, "value block"),
         op.t,
         tp
     ));
-    let mut work = Vec::new();
-    let mut trans = Vec::new();
-    for pair in 0..op.batch * op.heads {
-        for sl in op.slots(tiles, group, pair, rows_per) {
-            let rows = sl.rows;
-            // The kernel says whether its block-layout variant takes this shape.
-            let blocked = Softmax::with_ld(rows, op.t, tp, op.scale)
-                .with_blocked()
-                .validate()
-                .is_ok();
-            let mut blk = |what: &str, bytes: u32| lw.activation(sl.tile, name, what, bytes);
-            work.push(RowWork {
-                s: sl,
-                q_amp: blk("q", rows * op.dp * 2),
-                w1: blk("kt", tp * op.dp * 2),
-                s_blk: blk("scores.amp", rows * tp * 2),
-                s_rm: (!blocked).then(|| blk("scores", rows * tp * 2)),
-                recip: blk("recip", rows * 4),
-                v_w: blk("v", tp * op.dp * 2),
-                ctx: blk("ctx", rows * op.dp * 2),
-            });
-        }
-        for run in op.runs(tiles, group, pair, share) {
-            let kpart = lw.buffer(
-                run.tile,
-                format!("{name}.k"),
-                run.nbk * AMP_WIDTH * op.dp * 2,
-                Category::Activation,
-            );
-            // A transposer that also owns query rows writes into its own `w1`.
-            let (out, own) = if run.m < per_rows {
-                let own = (pair * per_rows + run.m) as usize;
-                (
-                    Loc {
-                        buf: work[own].w1,
-                        offset: run.blk0 * kc * 512,
-                    },
-                    Some(own),
-                )
-            } else {
-                let buf = lw.buffer(
+    transposed(lw, op, group, rows_per, share)
+}
+
+/// The row attention (`Q K^T` and the row softmax): its row tiles and key
+/// transposers.
+struct RowAttention<'p, 'a> {
+    op: &'p Attention<'a>,
+    work: Vec<RowWork>,
+    trans: Vec<Transposer>,
+}
+
+impl RowAttention<'_, '_> {
+    /// Every pair's row tiles and key transposers, and their buffers.
+    fn lay_out<'p, 'a>(
+        lw: &mut Lowering<'_>,
+        op: &'p Attention<'a>,
+        group: u32,
+        rows_per: u32,
+        share: u32,
+    ) -> RowAttention<'p, 'a> {
+        let name = op.name;
+        let tiles = lw.machine.tiles;
+        let (kc, tp, _) = op.padded();
+        let per_rows = op.tq.div_ceil(rows_per);
+        let mut work = Vec::new();
+        let mut trans = Vec::new();
+        for pair in 0..op.batch * op.heads {
+            for sl in op.slots(tiles, group, pair, rows_per) {
+                let rows = sl.rows;
+                // The kernel says whether its block-layout variant takes this shape.
+                let blocked = Softmax::with_ld(rows, op.t, tp, op.scale)
+                    .with_blocked()
+                    .validate()
+                    .is_ok();
+                let mut blk = |what: &str, bytes: u32| lw.activation(sl.tile, name, what, bytes);
+                work.push(RowWork {
+                    s: sl,
+                    q_amp: blk("q", rows * op.dp * 2),
+                    w1: blk("kt", tp * op.dp * 2),
+                    s_blk: blk("scores.amp", rows * tp * 2),
+                    s_rm: (!blocked).then(|| blk("scores", rows * tp * 2)),
+                    recip: blk("recip", rows * 4),
+                    v_w: blk("v", tp * op.dp * 2),
+                    ctx: blk("ctx", rows * op.dp * 2),
+                });
+            }
+            for run in op.runs(tiles, group, pair, share) {
+                let kpart = lw.buffer(
                     run.tile,
-                    format!("{name}.kt.part"),
-                    run.nbk * kc * 512,
+                    format!("{name}.k"),
+                    run.nbk * AMP_WIDTH * op.dp * 2,
                     Category::Activation,
                 );
-                (Loc { buf, offset: 0 }, None)
-            };
-            trans.push(Transposer {
-                run,
-                kpart,
-                out,
-                own,
-            });
+                // A transposer that also owns query rows writes into its own `w1`.
+                let (out, own) = if run.m < per_rows {
+                    let own = (pair * per_rows + run.m) as usize;
+                    (
+                        Loc {
+                            buf: work[own].w1,
+                            offset: run.blk0 * kc * 512,
+                        },
+                        Some(own),
+                    )
+                } else {
+                    let buf = lw.buffer(
+                        run.tile,
+                        format!("{name}.kt.part"),
+                        run.nbk * kc * 512,
+                        Category::Activation,
+                    );
+                    (Loc { buf, offset: 0 }, None)
+                };
+                trans.push(Transposer {
+                    run,
+                    kpart,
+                    out,
+                    own,
+                });
+            }
         }
+        RowAttention { op, work, trans }
     }
-    let (q_src, q_first) = op.q;
-    let (k_src, k_first) = op.k;
-    let (v_src, v_first) = op.v;
 
-    // Queries to the row tiles, key blocks to the transposers.
-    let mut q_parts = Vec::new();
-    for w in &work {
-        let r = if op.shared_q { 0 } else { w.s.b * op.tq } + w.s.r0;
-        for c in 0..kc {
-            q_parts.push(op.chunk(
-                w.q_amp,
-                c * w.s.rows * 32,
-                r..r + w.s.rows,
-                q_first,
-                w.s.h,
-                c,
-            ));
+    /// Queries to the row tiles, key blocks to the transposers.
+    fn land_qk(&self, lw: &mut Lowering<'_>) -> Result<(), PlanError> {
+        let op = self.op;
+        let (kc, _, _) = op.padded();
+        let (q_src, q_first) = op.q;
+        let (k_src, k_first) = op.k;
+        let mut q_parts = Vec::new();
+        for w in &self.work {
+            let r = if op.shared_q { 0 } else { w.s.b * op.tq } + w.s.r0;
+            for c in 0..kc {
+                q_parts.push(op.chunk(
+                    w.q_amp,
+                    c * w.s.rows * 32,
+                    r..r + w.s.rows,
+                    q_first,
+                    w.s.h,
+                    c,
+                ));
+            }
         }
-    }
-    let key_parts: Vec<Part> = trans
-        .iter()
-        .flat_map(|t| op.run_parts(t.kpart, &t.run, k_first))
-        .collect();
-    let mut copies = op.gather(q_src, q_parts, "queries")?;
-    copies.extend(op.gather(k_src, key_parts, "keys")?);
-    lw.exchange(&format!("{name}.qk"), copies);
-
-    // K^T in the AMP weight layout, each transposer its blocks (zero rows past the
-    // last token: the key dimension is padded to 16), then to every row tile.
-    let step = lw.compute_step();
-    for t in &trans {
-        transpose_run(lw, op, &t.run, step, t.kpart, t.out);
-    }
-    let mut copies = Vec::new();
-    for t in &trans {
-        let dsts: Vec<Loc> = work
+        let key_parts: Vec<Part> = self
+            .trans
             .iter()
-            .enumerate()
-            .filter(|(i, w)| w.s.pair == t.run.pair && t.own != Some(*i))
-            .map(|(_, w)| Loc {
-                buf: w.w1,
-                offset: t.run.blk0 * kc * 512,
-            })
+            .flat_map(|t| op.run_parts(t.kpart, &t.run, k_first))
             .collect();
-        if !dsts.is_empty() {
-            copies.push(Copy {
-                src: t.out,
-                bytes: t.run.nbk * kc * 512,
-                dsts,
-            });
-        }
+        let mut copies = op.gather(q_src, q_parts, "queries")?;
+        copies.extend(op.gather(k_src, key_parts, "keys")?);
+        lw.exchange(&format!("{}.qk", op.name), copies);
+        Ok(())
     }
-    lw.exchange(&format!("{name}.kt"), copies);
 
-    // Scores, softmax, probabilities back to chunk-major (into the scores' AMP
-    // buffer, free once converted).
-    let step = lw.compute_step();
-    for w in &work {
+    /// K^T in the AMP weight layout, each transposer its blocks (zero rows past
+    /// the last token: the key dimension is padded to 16), then to every row tile.
+    fn transpose_keys(&self, lw: &mut Lowering<'_>) {
+        let op = self.op;
+        let (kc, _, _) = op.padded();
+        let step = lw.compute_step();
+        for t in &self.trans {
+            transpose_run(lw, op, &t.run, step, t.kpart, t.out);
+        }
+        let mut copies = Vec::new();
+        for t in &self.trans {
+            let dsts: Vec<Loc> = self
+                .work
+                .iter()
+                .enumerate()
+                .filter(|(i, w)| w.s.pair == t.run.pair && t.own != Some(*i))
+                .map(|(_, w)| Loc {
+                    buf: w.w1,
+                    offset: t.run.blk0 * kc * 512,
+                })
+                .collect();
+            if !dsts.is_empty() {
+                copies.push(Copy {
+                    src: t.out,
+                    bytes: t.run.nbk * kc * 512,
+                    dsts,
+                });
+            }
+        }
+        lw.exchange(&format!("{}.kt", op.name), copies);
+    }
+
+    /// Scores, softmax, probabilities back to chunk-major (into the scores' AMP
+    /// buffer, free once converted).
+    fn scores(&self, lw: &mut Lowering<'_>) {
+        let op = self.op;
+        let (kc, tp, tb) = op.padded();
         let at = |buf| Loc { buf, offset: 0 };
-        amp(
-            lw,
-            w.s.tile,
-            step,
-            name,
-            (w.s.rows, kc, tb),
-            at(w.q_amp),
-            at(w.w1),
-            at(w.s_blk),
-        );
-        let softmax = Softmax::with_ld(w.s.rows, op.t, tp, op.scale);
-        let Some(s_rm) = w.s_rm else {
-            // In place on the AMP's block layout: `e` is what `e V` reads.
+        let step = lw.compute_step();
+        for w in &self.work {
+            amp(
+                lw,
+                w.s.tile,
+                step,
+                op.name,
+                (w.s.rows, kc, tb),
+                at(w.q_amp),
+                at(w.w1),
+                at(w.s_blk),
+            );
+            let softmax = Softmax::with_ld(w.s.rows, op.t, tp, op.scale);
+            let Some(s_rm) = w.s_rm else {
+                // In place on the AMP's block layout: `e` is what `e V` reads.
+                lw.call(
+                    w.s.tile,
+                    step,
+                    softmax.with_blocked(),
+                    &[
+                        ("in", at(w.s_blk)),
+                        ("out", at(w.s_blk)),
+                        ("recip", at(w.recip)),
+                    ],
+                );
+                continue;
+            };
             lw.call(
                 w.s.tile,
                 step,
-                softmax.with_blocked(),
-                &[
-                    ("in", at(w.s_blk)),
-                    ("out", at(w.s_blk)),
-                    ("recip", at(w.recip)),
-                ],
+                BlocksToRows::new(w.s.rows, tb),
+                &[("in", at(w.s_blk)), ("out", at(s_rm))],
             );
-            continue;
-        };
-        lw.call(
-            w.s.tile,
-            step,
-            BlocksToRows::new(w.s.rows, tb),
-            &[("in", at(w.s_blk)), ("out", at(s_rm))],
-        );
-        lw.call(
-            w.s.tile,
-            step,
-            softmax.with_recip(),
-            &[("in", at(s_rm)), ("out", at(s_rm)), ("recip", at(w.recip))],
-        );
-        let mut re = Rearrange::new(w.s.rows, tp);
-        if let Some(al) = lw.opts.experimental.rearrange_declared_align {
-            re.declared_align = al;
+            lw.call(
+                w.s.tile,
+                step,
+                softmax.with_recip(),
+                &[("in", at(s_rm)), ("out", at(s_rm)), ("recip", at(w.recip))],
+            );
+            let mut re = Rearrange::new(w.s.rows, tp);
+            if let Some(al) = lw.opts.experimental.rearrange_declared_align {
+                re.declared_align = al;
+            }
+            lw.call(
+                w.s.tile,
+                step,
+                re,
+                &[("in", at(s_rm)), ("out", at(w.s_blk))],
+            );
         }
-        lw.call(
-            w.s.tile,
-            step,
-            re,
-            &[("in", at(s_rm)), ("out", at(w.s_blk))],
-        );
     }
 
-    // Values (their block layout is the AMP weight layout of `P V` as it stands),
-    // then P V.
-    let mut value_parts = Vec::new();
-    for w in &work {
-        let r = w.s.b * op.t;
-        for c in 0..kc {
-            value_parts.push(op.chunk(w.v_w, c * tp * 32, r..r + op.t, v_first, w.s.h, c));
-        }
-    }
-    let copies = op.gather(v_src, value_parts, "values")?;
-    lw.exchange(&format!("{name}.v"), copies);
-    let step = lw.compute_step();
-    let mut out = Vec::new();
-    for w in &work {
-        zero_rows(lw, (w.s.tile, step), kc, w.v_w, (op.t, tp));
+    /// Values (their block layout is the AMP weight layout of `P V` as it
+    /// stands), then `P V` scaled by each row's `1/sum`.
+    fn values_and_context(&self, lw: &mut Lowering<'_>) -> Result<DistTensor, PlanError> {
+        let op = self.op;
+        let (kc, tp, tb) = op.padded();
+        let (v_src, v_first) = op.v;
         let at = |buf| Loc { buf, offset: 0 };
-        amp(
-            lw,
-            w.s.tile,
-            step,
-            name,
-            (w.s.rows, tb, kc),
-            at(w.s_blk),
-            at(w.v_w),
-            at(w.ctx),
-        );
-        lw.call(
-            w.s.tile,
-            step,
-            ScaleRows::new(w.s.rows, kc),
-            &[("x", at(w.ctx)), ("f", at(w.recip))],
-        );
-        let r = w.s.b * op.tq + w.s.r0;
-        for c in 0..kc {
-            out.extend(op.ctx_chunk(w.ctx, c * w.s.rows * 32, r..r + w.s.rows, w.s.h, c));
+        let mut value_parts = Vec::new();
+        for w in &self.work {
+            let r = w.s.b * op.t;
+            for c in 0..kc {
+                value_parts.push(op.chunk(w.v_w, c * tp * 32, r..r + op.t, v_first, w.s.h, c));
+            }
         }
+        let copies = op.gather(v_src, value_parts, "values")?;
+        lw.exchange(&format!("{}.v", op.name), copies);
+        let step = lw.compute_step();
+        let mut out = Vec::new();
+        for w in &self.work {
+            zero_rows(lw, (w.s.tile, step), kc, w.v_w, (op.t, tp));
+            amp(
+                lw,
+                w.s.tile,
+                step,
+                op.name,
+                (w.s.rows, tb, kc),
+                at(w.s_blk),
+                at(w.v_w),
+                at(w.ctx),
+            );
+            lw.call(
+                w.s.tile,
+                step,
+                ScaleRows::new(w.s.rows, kc),
+                &[("x", at(w.ctx)), ("f", at(w.recip))],
+            );
+            let r = w.s.b * op.tq + w.s.r0;
+            for c in 0..kc {
+                out.extend(op.ctx_chunk(w.ctx, c * w.s.rows * 32, r..r + w.s.rows, w.s.h, c));
+            }
+        }
+        Ok(op.context(out))
     }
-    Ok(op.context(out))
 }
 
 /// A tile of the transposed attention that owns query rows `r0..r0 + rows` of one
@@ -1031,20 +1099,19 @@ struct KeyRun {
     sum: Loc,
 }
 
-/// The single-query attention (the pooling head's probe) with the keys cut over the
-/// group instead of one tile holding the whole row while the rest only transpose:
-/// each member scores its run of keys, takes its maximum; the members exchange
-/// their maxima; each computes `e = exp(scale (s - M))` for the row's maximum `M`,
-/// `e V` over its values and the sum of `e`; member 0 sums the products and divides
-/// by the sum of the sums (`reduce_norm`). Exchanges: queries, keys and values;
-/// the maxima; the products and sums.
-fn single_query(
+/// Member 0 of a pair in the single-query attention: its tile, image and head,
+/// and its buffers of every member's `e V` and sum and of the context.
+type SumTile = (u32, u32, u32, BufId, BufId, BufId);
+
+/// The single-query attention's key runs and, per pair, its member 0's
+/// combination buffers.
+fn single_query_layout(
     lw: &mut Lowering<'_>,
     op: &Attention<'_>,
     group: u32,
     share: u32,
     g: u32,
-) -> Result<DistTensor, PlanError> {
+) -> (Vec<KeyRun>, Vec<SumTile>) {
     let name = op.name;
     let tiles = lw.machine.tiles;
     let kc = op.padded().0;
@@ -1122,6 +1189,26 @@ fn single_query(
             });
         }
     }
+    (runs, combine)
+}
+
+/// The single-query attention (the pooling head's probe) with the keys cut over the
+/// group instead of one tile holding the whole row while the rest only transpose:
+/// each member scores its run of keys, takes its maximum; the members exchange
+/// their maxima; each computes `e = exp(scale (s - M))` for the row's maximum `M`,
+/// `e V` over its values and the sum of `e`; member 0 sums the products and divides
+/// by the sum of the sums (`reduce_norm`). Exchanges: queries, keys and values;
+/// the maxima; the products and sums.
+fn single_query(
+    lw: &mut Lowering<'_>,
+    op: &Attention<'_>,
+    group: u32,
+    share: u32,
+    g: u32,
+) -> Result<DistTensor, PlanError> {
+    let name = op.name;
+    let kc = op.padded().0;
+    let (runs, combine) = single_query_layout(lw, op, group, share, g);
     let (q_first, k_first, v_first) = (op.q.1, op.k.1, op.v.1);
     let (mut q_parts, mut k_parts, mut v_parts) = (Vec::new(), Vec::new(), Vec::new());
     for r in &runs {

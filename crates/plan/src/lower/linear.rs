@@ -43,7 +43,7 @@
 //! inner group while they last (padded with zero weights to whole slabs); inner
 //! groups past the last slab only send.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use half::f16;
 use tessera_kernels::{AmpMatmul, Gelu, Rearrange, ReduceAdd, ZeroFill, pack_weights};
@@ -474,198 +474,130 @@ fn one_pass(
     consts: &mut Consts,
     out_parts: &mut Vec<Part>,
 ) -> Result<(), PlanError> {
-    let name = op.name;
-    let k = op.x.cols;
-    let n = op.n;
-    let pk = g.pk();
-    // Rows of row group `i` in the whole tensor.
-    let span = |i: usize| (base + g.rows[i].0, g.rows[i].1);
-
     // K in parts (`MatmulShape::k_parts`): each part's inputs, then its AMP call,
     // continuing from the partial sums the previous part left in a carry buffer;
     // the last part's call writes the slabs the reduction takes.
     let parts = g.map.shape.k_parts.max(1);
-    let last_part = parts - 1;
     let rearrange = !direct && lw.opts.experimental.rearrange_inputs;
     if parts > 1 && rearrange {
         return Err(PlanError::Unsupported(format!(
-            "{name}: parts of K need the AMP to read its inputs as they land"
+            "{}: parts of K need the AMP to read its inputs as they land",
+            op.name
         )));
     }
-    let mut p_bufs = BTreeMap::new();
-    let mut recv_bufs = BTreeMap::new();
-    let mut own_pieces = std::collections::BTreeSet::new();
-    let mut carries = Bufs::new();
-    let mut residual_bufs = BTreeMap::new();
-    // A plain bias goes into the engine with inner group 0's first AMP call
-    // (chunk 0 of each block starts from it instead of zero), where every row
-    // group's split lets it (the planner's cost assumes the same): no bias slab
-    // beside the reduction and no `add_bias` after it.
-    let amp_bias = engine_bias(op, g);
+    let mut pass = OnePass {
+        op,
+        g,
+        base,
+        direct,
+        rearrange,
+        parts,
+        amp_bias: engine_bias(op, g),
+        partials: Bufs::new(),
+        pieces: Bufs::new(),
+        own_pieces: BTreeSet::new(),
+        carries: Bufs::new(),
+        residual: Bufs::new(),
+    };
     for part in 0..parts {
-        // This part's chunks of inner group `j`, and their first chunk within it.
-        let part_of = |j: usize| {
-            let (c0, kc) = g.chunks[j];
-            let (at, n) = part_chunks(kc, parts, part);
-            (c0 + at, n, at)
-        };
-        let (a_rm, a_amp, mut copies) = land_inputs(lw, op, g, base, part_of, direct, rearrange)?;
-        // The residual's blocks, beside the slabs they are added to (with the last
-        // part's inputs).
-        if let Some(res) = op.residual.filter(|_| part == last_part) {
-            copies.extend(land_residual(lw, op, g, base, res, &mut residual_bufs)?);
-        }
-        lw.exchange(&format!("{name}.inputs"), copies);
+        let (a_rm, a_amp) = pass.land_part(lw, part)?;
+        pass.amp_part(lw, consts, part, &a_rm, &a_amp)?;
+    }
+    if g.pk() > 1 {
+        pass.reduce_scatter(lw);
+    }
+    pass.epilogue(lw, consts, out_parts);
+    Ok(())
+}
 
-        // Weights, zero padding, the rearrangement where asked for, and the AMP.
+/// One pass of a matmul, and the buffers its phases hand on to each other.
+struct OnePass<'p, 'a> {
+    op: &'p Linear<'a>,
+    g: &'p Grid,
+    /// The pass's first row in the whole tensor.
+    base: u32,
+    /// `x` lands in the AMP's chunk-major layout (`land_inputs`).
+    direct: bool,
+    /// Row-major inputs are rearranged before the AMP (`rearrange_inputs`).
+    rearrange: bool,
+    /// Parts of K (`MatmulShape::k_parts`), at least one.
+    parts: u32,
+    /// A plain bias goes into the engine with inner group 0's first AMP call
+    /// (chunk 0 of each block starts from it instead of zero), where every row
+    /// group's split lets it (the planner's cost assumes the same): no bias slab
+    /// beside the reduction and no `add_bias` after it.
+    amp_bias: bool,
+    /// Each cell's slabs (or pieces), from the last part's AMP call.
+    partials: Bufs,
+    /// The buffers reducers of row pieces receive every inner group's piece in.
+    pieces: Bufs,
+    /// Cells whose AMP call wrote their own piece into its slot directly.
+    own_pieces: BTreeSet<Cell>,
+    /// The partial sums a part of K leaves for the next part's call.
+    carries: Bufs,
+    /// The residual's blocks, beside the slabs they are added to.
+    residual: Bufs,
+}
+
+impl OnePass<'_, '_> {
+    /// Part `part`'s chunks of inner group `j`: the first chunk, the count, and
+    /// the first's place within the group.
+    fn part_of(&self, j: usize, part: u32) -> (u32, u32, u32) {
+        let (c0, kc) = self.g.chunks[j];
+        let (at, n) = part_chunks(kc, self.parts, part);
+        (c0 + at, n, at)
+    }
+
+    /// Whether inner group `j`'s call of part `part` starts from the bias.
+    fn bias_in_engine(&self, part: u32, j: usize) -> bool {
+        self.amp_bias && part == 0 && j == 0
+    }
+
+    /// Part `part`'s inputs in their own exchange, with the residual beside the
+    /// slabs it is added to riding along the last part's. Returns the buffers
+    /// as `land_inputs` does.
+    fn land_part(&mut self, lw: &mut Lowering<'_>, part: u32) -> Result<(Bufs, Bufs), PlanError> {
+        let (op, g, base) = (self.op, self.g, self.base);
+        let chunks = |j: usize| self.part_of(j, part);
+        let (a_rm, a_amp, mut copies) =
+            land_inputs(lw, op, g, base, chunks, self.direct, self.rearrange)?;
+        if let Some(res) = op.residual.filter(|_| part == self.parts - 1) {
+            copies.extend(land_residual(lw, op, g, base, res, &mut self.residual)?);
+        }
+        lw.exchange(&format!("{}.inputs", op.name), copies);
+        Ok((a_rm, a_amp))
+    }
+
+    /// Part `part`'s compute step: each cell's weights, zero padding, the
+    /// rearrangement where asked for, and the AMP call.
+    fn amp_part(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        consts: &mut Consts,
+        part: u32,
+        a_rm: &Bufs,
+        a_amp: &Bufs,
+    ) -> Result<(), PlanError> {
+        let (op, g) = (self.op, self.g);
         let step = lw.compute_step();
         for (i, j, l) in g.cells() {
+            let cell = (i, j, l);
             let tile = g.tile(i, j, l);
             let rows = g.rows[i].1;
-            let (c0, kc, part_at) = part_of(j);
-            let slab = g.slab_blocks(l);
-            let nb_pad = slab * g.reducers(l);
-            let wbuf = match consts.weights.get(&tile) {
-                Some(&b) => b,
-                None => {
-                    // Every part's blocks `[nb][kc][16][16]`, one part after another.
-                    let ((c0, kc), (b0, nb)) = (g.chunks[j], g.blocks[l]);
-                    let wbytes = consts
-                        .packed
-                        .entry((c0, kc, b0, nb, nb_pad))
-                        .or_insert_with(|| {
-                            (0..parts)
-                                .flat_map(|q| {
-                                    let (at, pkc) = part_chunks(kc, parts, q);
-                                    packed_weights(op.w, n, (c0 + at, pkc), (b0, nb), nb_pad)
-                                })
-                                .collect()
-                        })
-                        .clone();
-                    let b = lw.constant(tile, format!("{name}.w"), wbytes, Category::Weight);
-                    consts.weights.insert(tile, b);
-                    b
-                }
-            };
-            let a_buf = a_amp[&(i, j, l)];
-            if let Some(&rm) = a_rm.get(&(i, j, l)) {
-                let valid = ((c0 + kc) * AMP_WIDTH).min(k) - c0 * AMP_WIDTH;
-                if valid < kc * AMP_WIDTH {
-                    lw.call(
-                        tile,
-                        step,
-                        ZeroFill::new(rows, (kc * AMP_WIDTH - valid) * 2, kc * AMP_WIDTH * 2),
-                        &[(
-                            "out",
-                            Loc {
-                                buf: rm,
-                                offset: valid * 2,
-                            },
-                        )],
-                    );
-                }
-                if rearrange {
-                    let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
-                    if let Some(al) = lw.opts.experimental.rearrange_declared_align {
-                        re.declared_align = al;
-                    }
-                    lw.call(
-                        tile,
-                        step,
-                        re,
-                        &[
-                            ("in", Loc { buf: rm, offset: 0 }),
-                            (
-                                "out",
-                                Loc {
-                                    buf: a_buf,
-                                    offset: 0,
-                                },
-                            ),
-                        ],
-                    );
-                }
+            let (_, kc, part_at) = self.part_of(j, part);
+            let nb_pad = g.slab_blocks(l) * g.reducers(l);
+            let wbuf = self.weights(lw, consts, cell);
+            let a_buf = a_amp[&cell];
+            if let Some(&rm) = a_rm.get(&cell) {
+                self.prepare_row_major(lw, step, cell, part, rm, a_buf);
             }
-            let mut mm = AmpMatmul::new(rows, kc, nb_pad);
-            if !direct && !rearrange {
-                mm = mm.row_major();
-            }
-            // Both forms need an even row split, which the planner (parts) and
-            // `engine_bias` (the bias) checked before choosing them.
-            let uneven = |what: &str| {
-                PlanError::Unsupported(format!(
-                    "{name}: {what} on {rows} rows a tile, not an even split over the workers"
-                ))
-            };
-            let engine_bias = amp_bias && part == 0 && j == 0;
-            if engine_bias {
-                mm = mm
-                    .with_bias()
-                    .ok_or_else(|| uneven("a bias in the engine"))?;
-            }
-            if part > 0 {
-                mm = mm.continuing().ok_or_else(|| uneven("parts of K"))?;
-            }
+            let mut mm = self.amp_matmul(rows, kc, nb_pad, part, j)?;
             let w_at = Loc {
                 buf: wbuf,
                 offset: nb_pad * part_at * 512,
             };
-            let init = carries.remove(&(i, j, l));
-            let mut own_at = None;
-            // Parts before the last hand their partial sums on in a carry; the
-            // last writes the slabs (or pieces) the reduction takes.
-            let out = if part < last_part {
-                let carry = lw.buffer(
-                    tile,
-                    format!("{name}.carry"),
-                    nb_pad * rows * AMP_WIDTH * 2,
-                    Category::Partial,
-                );
-                carries.insert((i, j, l), carry);
-                carry
-            } else {
-                let slab_bytes = slab * rows * AMP_WIDTH * 2;
-                // Reducing tiles also receive a slab from every other inner group, in
-                // place; reducers of row pieces receive a piece from every inner group
-                // (their own included) into a buffer of their own.
-                let pieces = g.row_pieces(l, rows).is_some();
-                let slots = if (j as u32) < g.reducers(l) && !pieces {
-                    pk
-                } else {
-                    g.reducers(l)
-                };
-                let p = lw.buffer(
-                    tile,
-                    format!("{name}.partials"),
-                    slab_bytes * slots,
-                    Category::Partial,
-                );
-                if let Some(pc) = g.piece((j, l), rows).filter(|_| pieces) {
-                    let r = lw.buffer(
-                        tile,
-                        format!("{name}.pieces"),
-                        pk * pc.elems() * 2,
-                        Category::Partial,
-                    );
-                    recv_bufs.insert((i, j, l), r);
-                    // The tile's own piece, where it is whole workers' rows of every
-                    // (unpadded) block, goes straight into its slot of the piece buffer
-                    // instead of through the exchange to itself.
-                    let (s0, sr) = pc.rows;
-                    if nb_pad == pc.blocks
-                        && let Some(k) = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)
-                    {
-                        mm = k;
-                        own_pieces.insert((i, j, l));
-                        own_at = Some(Loc {
-                            buf: r,
-                            offset: j as u32 * pc.elems() * 2,
-                        });
-                    }
-                }
-                p_bufs.insert((i, j, l), p);
-                p
-            };
+            let init = self.carries.remove(&cell);
+            let (out, own_at) = self.amp_out(lw, part, cell, &mut mm);
             let mut ops = vec![
                 (
                     "a",
@@ -685,10 +617,15 @@ fn one_pass(
             ];
             ops.extend(own_at.map(|at| ("own", at)));
             ops.extend(init.map(|buf| ("init", Loc { buf, offset: 0 })));
-            if engine_bias {
+            if self.bias_in_engine(part, j) {
                 let bias = *consts.engine_bias.entry(tile).or_insert_with(|| {
                     let v = block_bias(op, g.blocks[l], (0, nb_pad), 0);
-                    lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
+                    lw.constant(
+                        tile,
+                        format!("{}.bias", op.name),
+                        f16_bytes(v),
+                        Category::Weight,
+                    )
                 });
                 ops.push((
                     "bias",
@@ -698,13 +635,198 @@ fn one_pass(
                     },
                 ));
             }
-            partial_bufs(lw, tile, name, rows, &mm, &mut ops);
+            partial_bufs(lw, tile, op.name, rows, &mm, &mut ops);
             lw.call(tile, step, mm, &ops);
+        }
+        Ok(())
+    }
+
+    /// A cell's weights, every part's blocks `[nb][kc][16][16]` one part after
+    /// another, shared by all passes (the packing by tiles with the same blocks).
+    fn weights(&self, lw: &mut Lowering<'_>, consts: &mut Consts, (i, j, l): Cell) -> BufId {
+        let (op, g, parts) = (self.op, self.g, self.parts);
+        let tile = g.tile(i, j, l);
+        if let Some(&b) = consts.weights.get(&tile) {
+            return b;
+        }
+        let nb_pad = g.slab_blocks(l) * g.reducers(l);
+        let ((c0, kc), (b0, nb)) = (g.chunks[j], g.blocks[l]);
+        let wbytes = consts
+            .packed
+            .entry((c0, kc, b0, nb, nb_pad))
+            .or_insert_with(|| {
+                (0..parts)
+                    .flat_map(|q| {
+                        let (at, pkc) = part_chunks(kc, parts, q);
+                        packed_weights(op.w, op.n, (c0 + at, pkc), (b0, nb), nb_pad)
+                    })
+                    .collect()
+            })
+            .clone();
+        let b = lw.constant(tile, format!("{}.w", op.name), wbytes, Category::Weight);
+        consts.weights.insert(tile, b);
+        b
+    }
+
+    /// A cell's row-major inputs `rm` made ready for the AMP: the padding past
+    /// `x`'s last column zeroed (the AMP reads whole chunks), and with
+    /// `rearrange_inputs` the chunk-major copy `a_buf` made.
+    fn prepare_row_major(
+        &self,
+        lw: &mut Lowering<'_>,
+        step: Step,
+        (i, j, l): Cell,
+        part: u32,
+        rm: BufId,
+        a_buf: BufId,
+    ) {
+        let tile = self.g.tile(i, j, l);
+        let rows = self.g.rows[i].1;
+        let (c0, kc, _) = self.part_of(j, part);
+        let valid = ((c0 + kc) * AMP_WIDTH).min(self.op.x.cols) - c0 * AMP_WIDTH;
+        if valid < kc * AMP_WIDTH {
+            lw.call(
+                tile,
+                step,
+                ZeroFill::new(rows, (kc * AMP_WIDTH - valid) * 2, kc * AMP_WIDTH * 2),
+                &[(
+                    "out",
+                    Loc {
+                        buf: rm,
+                        offset: valid * 2,
+                    },
+                )],
+            );
+        }
+        if self.rearrange {
+            let mut re = Rearrange::new(rows, kc * AMP_WIDTH);
+            if let Some(al) = lw.opts.experimental.rearrange_declared_align {
+                re.declared_align = al;
+            }
+            lw.call(
+                tile,
+                step,
+                re,
+                &[
+                    ("in", Loc { buf: rm, offset: 0 }),
+                    (
+                        "out",
+                        Loc {
+                            buf: a_buf,
+                            offset: 0,
+                        },
+                    ),
+                ],
+            );
         }
     }
 
-    // Reduce-scatter of the partial slabs.
-    if pk > 1 {
+    /// The AMP call of inner group `j` for part `part` on `rows` rows, in the
+    /// form its inputs, the bias and the parts ask for.
+    fn amp_matmul(
+        &self,
+        rows: u32,
+        kc: u32,
+        nb_pad: u32,
+        part: u32,
+        j: usize,
+    ) -> Result<AmpMatmul, PlanError> {
+        let mut mm = AmpMatmul::new(rows, kc, nb_pad);
+        if !self.direct && !self.rearrange {
+            mm = mm.row_major();
+        }
+        // Both forms need an even row split, which the planner (parts) and
+        // `engine_bias` (the bias) checked before choosing them.
+        let uneven = |what: &str| {
+            PlanError::Unsupported(format!(
+                "{}: {what} on {rows} rows a tile, not an even split over the workers",
+                self.op.name
+            ))
+        };
+        if self.bias_in_engine(part, j) {
+            mm = mm
+                .with_bias()
+                .ok_or_else(|| uneven("a bias in the engine"))?;
+        }
+        if part > 0 {
+            mm = mm.continuing().ok_or_else(|| uneven("parts of K"))?;
+        }
+        Ok(mm)
+    }
+
+    /// Where a cell's AMP call of part `part` writes, and where it writes the
+    /// tile's own piece when that skips the exchange (`mm` then told so).
+    fn amp_out(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        part: u32,
+        (i, j, l): Cell,
+        mm: &mut AmpMatmul,
+    ) -> (BufId, Option<Loc>) {
+        let (name, g) = (self.op.name, self.g);
+        let tile = g.tile(i, j, l);
+        let rows = g.rows[i].1;
+        let slab = g.slab_blocks(l);
+        let nb_pad = slab * g.reducers(l);
+        // Parts before the last hand their partial sums on in a carry; the
+        // last writes the slabs (or pieces) the reduction takes.
+        if part < self.parts - 1 {
+            let carry = lw.buffer(
+                tile,
+                format!("{name}.carry"),
+                nb_pad * rows * AMP_WIDTH * 2,
+                Category::Partial,
+            );
+            self.carries.insert((i, j, l), carry);
+            return (carry, None);
+        }
+        let slab_bytes = slab * rows * AMP_WIDTH * 2;
+        // Reducing tiles also receive a slab from every other inner group, in
+        // place; reducers of row pieces receive a piece from every inner group
+        // (their own included) into a buffer of their own.
+        let pieces = g.row_pieces(l, rows).is_some();
+        let slots = if (j as u32) < g.reducers(l) && !pieces {
+            g.pk()
+        } else {
+            g.reducers(l)
+        };
+        let p = lw.buffer(
+            tile,
+            format!("{name}.partials"),
+            slab_bytes * slots,
+            Category::Partial,
+        );
+        let mut own_at = None;
+        if let Some(pc) = g.piece((j, l), rows).filter(|_| pieces) {
+            let r = lw.buffer(
+                tile,
+                format!("{name}.pieces"),
+                g.pk() * pc.elems() * 2,
+                Category::Partial,
+            );
+            self.pieces.insert((i, j, l), r);
+            // The tile's own piece, where it is whole workers' rows of every
+            // (unpadded) block, goes straight into its slot of the piece buffer
+            // instead of through the exchange to itself.
+            let (s0, sr) = pc.rows;
+            if nb_pad == pc.blocks
+                && let Some(k) = mm.with_own_rows(s0, sr, sr * AMP_WIDTH * 2)
+            {
+                *mm = k;
+                self.own_pieces.insert((i, j, l));
+                own_at = Some(Loc {
+                    buf: r,
+                    offset: j as u32 * pc.elems() * 2,
+                });
+            }
+        }
+        self.partials.insert((i, j, l), p);
+        (p, own_at)
+    }
+
+    /// Reduce-scatter of the partial slabs.
+    fn reduce_scatter(&self, lw: &mut Lowering<'_>) {
+        let g = self.g;
         let mut copies = Vec::new();
         for (i, j, l) in g.cells() {
             let rows = g.rows[i].1;
@@ -713,19 +835,19 @@ fn one_pass(
                 // slot `j` of its piece buffer.
                 let nb = g.blocks[l].1;
                 for (jj, &(s0, sr)) in pieces.iter().enumerate() {
-                    if jj == j && own_pieces.contains(&(i, j, l)) {
+                    if jj == j && self.own_pieces.contains(&(i, j, l)) {
                         continue;
                     }
                     let piece_bytes = nb * sr * AMP_WIDTH * 2;
                     for q in 0..nb {
                         copies.push(Copy {
                             src: Loc {
-                                buf: p_bufs[&(i, j, l)],
+                                buf: self.partials[&(i, j, l)],
                                 offset: (q * rows + s0) * AMP_WIDTH * 2,
                             },
                             bytes: sr * AMP_WIDTH * 2,
                             dsts: vec![Loc {
-                                buf: recv_bufs[&(i, jj, l)],
+                                buf: self.pieces[&(i, jj, l)],
                                 offset: j as u32 * piece_bytes + q * sr * AMP_WIDTH * 2,
                             }],
                         });
@@ -740,157 +862,184 @@ fn one_pass(
                 }
                 copies.push(Copy {
                     src: Loc {
-                        buf: p_bufs[&(i, j, l)],
+                        buf: self.partials[&(i, j, l)],
                         offset: jj as u32 * slab_bytes,
                     },
                     bytes: slab_bytes,
                     dsts: vec![Loc {
-                        buf: p_bufs[&(i, jj, l)],
+                        buf: self.partials[&(i, jj, l)],
                         offset: j as u32 * slab_bytes,
                     }],
                 });
             }
         }
-        lw.exchange(&format!("{name}.reduce"), copies);
+        lw.exchange(&format!("{}.reduce", self.op.name), copies);
     }
 
-    // Partials summed into a compact output (the slots die here), then bias and
-    // epilogues in place.
-    let step = lw.compute_step();
-    for (i, j, l) in g.cells() {
-        let (r0, all_rows) = span(i);
-        let Some(pc) = g.piece((j, l), all_rows) else {
-            continue;
-        };
-        let tile = g.tile(i, j, l);
-        // This piece's first row in the tensor, its rows and its blocks.
-        let (r0, rows, slab) = (r0 + pc.rows.0, pc.rows.1, pc.blocks);
-        let elems = pc.elems();
-        let p = Loc {
-            buf: *recv_bufs.get(&(i, j, l)).unwrap_or(&p_bufs[&(i, j, l)]),
-            offset: 0,
-        };
-        let (b0, _) = g.blocks[l];
-        // A whole-slab bias goes into the reduction's sum (or is one fast `add`
-        // when there is nothing to reduce); a 16-wide row per block is a call per
-        // block but far fewer bytes. A per-row constant (the position embedding)
-        // needs the whole slab.
-        let slab_bias = !amp_bias && (op.per_row || elems * 2 <= lw.opts.slab_bias_bytes);
-        // Only the slab's real blocks (a prefix) have residual bytes; padding
-        // blocks are never read downstream.
-        let real = pc.real;
-        // Only pieces with real blocks were given a residual buffer.
-        let residual = residual_bufs.get(&(i, j, l)).copied();
-        // The residual joins the reduction too when it covers the whole slab and no
-        // GELU comes between.
-        let fused_residual =
-            residual.filter(|_| pk > 1 && (slab_bias || amp_bias) && real == slab && !op.gelu);
-        let y = if pk > 1 {
-            let y = lw.buffer(tile, format!("{name}.out"), elems * 2, Category::Activation);
-            Loc { buf: y, offset: 0 }
-        } else {
-            p
-        };
-        // The whole-slab bias, a constant per tile and row count (and pass, for
-        // a per-row one).
-        let slab_b = slab_bias.then(|| {
-            let key = (tile, rows, if op.per_row { base } else { 0 });
-            let buf = *consts.bias.entry(key).or_insert_with(|| {
-                let v = (pc.first..pc.first + slab).flat_map(|q| {
-                    (r0..r0 + rows).flat_map(move |r| block_bias(op, g.blocks[l], (q, 1), r))
+    /// Partials summed into a compact output (the slots die here), then bias and
+    /// epilogues in place; each finished block joins `out_parts`.
+    fn epilogue(&self, lw: &mut Lowering<'_>, consts: &mut Consts, out_parts: &mut Vec<Part>) {
+        let (op, g) = (self.op, self.g);
+        let name = op.name;
+        let pk = g.pk();
+        let step = lw.compute_step();
+        for (i, j, l) in g.cells() {
+            let (r0, all_rows) = (self.base + g.rows[i].0, g.rows[i].1);
+            let Some(pc) = g.piece((j, l), all_rows) else {
+                continue;
+            };
+            let tile = g.tile(i, j, l);
+            // This piece's first row in the tensor, its rows and its blocks.
+            let (r0, rows, slab) = (r0 + pc.rows.0, pc.rows.1, pc.blocks);
+            let elems = pc.elems();
+            let p = Loc {
+                buf: *self
+                    .pieces
+                    .get(&(i, j, l))
+                    .unwrap_or(&self.partials[&(i, j, l)]),
+                offset: 0,
+            };
+            let (b0, _) = g.blocks[l];
+            // A whole-slab bias goes into the reduction's sum (or is one fast `add`
+            // when there is nothing to reduce); a 16-wide row per block is a call per
+            // block but far fewer bytes. A per-row constant (the position embedding)
+            // needs the whole slab.
+            let slab_bias = !self.amp_bias && (op.per_row || elems * 2 <= lw.opts.slab_bias_bytes);
+            // Only the slab's real blocks (a prefix) have residual bytes; padding
+            // blocks are never read downstream.
+            let real = pc.real;
+            // Only pieces with real blocks were given a residual buffer.
+            let residual = self.residual.get(&(i, j, l)).copied();
+            // The residual joins the reduction too when it covers the whole slab and no
+            // GELU comes between.
+            let fused_residual = residual
+                .filter(|_| pk > 1 && (slab_bias || self.amp_bias) && real == slab && !op.gelu);
+            let y = if pk > 1 {
+                let y = lw.buffer(tile, format!("{name}.out"), elems * 2, Category::Activation);
+                Loc { buf: y, offset: 0 }
+            } else {
+                p
+            };
+            // The whole-slab bias, a constant per tile and row count (and pass, for
+            // a per-row one).
+            let slab_b = slab_bias.then(|| {
+                let key = (tile, rows, if op.per_row { self.base } else { 0 });
+                let buf = *consts.bias.entry(key).or_insert_with(|| {
+                    let v = (pc.first..pc.first + slab).flat_map(|q| {
+                        (r0..r0 + rows).flat_map(move |r| block_bias(op, g.blocks[l], (q, 1), r))
+                    });
+                    lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
                 });
-                lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
+                Loc { buf, offset: 0 }
             });
-            Loc { buf, offset: 0 }
-        });
-        if pk > 1 {
-            // The partials, then the slab's bias and the fused residual, in one
-            // f32 sum (with the bias in the engine, the partials hold it).
-            let residual_at = fused_residual.map(|buf| Loc { buf, offset: 0 });
-            let addends: Vec<Loc> = slab_b.into_iter().chain(residual_at).collect();
-            let mut ops = vec![("in", p), ("out", y)];
-            ops.extend(["b", "c"].into_iter().zip(addends.iter().copied()));
-            lw.call(
-                tile,
-                step,
-                ReduceAdd {
-                    addends: addends.len() as u8,
-                    ..ReduceAdd::new(pk, elems)
-                },
-                &ops,
-            );
-        } else if let Some(b) = slab_b {
-            lw.call(
-                tile,
-                step,
-                tessera_kernels::Add::new(elems),
-                &[("a", y), ("b", b), ("out", y)],
-            );
-        }
-        if !amp_bias && !slab_bias {
-            // One 16-wide bias row per block, broadcast over the block's rows.
-            let bias = *consts.bias.entry((tile, 0, u32::MAX)).or_insert_with(|| {
-                let v = block_bias(op, g.blocks[l], (pc.first, slab), 0);
-                lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
-            });
-            for q in 0..slab {
-                let at = Loc {
-                    buf: y.buf,
-                    offset: y.offset + q * rows * AMP_WIDTH * 2,
-                };
+            if pk > 1 {
+                // The partials, then the slab's bias and the fused residual, in one
+                // f32 sum (with the bias in the engine, the partials hold it).
+                let residual_at = fused_residual.map(|buf| Loc { buf, offset: 0 });
+                let addends: Vec<Loc> = slab_b.into_iter().chain(residual_at).collect();
+                let mut ops = vec![("in", p), ("out", y)];
+                ops.extend(["b", "c"].into_iter().zip(addends.iter().copied()));
                 lw.call(
                     tile,
                     step,
-                    tessera_kernels::AddBias::new(rows, AMP_WIDTH),
+                    ReduceAdd {
+                        addends: addends.len() as u8,
+                        ..ReduceAdd::new(pk, elems)
+                    },
+                    &ops,
+                );
+            } else if let Some(b) = slab_b {
+                lw.call(
+                    tile,
+                    step,
+                    tessera_kernels::Add::new(elems),
+                    &[("a", y), ("b", b), ("out", y)],
+                );
+            }
+            if !self.amp_bias && !slab_bias {
+                self.add_block_bias(lw, consts, step, (tile, l), &pc, y);
+            }
+            if op.gelu {
+                // The walker halved the weights and bias for it.
+                lw.call(
+                    tile,
+                    step,
+                    Gelu::new(elems).with_half_input(),
+                    &[("in", y), ("out", y)],
+                );
+            }
+            if let Some(res) = residual.filter(|_| fused_residual.is_none()) {
+                lw.call(
+                    tile,
+                    step,
+                    tessera_kernels::Add::new(real * rows * AMP_WIDTH),
                     &[
-                        ("a", at),
+                        ("a", y),
                         (
-                            "bias",
+                            "b",
                             Loc {
-                                buf: bias,
-                                offset: q * AMP_WIDTH * 2,
+                                buf: res,
+                                offset: 0,
                             },
                         ),
-                        ("out", at),
+                        ("out", y),
                     ],
                 );
             }
+            for q in 0..real {
+                out_parts.push(block_part(
+                    y.buf,
+                    q * rows * AMP_WIDTH * 2,
+                    (r0, rows),
+                    b0 + pc.first + q,
+                ));
+            }
         }
-        if op.gelu {
-            // The walker halved the weights and bias for it.
+    }
+
+    /// The bias as one 16-wide row per block of piece `pc` (of column group `l`,
+    /// on `tile`), broadcast over the block's rows of `y`.
+    fn add_block_bias(
+        &self,
+        lw: &mut Lowering<'_>,
+        consts: &mut Consts,
+        step: Step,
+        (tile, l): (u32, usize),
+        pc: &Piece,
+        y: Loc,
+    ) {
+        let (op, g) = (self.op, self.g);
+        let rows = pc.rows.1;
+        let bias = *consts.bias.entry((tile, 0, u32::MAX)).or_insert_with(|| {
+            let v = block_bias(op, g.blocks[l], (pc.first, pc.blocks), 0);
+            lw.constant(
+                tile,
+                format!("{}.bias", op.name),
+                f16_bytes(v),
+                Category::Weight,
+            )
+        });
+        for q in 0..pc.blocks {
+            let at = Loc {
+                buf: y.buf,
+                offset: y.offset + q * rows * AMP_WIDTH * 2,
+            };
             lw.call(
                 tile,
                 step,
-                Gelu::new(elems).with_half_input(),
-                &[("in", y), ("out", y)],
-            );
-        }
-        if let Some(res) = residual.filter(|_| fused_residual.is_none()) {
-            lw.call(
-                tile,
-                step,
-                tessera_kernels::Add::new(real * rows * AMP_WIDTH),
+                tessera_kernels::AddBias::new(rows, AMP_WIDTH),
                 &[
-                    ("a", y),
+                    ("a", at),
                     (
-                        "b",
+                        "bias",
                         Loc {
-                            buf: res,
-                            offset: 0,
+                            buf: bias,
+                            offset: q * AMP_WIDTH * 2,
                         },
                     ),
-                    ("out", y),
+                    ("out", at),
                 ],
             );
         }
-        for q in 0..real {
-            out_parts.push(block_part(
-                y.buf,
-                q * rows * AMP_WIDTH * 2,
-                (r0, rows),
-                b0 + pc.first + q,
-            ));
-        }
     }
-    Ok(())
 }

@@ -400,393 +400,489 @@ struct Combiner {
 /// `Y = softmax(S)^T X` per image (the softmax down each column of its scores):
 /// `[batch * heads, width]`, head `h` of image `b` on row `b * heads + h`.
 pub(super) fn weighted_sums(lw: &mut Lowering<'_>, op: &Pool<'_>) -> Result<DistTensor, PlanError> {
-    let name = op.name;
-    let tiles = lw.machine.tiles;
-    let (batch, t, heads) = (op.batch, op.t, op.heads);
-    let tb = t.div_ceil(AMP_WIDTH);
-    let nb = op.x.cols / AMP_WIDTH;
-    // Column groups: as many as the tiles allow beside the token blocks.
-    let per = nb.div_ceil((tiles / (batch * tb).max(1)).clamp(1, nb));
-    let groups = nb.div_ceil(per);
-    // The sums need two partials: a single token block is paired with zeros.
-    let members = tb.max(2);
-    // The partial scores are reduce-scattered by rows over a token block's groups
-    // and the sums all-gathered: group `g` adds up rows `owned(g)`.
-    let rpg = AMP_WIDTH.div_ceil(groups);
-    let owned = |g: u32| (g * rpg).min(AMP_WIDTH)..((g + 1) * rpg).min(AMP_WIDTH);
-    // Runs are made image, token block, then column group, in order: run
-    // `(b, kb, g)` is `runs[run_at(b, kb, g)]`, and a block's or an image's runs are
-    // one slice.
-    let run_at = |b: u32, kb: u32, g: u32| ((b * tb + kb) * groups + g) as usize;
+    let p = Pooling::lay_out(lw, op);
+    p.land_inputs(lw)?;
+    p.scores(lw);
+    p.maxima(lw);
+    p.exp_and_sums(lw);
+    Ok(p.combine(lw))
+}
 
-    let mut runs = Vec::new();
-    for b in 0..batch {
-        for kb in 0..tb {
-            for g in 0..groups {
-                let tile = run_at(b, kb, g) as u32 % tiles;
-                let c0 = g * per;
-                let nc = per.min(nb - c0);
-                let u = lw.constant(
-                    tile,
-                    format!("{name}.u"),
-                    f16_bytes(
-                        op.u[(c0 * AMP_WIDTH * AMP_WIDTH) as usize
-                            ..((c0 + nc) * AMP_WIDTH * AMP_WIDTH) as usize]
-                            .iter()
-                            .copied(),
-                    ),
-                    Category::Weight,
-                );
-                let mut buf = |what: &str, bytes: u32| lw.activation(tile, name, what, bytes);
-                runs.push(PoolRun {
-                    tile,
-                    b,
-                    kb,
-                    g,
-                    c0,
-                    nc,
-                    real: AMP_WIDTH.min(t - kb * AMP_WIDTH),
-                    u,
-                    spart: (groups > 1).then(|| buf("spart", 512)),
-                    rparts: (groups > 1 && !owned(g).is_empty())
-                        .then(|| buf("rparts", groups * owned(g).len() as u32 * 32)),
-                    s: buf("s", 512),
-                    x: buf("x", nc * 512),
-                    maxes: buf("maxes", tb * 32),
-                    e: buf("e", 512),
-                    et: buf("et", 512),
-                    sum: buf("sum", 64),
-                    y: buf("y", nc * 512),
-                });
-            }
+/// One pooling's run tiles and combiners, and the sizes they are cut by.
+struct Pooling<'p, 'a> {
+    op: &'p Pool<'a>,
+    /// Token blocks an image.
+    tb: u32,
+    /// Column blocks of the width.
+    nb: u32,
+    /// Column blocks a column group.
+    per: u32,
+    groups: u32,
+    /// Partials a combiner adds up: the sums need two, so a single token block
+    /// is paired with zeros.
+    members: u32,
+    /// Score rows a column group adds up (`owned`).
+    rpg: u32,
+    /// Column blocks a combiner.
+    span: u32,
+    /// In `run_at` order.
+    runs: Vec<PoolRun>,
+    combiners: Vec<Combiner>,
+}
+
+impl Pooling<'_, '_> {
+    /// The pooling's cut over the machine's tiles, with every run's and
+    /// combiner's buffers (and the decision recorded).
+    fn lay_out<'p, 'a>(lw: &mut Lowering<'_>, op: &'p Pool<'a>) -> Pooling<'p, 'a> {
+        let tiles = lw.machine.tiles;
+        let (batch, heads) = (op.batch, op.heads);
+        let tb = op.t.div_ceil(AMP_WIDTH);
+        let nb = op.x.cols / AMP_WIDTH;
+        // Column groups: as many as the tiles allow beside the token blocks.
+        let per = nb.div_ceil((tiles / (batch * tb).max(1)).clamp(1, nb));
+        let groups = nb.div_ceil(per);
+        // Combiners: the fewest column blocks each that one tile apiece allows.
+        let mut span = 1;
+        while span < nb && batch * heads * nb.div_ceil(span) > tiles {
+            span += 1;
         }
-    }
-    debug_assert!(
-        runs.iter()
-            .enumerate()
-            .all(|(i, r)| run_at(r.b, r.kb, r.g) == i)
-    );
-    // Combiners: the fewest column blocks each that one tile apiece allows.
-    let mut span = 1;
-    while span < nb && batch * heads * nb.div_ceil(span) > tiles {
-        span += 1;
-    }
-    let mut combiners = Vec::new();
-    for b in 0..batch {
-        for h in 0..heads {
-            for (r, c0) in (0..nb).step_by(span as usize).enumerate() {
-                let tile = (((b * heads + h) * nb.div_ceil(span)) + r as u32) % tiles;
-                let nc = span.min(nb - c0);
-                let mut buf = |what: &str, bytes: u32| lw.activation(tile, name, what, bytes);
-                combiners.push(Combiner {
-                    tile,
-                    b,
-                    h,
-                    c0,
-                    nc,
-                    partials: buf("partials", members * nc * 32),
-                    sums: buf("sums", members * 4),
-                    out: buf("ctx", nc * 32),
-                });
-            }
-        }
-    }
-
-    lw.plan.decisions.push(format!(
-        "{name}: constant query, projections absorbed: {} x {}; scores, softmax and weighted sums on {} ({batch} x {} x {} of {}), combined on {} ({} each)",
-        count(batch, "image"),
-        count(heads, "head"),
-        count(runs.len(), "tile"),
-        count(tb, "token block"),
-        count(groups, "column group"),
-        count(per, "block"),
-        count(combiners.len(), "tile"),
-        count(span, "block"),
-    ));
-
-    // Each run's blocks of S and X.
-    let (mut s_parts, mut x_parts) = (Vec::new(), Vec::new());
-    for r in &runs {
-        let r0 = r.b * t + r.kb * AMP_WIDTH;
-        s_parts.push(Part {
-            at: Loc {
-                buf: r.s,
-                offset: 0,
-            },
-            rows: r0..r0 + r.real,
-            cols: 0..AMP_WIDTH,
-        });
-        for i in 0..r.nc {
-            let c = (r.c0 + i) * AMP_WIDTH;
-            x_parts.push(Part {
-                at: Loc {
-                    buf: r.x,
-                    offset: i * 512,
-                },
-                rows: r0..r0 + r.real,
-                cols: c..c + AMP_WIDTH,
-            });
-        }
-    }
-    let dst = DistTensor {
-        rows: op.x.rows,
-        cols: op.x.cols,
-        elem_bytes: 2,
-        parts: x_parts,
-    };
-    let copies = redistribute(op.x, &dst)
-        .map_err(|e| unsupported(format!("{name}: the inputs do not cover the tokens: {e}")))?;
-    lw.exchange(&format!("{name}.in"), copies);
-
-    // Padding token rows zeroed (their scores and `e` are then zero; 0 times a
-    // stale NaN would not be), each group's partial scores.
-    let step = lw.compute_step();
-    let at = |buf| Loc { buf, offset: 0 };
-    for r in &runs {
-        super::attention::zero_rows(lw, (r.tile, step), r.nc, r.x, (r.real, AMP_WIDTH));
-        let out = match r.spart {
-            Some(buf) => at(buf),
-            None => at(r.s),
+        let mut p = Pooling {
+            op,
+            tb,
+            nb,
+            per,
+            groups,
+            members: tb.max(2),
+            // The partial scores are reduce-scattered by rows over a token
+            // block's groups and the sums all-gathered.
+            rpg: AMP_WIDTH.div_ceil(groups),
+            span,
+            runs: Vec::new(),
+            combiners: Vec::new(),
         };
-        amp(
-            lw,
-            r.tile,
-            step,
-            name,
-            (AMP_WIDTH, r.nc, 1),
-            at(r.x),
-            at(r.u),
-            out,
-        );
-    }
-    let block = |r: &PoolRun| &runs[run_at(r.b, r.kb, 0)..run_at(r.b, r.kb + 1, 0)];
-    let mut copies = Vec::new();
-    for r in &runs {
-        let Some(spart) = r.spart else { continue };
-        for o in block(r) {
-            let (rows, Some(rparts)) = (owned(o.g), o.rparts) else {
-                continue;
-            };
-            copies.push(Copy {
-                src: Loc {
-                    buf: spart,
-                    offset: rows.start * 32,
-                },
-                bytes: rows.len() as u32 * 32,
-                dsts: vec![Loc {
-                    buf: rparts,
-                    offset: r.g * rows.len() as u32 * 32,
-                }],
-            });
-        }
-    }
-    lw.exchange(&format!("{name}.scores"), copies);
-    let step = lw.compute_step();
-    for r in &runs {
-        if let Some(rparts) = r.rparts {
-            let rows = owned(r.g);
-            lw.call(
-                r.tile,
-                step,
-                ReduceAdd::new(groups, rows.len() as u32 * AMP_WIDTH),
-                &[
-                    ("in", at(rparts)),
-                    (
-                        "out",
-                        Loc {
-                            buf: r.s,
-                            offset: rows.start * 32,
-                        },
-                    ),
-                ],
-            );
-        }
-    }
-    let mut copies = Vec::new();
-    for r in runs.iter().filter(|r| r.rparts.is_some()) {
-        let rows = owned(r.g);
-        let dsts: Vec<Loc> = block(r)
-            .iter()
-            .filter(|o| o.g != r.g)
-            .map(|o| Loc {
-                buf: o.s,
-                offset: rows.start * 32,
-            })
-            .collect();
-        copies.push(Copy {
-            src: Loc {
-                buf: r.s,
-                offset: rows.start * 32,
-            },
-            bytes: rows.len() as u32 * 32,
-            dsts,
-        });
-    }
-    lw.exchange(&format!("{name}.scores.rows"), copies);
-
-    // The scores, each token block's maxima, a lone token block's zero partner.
-    let step = lw.compute_step();
-    for r in &runs {
-        if r.g == 0 {
-            lw.call(
-                r.tile,
-                step,
-                ColMax::new(r.real),
-                &[
-                    ("in", at(r.s)),
-                    (
-                        "out",
-                        Loc {
-                            buf: r.maxes,
-                            offset: r.kb * 32,
-                        },
-                    ),
-                ],
-            );
-        }
-    }
-    if tb < members {
-        for c in &combiners {
-            let row = c.nc * 32;
-            lw.call(
-                c.tile,
-                step,
-                ZeroFill::new(1, row, row),
-                &[(
-                    "out",
-                    Loc {
-                        buf: c.partials,
-                        offset: row,
-                    },
-                )],
-            );
-            lw.call(c.tile, step, ZeroFill::new(1, 8, 8), &[("out", at(c.sums))]);
-        }
+        p.runs = p.make_runs(lw);
+        p.combiners = p.make_combiners(lw);
+        lw.plan.decisions.push(format!(
+            "{}: constant query, projections absorbed: {} x {}; scores, softmax and weighted sums on {} ({batch} x {} x {} of {}), combined on {} ({} each)",
+            op.name,
+            count(batch, "image"),
+            count(heads, "head"),
+            count(p.runs.len(), "tile"),
+            count(tb, "token block"),
+            count(groups, "column group"),
+            count(per, "block"),
+            count(p.combiners.len(), "tile"),
+            count(span, "block"),
+        ));
+        p
     }
 
-    let mut copies = Vec::new();
-    for r in runs.iter().filter(|r| r.g == 0) {
-        let dsts: Vec<Loc> = runs[run_at(r.b, 0, 0)..run_at(r.b + 1, 0, 0)]
-            .iter()
-            .filter(|o| !(o.kb == r.kb && o.g == 0))
-            .map(|o| Loc {
-                buf: o.maxes,
-                offset: r.kb * 32,
-            })
-            .collect();
-        if !dsts.is_empty() {
-            copies.push(Copy {
-                src: Loc {
-                    buf: r.maxes,
-                    offset: r.kb * 32,
-                },
-                bytes: 32,
-                dsts,
-            });
-        }
-    }
-    lw.exchange(&format!("{name}.max"), copies);
-
-    let step = lw.compute_step();
-    for r in &runs {
-        lw.call(
-            r.tile,
-            step,
-            ColExpShift::new(r.real, AMP_WIDTH, tb, 1.0),
-            &[
-                ("in", at(r.s)),
-                ("maxes", at(r.maxes)),
-                ("out", at(r.e)),
-                ("sum", at(r.sum)),
-            ],
-        );
-        lw.call(
-            r.tile,
-            step,
-            TransposeBlocks::new(1, 1),
-            &[("in", at(r.e)), ("out", at(r.et))],
-        );
-        amp(
-            lw,
-            r.tile,
-            step,
-            name,
-            (AMP_WIDTH, 1, r.nc),
-            at(r.et),
-            at(r.x),
-            at(r.y),
-        );
+    /// The score rows column group `g` adds up.
+    fn owned(&self, g: u32) -> std::ops::Range<u32> {
+        (g * self.rpg).min(AMP_WIDTH)..((g + 1) * self.rpg).min(AMP_WIDTH)
     }
 
-    // To each combiner, its head's row of every token block's partials, and sums.
-    let mut copies = Vec::new();
-    for c in &combiners {
-        for kb in 0..tb {
-            for i in 0..c.nc {
-                let cb = c.c0 + i;
-                let r = &runs[run_at(c.b, kb, cb / per)];
-                debug_assert!(r.b == c.b && r.kb == kb && (r.c0..r.c0 + r.nc).contains(&cb));
-                copies.push(Copy {
-                    src: Loc {
-                        buf: r.y,
-                        offset: (cb - r.c0) * 512 + c.h * 32,
-                    },
-                    bytes: 32,
-                    dsts: vec![Loc {
-                        buf: c.partials,
-                        offset: (kb * c.nc + i) * 32,
-                    }],
-                });
-                if i == 0 {
-                    copies.push(Copy {
-                        src: Loc {
-                            buf: r.sum,
-                            offset: c.h * 4,
-                        },
-                        bytes: 4,
-                        dsts: vec![Loc {
-                            buf: c.sums,
-                            offset: kb * 4,
-                        }],
+    /// Where run `(b, kb, g)` is in `runs`: they are made image, token block,
+    /// then column group, in order, so a block's or an image's runs are one slice.
+    fn run_at(&self, b: u32, kb: u32, g: u32) -> usize {
+        ((b * self.tb + kb) * self.groups + g) as usize
+    }
+
+    /// The runs of `r`'s token block.
+    fn block(&self, r: &PoolRun) -> &[PoolRun] {
+        &self.runs[self.run_at(r.b, r.kb, 0)..self.run_at(r.b, r.kb + 1, 0)]
+    }
+
+    fn make_runs(&self, lw: &mut Lowering<'_>) -> Vec<PoolRun> {
+        let (op, tb, groups, per, nb) = (self.op, self.tb, self.groups, self.per, self.nb);
+        let name = op.name;
+        let tiles = lw.machine.tiles;
+        let mut runs = Vec::new();
+        for b in 0..op.batch {
+            for kb in 0..tb {
+                for g in 0..groups {
+                    let tile = self.run_at(b, kb, g) as u32 % tiles;
+                    let c0 = g * per;
+                    let nc = per.min(nb - c0);
+                    let u = lw.constant(
+                        tile,
+                        format!("{name}.u"),
+                        f16_bytes(
+                            op.u[(c0 * AMP_WIDTH * AMP_WIDTH) as usize
+                                ..((c0 + nc) * AMP_WIDTH * AMP_WIDTH) as usize]
+                                .iter()
+                                .copied(),
+                        ),
+                        Category::Weight,
+                    );
+                    let owned = self.owned(g);
+                    let mut buf = |what: &str, bytes: u32| lw.activation(tile, name, what, bytes);
+                    runs.push(PoolRun {
+                        tile,
+                        b,
+                        kb,
+                        g,
+                        c0,
+                        nc,
+                        real: AMP_WIDTH.min(op.t - kb * AMP_WIDTH),
+                        u,
+                        spart: (groups > 1).then(|| buf("spart", 512)),
+                        rparts: (groups > 1 && !owned.is_empty())
+                            .then(|| buf("rparts", groups * owned.len() as u32 * 32)),
+                        s: buf("s", 512),
+                        x: buf("x", nc * 512),
+                        maxes: buf("maxes", tb * 32),
+                        e: buf("e", 512),
+                        et: buf("et", 512),
+                        sum: buf("sum", 64),
+                        y: buf("y", nc * 512),
                     });
                 }
             }
         }
-    }
-    lw.exchange(&format!("{name}.partials"), copies);
-
-    let step = lw.compute_step();
-    let mut parts = Vec::new();
-    for c in &combiners {
-        lw.call(
-            c.tile,
-            step,
-            ReduceNorm::new(members, c.nc * AMP_WIDTH),
-            &[
-                ("in", at(c.partials)),
-                ("sums", at(c.sums)),
-                ("out", at(c.out)),
-            ],
+        debug_assert!(
+            runs.iter()
+                .enumerate()
+                .all(|(i, r)| self.run_at(r.b, r.kb, r.g) == i)
         );
-        // One part a 16-column block: the value projection then takes `Y` in the
-        // AMP's layout as it arrives, without a rearrangement.
-        let row = c.b * heads + c.h;
-        for i in 0..c.nc {
-            let col = (c.c0 + i) * AMP_WIDTH;
-            parts.push(Part {
+        runs
+    }
+
+    fn make_combiners(&self, lw: &mut Lowering<'_>) -> Vec<Combiner> {
+        let (op, nb, span) = (self.op, self.nb, self.span);
+        let (name, heads, members) = (op.name, op.heads, self.members);
+        let tiles = lw.machine.tiles;
+        let mut combiners = Vec::new();
+        for b in 0..op.batch {
+            for h in 0..heads {
+                for (r, c0) in (0..nb).step_by(span as usize).enumerate() {
+                    let tile = (((b * heads + h) * nb.div_ceil(span)) + r as u32) % tiles;
+                    let nc = span.min(nb - c0);
+                    let mut buf = |what: &str, bytes: u32| lw.activation(tile, name, what, bytes);
+                    combiners.push(Combiner {
+                        tile,
+                        b,
+                        h,
+                        c0,
+                        nc,
+                        partials: buf("partials", members * nc * 32),
+                        sums: buf("sums", members * 4),
+                        out: buf("ctx", nc * 32),
+                    });
+                }
+            }
+        }
+        combiners
+    }
+
+    /// Each run's blocks of X.
+    fn land_inputs(&self, lw: &mut Lowering<'_>) -> Result<(), PlanError> {
+        let (op, t) = (self.op, self.op.t);
+        let name = op.name;
+        let (mut s_parts, mut x_parts) = (Vec::new(), Vec::new());
+        for r in &self.runs {
+            let r0 = r.b * t + r.kb * AMP_WIDTH;
+            s_parts.push(Part {
                 at: Loc {
-                    buf: c.out,
-                    offset: i * 32,
+                    buf: r.s,
+                    offset: 0,
                 },
-                rows: row..row + 1,
-                cols: col..col + AMP_WIDTH,
+                rows: r0..r0 + r.real,
+                cols: 0..AMP_WIDTH,
+            });
+            for i in 0..r.nc {
+                let c = (r.c0 + i) * AMP_WIDTH;
+                x_parts.push(Part {
+                    at: Loc {
+                        buf: r.x,
+                        offset: i * 512,
+                    },
+                    rows: r0..r0 + r.real,
+                    cols: c..c + AMP_WIDTH,
+                });
+            }
+        }
+        let dst = DistTensor {
+            rows: op.x.rows,
+            cols: op.x.cols,
+            elem_bytes: 2,
+            parts: x_parts,
+        };
+        let copies = redistribute(op.x, &dst)
+            .map_err(|e| unsupported(format!("{name}: the inputs do not cover the tokens: {e}")))?;
+        lw.exchange(&format!("{name}.in"), copies);
+        Ok(())
+    }
+
+    /// The scores `S = X U`: padding token rows zeroed (their scores and `e` are
+    /// then zero; 0 times a stale NaN would not be), each group's partial
+    /// scores, and with several groups their rows reduce-scattered, added up and
+    /// all-gathered.
+    fn scores(&self, lw: &mut Lowering<'_>) {
+        let name = self.op.name;
+        let step = lw.compute_step();
+        for r in &self.runs {
+            super::attention::zero_rows(lw, (r.tile, step), r.nc, r.x, (r.real, AMP_WIDTH));
+            let out = match r.spart {
+                Some(buf) => at(buf),
+                None => at(r.s),
+            };
+            amp(
+                lw,
+                r.tile,
+                step,
+                name,
+                (AMP_WIDTH, r.nc, 1),
+                at(r.x),
+                at(r.u),
+                out,
+            );
+        }
+        let mut copies = Vec::new();
+        for r in &self.runs {
+            let Some(spart) = r.spart else { continue };
+            for o in self.block(r) {
+                let (rows, Some(rparts)) = (self.owned(o.g), o.rparts) else {
+                    continue;
+                };
+                copies.push(Copy {
+                    src: Loc {
+                        buf: spart,
+                        offset: rows.start * 32,
+                    },
+                    bytes: rows.len() as u32 * 32,
+                    dsts: vec![Loc {
+                        buf: rparts,
+                        offset: r.g * rows.len() as u32 * 32,
+                    }],
+                });
+            }
+        }
+        lw.exchange(&format!("{name}.scores"), copies);
+        let step = lw.compute_step();
+        for r in &self.runs {
+            if let Some(rparts) = r.rparts {
+                let rows = self.owned(r.g);
+                lw.call(
+                    r.tile,
+                    step,
+                    ReduceAdd::new(self.groups, rows.len() as u32 * AMP_WIDTH),
+                    &[
+                        ("in", at(rparts)),
+                        (
+                            "out",
+                            Loc {
+                                buf: r.s,
+                                offset: rows.start * 32,
+                            },
+                        ),
+                    ],
+                );
+            }
+        }
+        let mut copies = Vec::new();
+        for r in self.runs.iter().filter(|r| r.rparts.is_some()) {
+            let rows = self.owned(r.g);
+            let dsts: Vec<Loc> = self
+                .block(r)
+                .iter()
+                .filter(|o| o.g != r.g)
+                .map(|o| Loc {
+                    buf: o.s,
+                    offset: rows.start * 32,
+                })
+                .collect();
+            copies.push(Copy {
+                src: Loc {
+                    buf: r.s,
+                    offset: rows.start * 32,
+                },
+                bytes: rows.len() as u32 * 32,
+                dsts,
             });
         }
+        lw.exchange(&format!("{name}.scores.rows"), copies);
     }
-    Ok(DistTensor {
-        rows: batch * heads,
-        cols: op.x.cols,
-        elem_bytes: 2,
-        parts,
-    })
+
+    /// Each token block's column maxima, to every run of its image; and a lone
+    /// token block's zero partner on the combiners.
+    fn maxima(&self, lw: &mut Lowering<'_>) {
+        let step = lw.compute_step();
+        for r in &self.runs {
+            if r.g == 0 {
+                lw.call(
+                    r.tile,
+                    step,
+                    ColMax::new(r.real),
+                    &[
+                        ("in", at(r.s)),
+                        (
+                            "out",
+                            Loc {
+                                buf: r.maxes,
+                                offset: r.kb * 32,
+                            },
+                        ),
+                    ],
+                );
+            }
+        }
+        if self.tb < self.members {
+            for c in &self.combiners {
+                let row = c.nc * 32;
+                lw.call(
+                    c.tile,
+                    step,
+                    ZeroFill::new(1, row, row),
+                    &[(
+                        "out",
+                        Loc {
+                            buf: c.partials,
+                            offset: row,
+                        },
+                    )],
+                );
+                lw.call(c.tile, step, ZeroFill::new(1, 8, 8), &[("out", at(c.sums))]);
+            }
+        }
+
+        let mut copies = Vec::new();
+        for r in self.runs.iter().filter(|r| r.g == 0) {
+            let dsts: Vec<Loc> = self.runs[self.run_at(r.b, 0, 0)..self.run_at(r.b + 1, 0, 0)]
+                .iter()
+                .filter(|o| !(o.kb == r.kb && o.g == 0))
+                .map(|o| Loc {
+                    buf: o.maxes,
+                    offset: r.kb * 32,
+                })
+                .collect();
+            if !dsts.is_empty() {
+                copies.push(Copy {
+                    src: Loc {
+                        buf: r.maxes,
+                        offset: r.kb * 32,
+                    },
+                    bytes: 32,
+                    dsts,
+                });
+            }
+        }
+        lw.exchange(&format!("{}.max", self.op.name), copies);
+    }
+
+    /// `e = exp(S - M)` and its column sums, `e^T` (the AMP's input layout:
+    /// heads on the rows), and each run's partial weighted sums `e^T X`.
+    fn exp_and_sums(&self, lw: &mut Lowering<'_>) {
+        let step = lw.compute_step();
+        for r in &self.runs {
+            lw.call(
+                r.tile,
+                step,
+                ColExpShift::new(r.real, AMP_WIDTH, self.tb, 1.0),
+                &[
+                    ("in", at(r.s)),
+                    ("maxes", at(r.maxes)),
+                    ("out", at(r.e)),
+                    ("sum", at(r.sum)),
+                ],
+            );
+            lw.call(
+                r.tile,
+                step,
+                TransposeBlocks::new(1, 1),
+                &[("in", at(r.e)), ("out", at(r.et))],
+            );
+            amp(
+                lw,
+                r.tile,
+                step,
+                self.op.name,
+                (AMP_WIDTH, 1, r.nc),
+                at(r.et),
+                at(r.x),
+                at(r.y),
+            );
+        }
+    }
+
+    /// To each combiner its head's row of every token block's partials, and
+    /// sums; their sum divided by the summed sums is `Y`.
+    fn combine(&self, lw: &mut Lowering<'_>) -> DistTensor {
+        let (name, heads) = (self.op.name, self.op.heads);
+        let mut copies = Vec::new();
+        for c in &self.combiners {
+            for kb in 0..self.tb {
+                for i in 0..c.nc {
+                    let cb = c.c0 + i;
+                    let r = &self.runs[self.run_at(c.b, kb, cb / self.per)];
+                    debug_assert!(r.b == c.b && r.kb == kb && (r.c0..r.c0 + r.nc).contains(&cb));
+                    copies.push(Copy {
+                        src: Loc {
+                            buf: r.y,
+                            offset: (cb - r.c0) * 512 + c.h * 32,
+                        },
+                        bytes: 32,
+                        dsts: vec![Loc {
+                            buf: c.partials,
+                            offset: (kb * c.nc + i) * 32,
+                        }],
+                    });
+                    if i == 0 {
+                        copies.push(Copy {
+                            src: Loc {
+                                buf: r.sum,
+                                offset: c.h * 4,
+                            },
+                            bytes: 4,
+                            dsts: vec![Loc {
+                                buf: c.sums,
+                                offset: kb * 4,
+                            }],
+                        });
+                    }
+                }
+            }
+        }
+        lw.exchange(&format!("{name}.partials"), copies);
+
+        let step = lw.compute_step();
+        let mut parts = Vec::new();
+        for c in &self.combiners {
+            lw.call(
+                c.tile,
+                step,
+                ReduceNorm::new(self.members, c.nc * AMP_WIDTH),
+                &[
+                    ("in", at(c.partials)),
+                    ("sums", at(c.sums)),
+                    ("out", at(c.out)),
+                ],
+            );
+            // One part a 16-column block: the value projection then takes `Y` in the
+            // AMP's layout as it arrives, without a rearrangement.
+            let row = c.b * heads + c.h;
+            for i in 0..c.nc {
+                let col = (c.c0 + i) * AMP_WIDTH;
+                parts.push(Part {
+                    at: Loc {
+                        buf: c.out,
+                        offset: i * 32,
+                    },
+                    rows: row..row + 1,
+                    cols: col..col + AMP_WIDTH,
+                });
+            }
+        }
+        DistTensor {
+            rows: self.op.batch * heads,
+            cols: self.op.x.cols,
+            elem_bytes: 2,
+            parts,
+        }
+    }
+}
+
+/// The start of `buf`.
+fn at(buf: BufId) -> Loc {
+    Loc { buf, offset: 0 }
 }

@@ -332,291 +332,363 @@ pub(super) fn lower(
     op: &Attention<'_>,
     sg: SplitGeometry,
 ) -> Result<DistTensor, PlanError> {
-    let name = op.name;
-    let tiles = lw.machine.tiles;
-    let (kc, _, _) = op.padded();
-    let nb = op.tq.div_ceil(AMP_WIDTH);
-    let runs = merge_runs(&sg, nb);
-    let mut work: Vec<RunWork> = Vec::new();
-    let mut trans = Vec::new();
-    // Per pair and half, the index in `work` of its first tile.
-    let mut first = Vec::new();
-    for pair in 0..op.batch * op.heads {
-        let (b, h) = (pair / op.heads, pair % op.heads);
-        let base = pair * sg.group;
-        let mut firsts = [0usize; 2];
-        for (hi, half) in sg.halves.iter().enumerate() {
-            firsts[hi] = work.len();
-            let kp = half.kbn * AMP_WIDTH;
-            for i in 0..half.tiles {
-                let blk0 = i * half.qb;
-                if blk0 >= nb {
-                    break;
-                }
-                let nbq = half.qb.min(nb - blk0);
-                let r0 = blk0 * AMP_WIDTH;
-                let s = Slot {
-                    tile: (base + half.tile0 + i) % tiles,
-                    b,
-                    h,
-                    pair,
-                    r0,
-                    rows: (nbq * AMP_WIDTH).min(op.tq - r0),
-                };
-                let mut blk = |what: &str, bytes: u32| lw.activation(s.tile, name, what, bytes);
-                let merge = runs
-                    .iter()
-                    .find(|r| r.0 == hi && r.1 == i)
-                    .map(|&(_, _, m0, n)| Merge {
-                        blk0: m0,
-                        n,
-                        ev2: blk("ev2", n * op.d * 32),
-                        sums2: blk("sums2", n * 64),
-                        evsum: blk("ev.sum", n * op.d * 32),
-                        recip: blk("recip", n * 64),
-                        ctxs: blk("ctx.ts", op.ctxs_bytes(n)),
-                        ctx: blk("ctx", n * AMP_WIDTH * op.dp * 2),
+    let cut = KeyCut::lay_out(lw, op, sg);
+    cut.land_qkv(lw)?;
+    cut.scores(lw);
+    cut.share_vt_and_maxima(lw);
+    cut.exponentials(lw);
+    cut.gather_merges(lw);
+    cut.merge_and_finish(lw)
+}
+
+/// One attention's key cut: its row tiles and value transposers.
+struct KeyCut<'p, 'a> {
+    op: &'p Attention<'a>,
+    sg: SplitGeometry,
+    /// Query chunks (`Attention::padded`).
+    kc: u32,
+    work: Vec<RunWork>,
+    /// Each value transposer, with its half.
+    trans: Vec<(usize, ValueTransposer)>,
+    /// Per pair and half, the index in `work` of its first tile.
+    first: Vec<[usize; 2]>,
+}
+
+impl KeyCut<'_, '_> {
+    /// Every pair's row tiles (with the merges [`merge_runs`] gives them) and
+    /// value transposers, and their buffers.
+    fn lay_out<'p, 'a>(
+        lw: &mut Lowering<'_>,
+        op: &'p Attention<'a>,
+        sg: SplitGeometry,
+    ) -> KeyCut<'p, 'a> {
+        let name = op.name;
+        let tiles = lw.machine.tiles;
+        let (kc, _, _) = op.padded();
+        let nb = op.tq.div_ceil(AMP_WIDTH);
+        let runs = merge_runs(&sg, nb);
+        let mut work: Vec<RunWork> = Vec::new();
+        let mut trans = Vec::new();
+        let mut first = Vec::new();
+        for pair in 0..op.batch * op.heads {
+            let (b, h) = (pair / op.heads, pair % op.heads);
+            let base = pair * sg.group;
+            let mut firsts = [0usize; 2];
+            for (hi, half) in sg.halves.iter().enumerate() {
+                firsts[hi] = work.len();
+                let kp = half.kbn * AMP_WIDTH;
+                for i in 0..half.tiles {
+                    let blk0 = i * half.qb;
+                    if blk0 >= nb {
+                        break;
+                    }
+                    let nbq = half.qb.min(nb - blk0);
+                    let r0 = blk0 * AMP_WIDTH;
+                    let s = Slot {
+                        tile: (base + half.tile0 + i) % tiles,
+                        b,
+                        h,
+                        pair,
+                        r0,
+                        rows: (nbq * AMP_WIDTH).min(op.tq - r0),
+                    };
+                    let mut blk = |what: &str, bytes: u32| lw.activation(s.tile, name, what, bytes);
+                    let merge =
+                        runs.iter()
+                            .find(|r| r.0 == hi && r.1 == i)
+                            .map(|&(_, _, m0, n)| Merge {
+                                blk0: m0,
+                                n,
+                                ev2: blk("ev2", n * op.d * 32),
+                                sums2: blk("sums2", n * 64),
+                                evsum: blk("ev.sum", n * op.d * 32),
+                                recip: blk("recip", n * 64),
+                                ctxs: blk("ctx.ts", op.ctxs_bytes(n)),
+                                ctx: blk("ctx", n * AMP_WIDTH * op.dp * 2),
+                            });
+                    work.push(RunWork {
+                        s,
+                        half: hi,
+                        blk0,
+                        nbq,
+                        q_amp: blk("q", nbq * AMP_WIDTH * op.dp * 2),
+                        qt: blk("qt", nbq * kc * 512),
+                        k: blk("k", kp * op.dp * 2),
+                        st: blk("scores.t", nbq * kp * 32),
+                        maxes: blk("maxes", 2 * nbq * 32),
+                        sums: blk("sums", nbq * 64),
+                        vt: blk("vt", half.kbn * op.d * 32),
+                        ev: blk("ev", nbq * op.d * 32),
+                        merge,
                     });
-                work.push(RunWork {
-                    s,
-                    half: hi,
-                    blk0,
-                    nbq,
-                    q_amp: blk("q", nbq * AMP_WIDTH * op.dp * 2),
-                    qt: blk("qt", nbq * kc * 512),
-                    k: blk("k", kp * op.dp * 2),
-                    st: blk("scores.t", nbq * kp * 32),
-                    maxes: blk("maxes", 2 * nbq * 32),
-                    sums: blk("sums", nbq * 64),
-                    vt: blk("vt", half.kbn * op.d * 32),
-                    ev: blk("ev", nbq * op.d * 32),
-                    merge,
+                }
+                let share = half.kbn.div_ceil(half.tiles);
+                for m in 0..half.kbn.div_ceil(share) {
+                    let run = Run {
+                        tile: (base + half.tile0 + m) % tiles,
+                        b,
+                        h,
+                        pair,
+                        m,
+                        blk0: half.kb0 + m * share,
+                        nbk: share.min(half.kbn - m * share),
+                    };
+                    trans.push((hi, ValueTransposer::new(lw, name, run, kc)));
+                }
+            }
+            first.push(firsts);
+        }
+        KeyCut {
+            op,
+            sg,
+            kc,
+            work,
+            trans,
+            first,
+        }
+    }
+
+    /// The tile of `pair`'s half `hi` holding query block `j`.
+    fn holder(&self, pair: u32, hi: usize, j: u32) -> &RunWork {
+        &self.work[self.first[pair as usize][hi] + (j / self.sg.halves[hi].qb) as usize]
+    }
+
+    /// Queries and the run's keys to the row tiles, value blocks to the
+    /// transposers.
+    fn land_qkv(&self, lw: &mut Lowering<'_>) -> Result<(), PlanError> {
+        let op = self.op;
+        let (q_first, k_first, v_first) = (op.q.1, op.k.1, op.v.1);
+        let mut q_parts = Vec::new();
+        let mut k_parts = Vec::new();
+        for w in &self.work {
+            let half = self.sg.halves[w.half];
+            let r = if op.shared_q { 0 } else { w.s.b * op.tq } + w.s.r0;
+            let (kp, real) = half.keys(op.t);
+            let rk = w.s.b * op.t + half.kb0 * AMP_WIDTH;
+            for c in 0..self.kc {
+                q_parts.push(op.chunk(
+                    w.q_amp,
+                    c * w.nbq * 512,
+                    r..r + w.s.rows,
+                    q_first,
+                    w.s.h,
+                    c,
+                ));
+                k_parts.push(op.chunk(w.k, c * kp * 32, rk..rk + real, k_first, w.s.h, c));
+            }
+        }
+        let v_parts: Vec<Part> = self
+            .trans
+            .iter()
+            .flat_map(|(_, t)| op.run_parts(t.vpart, &t.run, v_first))
+            .collect();
+        lw.exchange(
+            &format!("{}.qkv", op.name),
+            op.gather_qkv(q_parts, k_parts, v_parts)?,
+        );
+        Ok(())
+    }
+
+    /// Value blocks transposed; per row tile `Q^T`, `S^T = K_run Q^T` and its
+    /// column maxima.
+    fn scores(&self, lw: &mut Lowering<'_>) {
+        let op = self.op;
+        let step = lw.compute_step();
+        for (_, t) in &self.trans {
+            transpose_run(lw, op, &t.run, step, t.vpart, at(t.out));
+        }
+        for w in &self.work {
+            let half = self.sg.halves[w.half];
+            let (kp, real) = half.keys(op.t);
+            scores(
+                lw,
+                op,
+                step,
+                (&w.s, w.nbq),
+                [w.q_amp, w.qt, w.k, w.st],
+                (real, kp),
+            );
+            lw.call(
+                w.s.tile,
+                step,
+                SoftmaxCols::maxima(w.nbq, kp, real),
+                &[("in", at(w.st)), ("max", at(w.maxes))],
+            );
+        }
+    }
+
+    /// The run's `V^T` to the half's row tiles; each query block's maxima to the
+    /// tile of the other half that holds it.
+    fn share_vt_and_maxima(&self, lw: &mut Lowering<'_>) {
+        let op = self.op;
+        let mut copies = Vec::new();
+        for (hi, t) in &self.trans {
+            let dsts: Vec<BufId> = self
+                .work
+                .iter()
+                .filter(|w| w.s.pair == t.run.pair && w.half == *hi)
+                .map(|w| w.vt)
+                .collect();
+            copies.extend(vt_copies(op, t, self.sg.halves[*hi].kb0, &dsts));
+        }
+        for w in &self.work {
+            for j in w.blk0..w.blk0 + w.nbq {
+                let o = self.holder(w.s.pair, 1 - w.half, j);
+                copies.push(Copy {
+                    src: Loc {
+                        buf: w.maxes,
+                        offset: (j - w.blk0) * 32,
+                    },
+                    bytes: 32,
+                    dsts: vec![Loc {
+                        buf: o.maxes,
+                        offset: (o.nbq + j - o.blk0) * 32,
+                    }],
                 });
             }
-            let share = half.kbn.div_ceil(half.tiles);
-            for m in 0..half.kbn.div_ceil(share) {
-                let run = Run {
-                    tile: (base + half.tile0 + m) % tiles,
-                    b,
-                    h,
-                    pair,
-                    m,
-                    blk0: half.kb0 + m * share,
-                    nbk: share.min(half.kbn - m * share),
-                };
-                trans.push((hi, ValueTransposer::new(lw, name, run, kc)));
+        }
+        lw.exchange(&format!("{}.vt", op.name), copies);
+    }
+
+    /// The exponentials shifted by the maxima over both runs, their sums, and
+    /// `V_run^T e^T`.
+    fn exponentials(&self, lw: &mut Lowering<'_>) {
+        let op = self.op;
+        let step = lw.compute_step();
+        for w in &self.work {
+            let half = self.sg.halves[w.half];
+            let (kp, real) = half.keys(op.t);
+            lw.call(
+                w.s.tile,
+                step,
+                SoftmaxCols::shifted(w.nbq, kp, real, op.scale, 2),
+                &[
+                    ("in", at(w.st)),
+                    ("out", at(w.st)),
+                    ("maxes", at(w.maxes)),
+                    ("sum", at(w.sums)),
+                ],
+            );
+            amp(
+                lw,
+                w.s.tile,
+                step,
+                op.name,
+                (op.d, half.kbn, w.nbq),
+                at(w.vt),
+                at(w.st),
+                at(w.ev),
+            );
+        }
+    }
+
+    /// Each merged run's other products and sums to its tile, a copy per run of
+    /// blocks the other half holds on one tile.
+    fn gather_merges(&self, lw: &mut Lowering<'_>) {
+        let vt_block = self.op.d * 32;
+        let mut copies = Vec::new();
+        for w in &self.work {
+            let Some(m) = &w.merge else { continue };
+            let mut j = m.blk0;
+            while j < m.blk0 + m.n {
+                let o = self.holder(w.s.pair, 1 - w.half, j);
+                let end = (o.blk0 + o.nbq).min(m.blk0 + m.n);
+                let n = end - j;
+                copies.push(Copy {
+                    src: Loc {
+                        buf: o.ev,
+                        offset: (j - o.blk0) * vt_block,
+                    },
+                    bytes: n * vt_block,
+                    dsts: vec![Loc {
+                        buf: m.ev2,
+                        offset: (j - m.blk0) * vt_block,
+                    }],
+                });
+                copies.push(Copy {
+                    src: Loc {
+                        buf: o.sums,
+                        offset: (j - o.blk0) * 64,
+                    },
+                    bytes: n * 64,
+                    dsts: vec![Loc {
+                        buf: m.sums2,
+                        offset: (j - m.blk0) * 64,
+                    }],
+                });
+                j = end;
             }
         }
-        first.push(firsts);
-    }
-    // The tile of `pair`'s half `hi` holding query block `j`.
-    let holder =
-        |pair: u32, hi: usize, j: u32| first[pair as usize][hi] + (j / sg.halves[hi].qb) as usize;
-
-    let (q_first, k_first, v_first) = (op.q.1, op.k.1, op.v.1);
-    let at = |buf| Loc { buf, offset: 0 };
-
-    // Queries and the run's keys to the row tiles, value blocks to the
-    // transposers.
-    let mut q_parts = Vec::new();
-    let mut k_parts = Vec::new();
-    for w in &work {
-        let half = sg.halves[w.half];
-        let r = if op.shared_q { 0 } else { w.s.b * op.tq } + w.s.r0;
-        let (kp, real) = half.keys(op.t);
-        let rk = w.s.b * op.t + half.kb0 * AMP_WIDTH;
-        for c in 0..kc {
-            q_parts.push(op.chunk(w.q_amp, c * w.nbq * 512, r..r + w.s.rows, q_first, w.s.h, c));
-            k_parts.push(op.chunk(w.k, c * kp * 32, rk..rk + real, k_first, w.s.h, c));
-        }
-    }
-    let v_parts: Vec<Part> = trans
-        .iter()
-        .flat_map(|(_, t)| op.run_parts(t.vpart, &t.run, v_first))
-        .collect();
-    lw.exchange(
-        &format!("{name}.qkv"),
-        op.gather_qkv(q_parts, k_parts, v_parts)?,
-    );
-
-    // Value blocks transposed; per row tile `Q^T`, `S^T = K_run Q^T` and its
-    // column maxima.
-    let step = lw.compute_step();
-    for (_, t) in &trans {
-        transpose_run(lw, op, &t.run, step, t.vpart, at(t.out));
-    }
-    for w in &work {
-        let half = sg.halves[w.half];
-        let (kp, real) = half.keys(op.t);
-        scores(
-            lw,
-            op,
-            step,
-            (&w.s, w.nbq),
-            [w.q_amp, w.qt, w.k, w.st],
-            (real, kp),
-        );
-        lw.call(
-            w.s.tile,
-            step,
-            SoftmaxCols::maxima(w.nbq, kp, real),
-            &[("in", at(w.st)), ("max", at(w.maxes))],
-        );
+        lw.exchange(&format!("{}.merge", self.op.name), copies);
     }
 
-    // The run's `V^T` to the half's row tiles; each query block's maxima to the
-    // tile of the other half that holds it.
-    let mut copies = Vec::new();
-    let vt_block = op.d * 32;
-    for (hi, t) in &trans {
-        let dsts: Vec<BufId> = work
+    /// The merge, then the whole-key path's finish.
+    fn merge_and_finish(&self, lw: &mut Lowering<'_>) -> Result<DistTensor, PlanError> {
+        let op = self.op;
+        let vt_block = op.d * 32;
+        let step = lw.compute_step();
+        let mergers: Vec<(&RunWork, &Merge)> = self
+            .work
             .iter()
-            .filter(|w| w.s.pair == t.run.pair && w.half == *hi)
-            .map(|w| w.vt)
+            .filter_map(|w| w.merge.as_ref().map(|m| (w, m)))
             .collect();
-        copies.extend(vt_copies(op, t, sg.halves[*hi].kb0, &dsts));
-    }
-    for w in &work {
-        for j in w.blk0..w.blk0 + w.nbq {
-            let o = &work[holder(w.s.pair, 1 - w.half, j)];
-            copies.push(Copy {
-                src: Loc {
-                    buf: w.maxes,
-                    offset: (j - w.blk0) * 32,
+        let fin: Vec<Finish> = mergers
+            .iter()
+            .map(|&(w, m)| Finish {
+                s: Slot {
+                    r0: m.blk0 * AMP_WIDTH,
+                    rows: (m.n * AMP_WIDTH).min(op.tq - m.blk0 * AMP_WIDTH),
+                    ..w.s
                 },
-                bytes: 32,
-                dsts: vec![Loc {
-                    buf: o.maxes,
-                    offset: (o.nbq + j - o.blk0) * 32,
-                }],
-            });
-        }
-    }
-    lw.exchange(&format!("{name}.vt"), copies);
-
-    // The exponentials shifted by the maxima over both runs, their sums, and
-    // `V_run^T e^T`.
-    let step = lw.compute_step();
-    for w in &work {
-        let half = sg.halves[w.half];
-        let (kp, real) = half.keys(op.t);
-        lw.call(
-            w.s.tile,
-            step,
-            SoftmaxCols::shifted(w.nbq, kp, real, op.scale, 2),
-            &[
-                ("in", at(w.st)),
-                ("out", at(w.st)),
-                ("maxes", at(w.maxes)),
-                ("sum", at(w.sums)),
-            ],
-        );
-        amp(
-            lw,
-            w.s.tile,
-            step,
-            name,
-            (op.d, half.kbn, w.nbq),
-            at(w.vt),
-            at(w.st),
-            at(w.ev),
-        );
-    }
-
-    // Each merged run's other products and sums to its tile, a copy per run of
-    // blocks the other half holds on one tile.
-    let mut copies = Vec::new();
-    for w in &work {
-        let Some(m) = &w.merge else { continue };
-        let mut j = m.blk0;
-        while j < m.blk0 + m.n {
-            let o = &work[holder(w.s.pair, 1 - w.half, j)];
-            let end = (o.blk0 + o.nbq).min(m.blk0 + m.n);
-            let n = end - j;
-            copies.push(Copy {
-                src: Loc {
-                    buf: o.ev,
-                    offset: (j - o.blk0) * vt_block,
-                },
-                bytes: n * vt_block,
-                dsts: vec![Loc {
-                    buf: m.ev2,
-                    offset: (j - m.blk0) * vt_block,
-                }],
-            });
-            copies.push(Copy {
-                src: Loc {
-                    buf: o.sums,
-                    offset: (j - o.blk0) * 64,
-                },
-                bytes: n * 64,
-                dsts: vec![Loc {
-                    buf: m.sums2,
-                    offset: (j - m.blk0) * 64,
-                }],
-            });
-            j = end;
-        }
-    }
-    lw.exchange(&format!("{name}.merge"), copies);
-
-    // The merge, then the whole-key path's finish.
-    let step = lw.compute_step();
-    let mergers: Vec<(&RunWork, &Merge)> = work
-        .iter()
-        .filter_map(|w| w.merge.as_ref().map(|m| (w, m)))
-        .collect();
-    let fin: Vec<Finish> = mergers
-        .iter()
-        .map(|&(w, m)| Finish {
-            s: Slot {
-                r0: m.blk0 * AMP_WIDTH,
-                rows: (m.n * AMP_WIDTH).min(op.tq - m.blk0 * AMP_WIDTH),
-                ..w.s
-            },
-            nbq: m.n,
-            ev: m.evsum,
-            recip: m.recip,
-            ctxs: m.ctxs,
-            ctx: m.ctx,
+                nbq: m.n,
+                ev: m.evsum,
+                recip: m.recip,
+                ctxs: m.ctxs,
+                ctx: m.ctx,
+            })
+            .collect();
+        finish(lw, op, step, &fin, &mut |lw, i| {
+            let (w, m) = mergers[i];
+            let off = m.blk0 - w.blk0;
+            lw.call(
+                w.s.tile,
+                step,
+                Add::apart(m.n * op.d * AMP_WIDTH),
+                &[
+                    (
+                        "a",
+                        Loc {
+                            buf: w.ev,
+                            offset: off * vt_block,
+                        },
+                    ),
+                    ("b", at(m.ev2)),
+                    ("out", at(m.evsum)),
+                ],
+            );
+            lw.call(
+                w.s.tile,
+                step,
+                RecipSum::new(m.n * AMP_WIDTH),
+                &[
+                    (
+                        "a",
+                        Loc {
+                            buf: w.sums,
+                            offset: off * 64,
+                        },
+                    ),
+                    ("b", at(m.sums2)),
+                    ("out", at(m.recip)),
+                ],
+            );
         })
-        .collect();
-    finish(lw, op, step, &fin, &mut |lw, i| {
-        let (w, m) = mergers[i];
-        let off = m.blk0 - w.blk0;
-        lw.call(
-            w.s.tile,
-            step,
-            Add::apart(m.n * op.d * AMP_WIDTH),
-            &[
-                (
-                    "a",
-                    Loc {
-                        buf: w.ev,
-                        offset: off * vt_block,
-                    },
-                ),
-                ("b", at(m.ev2)),
-                ("out", at(m.evsum)),
-            ],
-        );
-        lw.call(
-            w.s.tile,
-            step,
-            RecipSum::new(m.n * AMP_WIDTH),
-            &[
-                (
-                    "a",
-                    Loc {
-                        buf: w.sums,
-                        offset: off * 64,
-                    },
-                ),
-                ("b", at(m.sums2)),
-                ("out", at(m.recip)),
-            ],
-        );
-    })
+    }
+}
+
+/// The start of `buf`.
+fn at(buf: BufId) -> Loc {
+    Loc { buf, offset: 0 }
 }
 
 #[cfg(test)]
