@@ -33,6 +33,10 @@ pub struct Options {
     /// Keep every tile's placement in the result, for the HTML profile's SRAM
     /// viewer (costs memory on a whole chip).
     pub keep_layouts: bool,
+    /// One copy of every weight resident, staged into each operation's layout
+    /// while it runs (`LowerOptions::stage_weights`), instead of every replica
+    /// resident.
+    pub stage_weights: bool,
     /// Knobs for tests and demonstrations (a kernel mutation among them); all
     /// off by default.
     pub experimental: Experimental,
@@ -45,6 +49,7 @@ impl Default for Options {
             simulate_finalists: 0,
             capacity: None,
             keep_layouts: false,
+            stage_weights: false,
             experimental: Experimental::default(),
         }
     }
@@ -63,6 +68,7 @@ impl Options {
         opts.place.capacity = self.capacity;
         opts.place.check_capacity(machine)?;
         opts.lower.experimental = self.experimental.clone();
+        opts.lower.stage_weights = self.stage_weights;
         opts.keep_layouts = self.keep_layouts;
         Ok(opts)
     }

@@ -37,8 +37,8 @@ pub use sensitivity::{
 };
 pub use simulate::{Run, SimulateOptions, simulate};
 pub use validate::{
-    Mismatch, OpCheck, OutputCheck, Perturbed, RunStatus, TensorCheck, ULPS, Validation, tolerance,
-    validate,
+    Mismatch, OpCheck, OutputCheck, Perturbed, RunStatus, TensorCheck, ULPS, Validation,
+    encoder_layers, output_tolerance, tolerance, validate,
 };
 
 // What a caller needs to name the inputs and results of these calls without

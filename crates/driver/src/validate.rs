@@ -28,13 +28,38 @@ pub fn tolerance(scale: f32) -> f32 {
     ULPS * tessera_reference::f16_ulp(scale.max(1.0))
 }
 
+/// The tolerance of a model's outputs after `layers` encoder layers: each
+/// layer's own roundings (each operation is held to [`tolerance`] against the
+/// reference fed the program's own inputs) carry into the next, and such
+/// independent errors add like a random walk, so the end-to-end rule grows with
+/// the square root of the depth. One layer keeps [`tolerance`].
+pub fn output_tolerance(scale: f32, layers: usize) -> f32 {
+    tolerance(scale) * (layers.max(1) as f32).sqrt()
+}
+
+/// Encoder layers in `g`: distinct `layers.<i>.` operation-name prefixes (at
+/// least one), the depth the output rule scales with.
+pub fn encoder_layers(g: &Graph) -> usize {
+    let mut seen = std::collections::BTreeSet::new();
+    for op in g.ops() {
+        if let Some(rest) = op.name.strip_prefix("layers.")
+            && let Some((i, _)) = rest.split_once('.')
+            && let Ok(i) = i.parse::<usize>()
+        {
+            seen.insert(i);
+        }
+    }
+    seen.len().max(1)
+}
+
 /// One output compared with the f32 reference.
 #[derive(Debug, Clone, Serialize)]
 pub struct OutputCheck {
     pub name: String,
     /// Against the reference that rounds to f16 where the program stores f16.
     pub max_abs_error: Option<f32>,
-    /// [`ULPS`] f16 ulps at the output's scale.
+    /// [`ULPS`] f16 ulps at the output's scale, times the square root of the
+    /// encoder layers ([`output_tolerance`]).
     pub tolerance: f32,
     /// Against the pure f32 reference.
     pub max_abs_error_f32: Option<f32>,
@@ -175,7 +200,7 @@ pub fn validate(
         let want = want16.get(&out.name).ok_or_else(missing)?;
         let want32 = want32.get(&out.name).ok_or_else(missing)?;
         let scale = want32.data().iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let tol = tolerance(scale);
+        let tol = output_tolerance(scale, encoder_layers(g));
         let (max_err, max_err32, cosine) = if completed {
             let got = run.output(&out.name).ok_or_else(missing)?;
             let got = HostTensor::new(want.shape().clone(), got)?;

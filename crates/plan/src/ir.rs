@@ -32,6 +32,9 @@ impl fmt::Display for BufId {
 pub enum Category {
     Activation,
     Weight,
+    /// The one resident copy of staged weights, which an exchange copies into
+    /// `Weight` buffers while their operation runs.
+    WeightStore,
     Partial,
     VertexState,
 }
@@ -41,6 +44,7 @@ impl Category {
         match self {
             Category::Activation => "activations",
             Category::Weight => "weights",
+            Category::WeightStore => "weight_store",
             Category::Partial => "partials",
             Category::VertexState => "vertex_state",
         }

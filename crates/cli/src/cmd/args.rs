@@ -109,6 +109,11 @@ pub struct ModelArgs {
     /// its projections as they are, not absorbed.
     #[arg(long, hide = true)]
     pub unabsorbed_head: bool,
+    /// Keep one copy of every weight on the tiles and copy each operation's
+    /// weights into its layout while it runs, instead of keeping every replica
+    /// resident (what a whole model needs)
+    #[arg(long)]
+    pub stage_weights: bool,
     /// Whole-model plans to build completely before selecting one (1: the rules'
     /// defaults, no search; at most 64, docs/limits.md)
     #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
@@ -231,6 +236,7 @@ impl ModelArgs {
             simulate_finalists: self.simulate_finalists,
             capacity: self.capacity,
             keep_layouts,
+            stage_weights: self.stage_weights,
             experimental,
         })
     }

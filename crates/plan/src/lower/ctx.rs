@@ -36,7 +36,26 @@ pub(crate) struct Lowering<'a> {
     outputs: Vec<(String, u32, Vec<Slice>)>,
     /// The graph operation being lowered; steps handed out now belong to it.
     pub op: String,
+    /// The current operation's staging phase, with `LowerOptions::stage_weights`.
+    staging: Option<Staging>,
+    /// The tile the next store chunk goes to: chunks go round the tiles in
+    /// creation order, so every tile stores a near-equal share of the weights.
+    store_cursor: u32,
 }
+
+/// Constants of one operation streamed from their store into compute buffers by an
+/// exchange before the operation's first step.
+struct Staging {
+    /// The exchange's index in `plan.exchanges` and its step.
+    exchange: usize,
+    step: Step,
+    /// Compute buffers to fill: (buffer, weight binding, offset in its image, bytes).
+    fills: Vec<(BufId, String, u32, u32)>,
+}
+
+/// The smallest piece of a weight image one tile stores: smaller pieces would
+/// only add messages.
+const STORE_CHUNK_MIN: u32 = 512;
 
 pub(crate) fn f16_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
     values
@@ -67,6 +86,107 @@ impl<'a> Lowering<'a> {
             inputs: Vec::new(),
             outputs: Vec::new(),
             op: String::new(),
+            staging: None,
+            store_cursor: 0,
+        }
+    }
+
+    /// Opens the staging phase of the operation about to be lowered: with
+    /// `LowerOptions::stage_weights`, the constants it creates live only while
+    /// it runs, filled from their store (one copy of each on the tiles, spread
+    /// over all of them) by this exchange. Without it, nothing happens.
+    pub fn begin_staging(&mut self) {
+        if !self.opts.stage_weights {
+            return;
+        }
+        let exchange = self.plan.exchanges.len();
+        let id = u16::try_from(exchange).expect("exchange ids fit 16 bits");
+        let step = self.step(StepKind::Exchange(id));
+        self.plan.exchanges.push(Exchange {
+            id,
+            name: format!("{}.stage", self.op),
+            step,
+            copies: Vec::new(),
+        });
+        self.staging = Some(Staging {
+            exchange,
+            step,
+            fills: Vec::new(),
+        });
+    }
+
+    /// Closes the staging phase: the operation's weight images are complete, so
+    /// each is cut into chunks stored round the tiles (its host binding lands
+    /// there) and every compute buffer gets the copies that fill it.
+    pub fn end_staging(&mut self) {
+        let Some(st) = self.staging.take() else {
+            return;
+        };
+        // Each touched binding's store: (chunk bytes, the chunks' buffers).
+        let mut stores: BTreeMap<String, (u32, Vec<BufId>)> = BTreeMap::new();
+        for (_, name, _, _) in &st.fills {
+            if stores.contains_key(name) {
+                continue;
+            }
+            let w = self
+                .weights
+                .get_mut(name)
+                .expect("a fill names its binding");
+            let len = w.image.len() as u32;
+            let tiles = self.machine.tiles.max(1);
+            let chunk = len.div_ceil(tiles).max(STORE_CHUNK_MIN).next_multiple_of(8);
+            let mut bufs = Vec::new();
+            w.slices.clear();
+            for (i, at) in (0..len).step_by(chunk as usize).enumerate() {
+                let bytes = chunk.min(len - at);
+                let tile = self.store_cursor;
+                self.store_cursor = (self.store_cursor + 1) % tiles;
+                let id = self.plan.add_buffer(
+                    tile,
+                    format!("{}.store{i}", &name["weights/".len()..]),
+                    bytes,
+                    Category::WeightStore,
+                );
+                w.slices.push(Slice {
+                    loc: Loc { buf: id, offset: 0 },
+                    offset: at,
+                    bytes,
+                });
+                self.plan.touch(id, 0);
+                self.forever.push(id);
+                bufs.push(id);
+            }
+            stores.insert(name.clone(), (chunk, bufs));
+        }
+        // One copy per store chunk a compute buffer overlaps; replicas of the
+        // same bytes merge into one message with several destinations.
+        let mut copies: BTreeMap<(Loc, u32), Vec<Loc>> = BTreeMap::new();
+        for (buf, name, offset, bytes) in &st.fills {
+            let (chunk, bufs) = &stores[name];
+            let mut at = *offset;
+            while at < offset + bytes {
+                let c = at / chunk;
+                let within = at - c * chunk;
+                let n = (chunk - within).min(offset + bytes - at);
+                let src = Loc {
+                    buf: bufs[c as usize],
+                    offset: within,
+                };
+                copies.entry((src, n)).or_default().push(Loc {
+                    buf: *buf,
+                    offset: at - offset,
+                });
+                at += n;
+            }
+        }
+        for ((src, bytes), dsts) in copies {
+            self.plan.touch(src.buf, st.step);
+            for d in &dsts {
+                self.plan.touch(d.buf, st.step);
+            }
+            self.plan.exchanges[st.exchange]
+                .copies
+                .push(Copy { src, bytes, dsts });
         }
     }
 
@@ -103,7 +223,8 @@ impl<'a> Lowering<'a> {
         let id = self
             .plan
             .add_buffer(tile, name.clone(), bytes.len() as u32, category);
-        let w = self.weights.entry(format!("weights/{name}")).or_default();
+        let binding = format!("weights/{name}");
+        let w = self.weights.entry(binding.clone()).or_default();
         // Tiles that hold identical weights (replicas over row groups) share one
         // copy in the host image; several tiles' slices point at it.
         let len = bytes.len() as u32;
@@ -112,6 +233,11 @@ impl<'a> Lowering<'a> {
             w.image.extend_from_slice(b);
             at
         });
+        if let Some(st) = &mut self.staging {
+            // Filled by the staging exchange, live only while the operation runs.
+            st.fills.push((id, binding, offset, len));
+            return id;
+        }
         w.slices.push(Slice {
             loc: Loc { buf: id, offset: 0 },
             offset,

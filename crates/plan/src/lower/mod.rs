@@ -76,6 +76,11 @@ pub struct LowerOptions {
     /// placement options): the fit limit is then [`FIT_SHARE`] of this, so the fit
     /// loop and growth aim at what placement has.
     pub capacity: Option<u64>,
+    /// Keep one copy of every weight on the tiles, spread over all of them, and
+    /// copy each operation's weights into its compute layout by an exchange
+    /// before it runs (freed when it ends), instead of keeping every replica
+    /// resident: what a whole model needs, whose weights do not fit replicated.
+    pub stage_weights: bool,
     /// Knobs for tests and demonstrations; all off by default.
     pub experimental: Experimental,
 }
@@ -136,6 +141,7 @@ impl Default for LowerOptions {
             even_rows: true,
             choices: BTreeMap::new(),
             capacity: None,
+            stage_weights: false,
             experimental: Experimental::default(),
         }
     }
@@ -1436,7 +1442,21 @@ fn lower_at<'g>(w: &mut Walker<'g>, lw: &mut Lowering<'_>, i: usize) -> Result<(
     let op = &w.g.graph.ops()[i];
     lw.op = op.name.clone();
     let steps = lw.plan.steps.len();
+    // The rules that make constants: a LayerNorm's parameters, a linear's
+    // weights and bias, the absorbed attention's folded projections.
+    let stages = match op.kind {
+        OpKind::LayerNorm { .. }
+        | OpKind::MatMul {
+            transpose_b: false, ..
+        } => true,
+        OpKind::MatMul { .. } => w.fusion.pooled_at(op).is_some(),
+        _ => false,
+    };
+    if stages {
+        lw.begin_staging();
+    }
     w.lower_op(lw, op)?;
+    lw.end_staging();
     let fused = std::mem::take(&mut w.fused);
     if lw.plan.steps.len() > steps || !fused.is_empty() {
         let kind = match &op.kind {
