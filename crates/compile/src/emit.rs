@@ -11,8 +11,8 @@ use rayon::prelude::*;
 use std::ops::Range;
 
 use tessera_host::{BindingSpec, HostPlan, SliceSpec, TileHost};
-use tessera_isa::{Inst, MReg, Word, encode};
-use tessera_kernels::exchange::{ExchangePart, LINK};
+use tessera_isa::{Inst, IntOp, MReg, Word, encode};
+use tessera_kernels::exchange::{ExchangePart, LAYER, LINK};
 use tessera_kernels::{Call as KCall, OperandAddrs, code_bytes};
 use tessera_machine::Machine;
 use tessera_package::{
@@ -113,7 +113,17 @@ fn supervisor_words(
     let mut words = Vec::new();
     let mut pc = base;
     let mut next_call = 0;
+    let looped = plan.layer_loop.as_ref();
+    let layer_stride = layer_stride(plan, tile);
+    let mut body_start = 0;
     for (step, kind) in plan.steps.iter().enumerate() {
+        if let Some(lp) = looped
+            && lp.first as usize == step
+        {
+            words.push(Word::Single(Inst::Setzi { d: LAYER, imm: 0 }));
+            pc += 4;
+            body_start = pc;
+        }
         match kind {
             StepKind::Compute => {
                 while let Some(&ci) = code.calls.get(next_call) {
@@ -162,9 +172,58 @@ fn supervisor_words(
                 words.extend(snippet);
             }
         }
+        if let Some(lp) = looped
+            && lp.last as usize == step
+        {
+            let tail = loop_tail(layer_stride, lp.count, body_start);
+            pc += code_bytes(&tail);
+            words.extend(tail);
+        }
     }
     words.push(Word::Single(Inst::Exit));
     Ok(words)
+}
+
+/// Bytes [`LAYER`] advances by each iteration on `tile`: the stride of the
+/// tile's weight store (one per tile at most), or 8 where the tile stores
+/// none and the register only counts.
+fn layer_stride(plan: &TilePlan, tile: u32) -> u32 {
+    plan.buffers
+        .iter()
+        .find(|b| b.tile == tile && b.instances > 1)
+        .map_or(8, |b| b.stride())
+}
+
+/// The end of a loop body: the layer offset advanced by a stride, and back to
+/// `body` until it has passed every instance.
+fn loop_tail(stride: u32, count: u32, body: u32) -> Vec<Word> {
+    let scratch = MReg(0);
+    vec![
+        Word::Single(Inst::Setzi {
+            d: scratch,
+            imm: stride,
+        }),
+        Word::Single(Inst::Int {
+            op: IntOp::Add,
+            d: LAYER,
+            a: LAYER,
+            b: scratch,
+        }),
+        Word::Single(Inst::Setzi {
+            d: scratch,
+            imm: stride * count,
+        }),
+        Word::Single(Inst::Int {
+            op: IntOp::Sub,
+            d: scratch,
+            a: scratch,
+            b: LAYER,
+        }),
+        Word::Single(Inst::Brnz {
+            c: scratch,
+            target: body,
+        }),
+    ]
 }
 
 fn operand_addrs(call: &Call, addr: &dyn Fn(BufId) -> u32) -> OperandAddrs {
@@ -259,6 +318,7 @@ fn part_at(p: &TilePart, addr: &dyn Fn(BufId) -> u32) -> ExchangePart {
                 (src, msg, addr(l.buf) + l.offset)
             })
             .collect(),
+        relative: p.relative,
     }
 }
 
@@ -309,7 +369,9 @@ pub fn binding_specs(plan: &TilePlan, addr: &dyn Fn(BufId) -> u32) -> Vec<Bindin
                     tile: plan.buffer(s.loc.buf).tile,
                     offset: s.offset,
                     bytes: s.bytes,
-                    tile_addr: addr(s.loc.buf) + s.loc.offset,
+                    tile_addr: addr(s.loc.buf)
+                        + s.loc.offset
+                        + s.instance * plan.buffer(s.loc.buf).stride(),
                 })
                 .collect(),
         })

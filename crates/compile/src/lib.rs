@@ -411,8 +411,10 @@ pub struct StageTimes {
 pub struct Compiled {
     pub package: Package,
     pub report: CompileReport,
-    /// The plan's operations, the operation of each plan step, and the step of
-    /// each exchange program: what a profile needs to charge cycles to operations.
+    /// The plan's operations, the operation of each step and the step of each
+    /// exchange the program runs, in the order it runs them (a layer loop's body
+    /// once a layer, named for it: `tessera_plan::unroll`): what a profile needs
+    /// to charge cycles to operations.
     pub plan_ops: Vec<PlanOp>,
     pub step_ops: Vec<String>,
     pub exchange_steps: Vec<u32>,
@@ -743,13 +745,21 @@ fn compile_plan_with(
         weight_budget: None,
         placement_retries: 0,
     };
+    // Profiles and validation see the program as it runs: a layer loop's body
+    // once a layer.
+    let unrolled = tessera_plan::unroll(plan);
+    let stats = op_stats(plan);
     Ok(Compiled {
         package,
         report,
-        plan_ops: plan.ops.clone(),
-        step_ops: plan.step_ops.clone(),
-        exchange_steps: plan.exchanges.iter().map(|x| x.step).collect(),
-        op_stats: op_stats(plan),
+        op_stats: unrolled
+            .origin
+            .iter()
+            .map(|&(i, _)| stats[i].clone())
+            .collect(),
+        plan_ops: unrolled.ops,
+        step_ops: unrolled.step_ops,
+        exchange_steps: unrolled.exchange_steps,
         results: probe::probes(plan, &|b| addrs.0[b.0 as usize]),
         layouts: keep_layouts.then(|| {
             problems

@@ -33,6 +33,10 @@ pub struct ProbeAt {
     /// Read when the tiles reach this exchange program, before it runs; `None`:
     /// at the end of the run.
     pub exchange: Option<u16>,
+    /// Which time the run reaches that exchange (from 0): a layer loop's body
+    /// runs its exchanges once a layer, and layer `i`'s tensors are read at the
+    /// `i`-th.
+    pub nth: u32,
     pub stored: StoredTensor,
     pub parts: Vec<PlacedPart>,
 }
@@ -73,10 +77,37 @@ pub fn probes(plan: &TilePlan, addr: &dyn Fn(BufId) -> u32) -> Vec<ResultProbe> 
             last_step[i] = Some(s as u32);
         }
     }
-    plan.results
+    let once: Vec<ResultProbe> = plan
+        .results
         .iter()
         .map(|r| probe(plan, r, last_step[r.op], end, addr))
-        .collect()
+        .collect();
+    let Some(lp) = &plan.layer_loop else {
+        return once;
+    };
+    // A body's results once a layer, named for it and read in its iteration;
+    // `op` indexes the unrolled operations.
+    let mut of_op: Vec<Vec<&ResultProbe>> = vec![Vec::new(); plan.ops.len()];
+    for p in &once {
+        of_op[p.op].push(p);
+    }
+    let u = tessera_plan::unroll(plan);
+    let mut out = Vec::new();
+    for (ui, &(pi, layer)) in u.origin.iter().enumerate() {
+        let body = tessera_plan::unroll::in_body(plan, &plan.ops[pi].name);
+        for p in &of_op[pi] {
+            let mut p = (*p).clone();
+            p.op = ui;
+            if body {
+                p.tensor = lp.rename(&p.tensor, layer);
+                if let Some(at) = &mut p.at {
+                    at.nth = layer;
+                }
+            }
+            out.push(p);
+        }
+    }
+    out
 }
 
 fn probe(
@@ -153,6 +184,7 @@ fn probe(
         tensor: r.tensor.clone(),
         at: Some(ProbeAt {
             exchange,
+            nth: 0,
             stored: stored.clone(),
             parts,
         }),

@@ -46,7 +46,8 @@ pub fn tile_problems(plan: &TilePlan, sized: &SizedCode) -> Problems {
         let loaded = b.category == tessera_plan::Category::VertexState;
         problems[b.tile as usize].requests.push(Request {
             name: name.clone(),
-            size: u64::from(b.bytes),
+            // A layer loop's store holds every layer's instance, `stride` apart.
+            size: b.total_bytes(),
             align: u64::from(b.align),
             end_round: 4,
             first: u64::from(b.first),

@@ -339,6 +339,7 @@ fn out_of_memory_counts_the_host_reservation() {
             first: 0,
             last: 2,
             category: Category::Activation,
+            instances: 1,
         });
         id
     };
@@ -363,6 +364,7 @@ fn out_of_memory_counts_the_host_reservation() {
                     buf: bufs[i as usize % bufs.len()],
                     offset: 64 * (i / bufs.len() as u32),
                 },
+                instance: 0,
                 offset: 32 * i,
                 bytes: 32,
             })

@@ -186,24 +186,21 @@ fn op_table(
     let first_exchange = c.exchange_steps.first().copied().unwrap_or(last_step);
     let mut seen_exchange = false;
     let mut last_owner: Option<usize> = None;
+    let mut reached = 0usize;
     // Per superstep, the operation its compute (else its exchange) is charged to.
     let mut labels = Vec::with_capacity(profile.supersteps.len());
     for (k, ss) in profile.supersteps.iter().enumerate() {
         // A superstep runs an exchange, then compute until the next sync: the
         // plan's compute steps up to the next exchange.
+        // Exchanges are counted as the run reaches them: a layer loop runs its
+        // body's ids once a layer, and `exchange_steps` lists them as run.
+        let nth = reached;
+        reached += ss.exchanges.len();
         let (cop, xop) = match ss.exchanges.first() {
-            Some(&id) => {
+            Some(_) => {
                 seen_exchange = true;
-                let xs = c
-                    .exchange_steps
-                    .get(id as usize)
-                    .copied()
-                    .unwrap_or(last_step);
-                let next = c
-                    .exchange_steps
-                    .get(id as usize + 1)
-                    .copied()
-                    .unwrap_or(last_step);
+                let xs = c.exchange_steps.get(nth).copied().unwrap_or(last_step);
+                let next = c.exchange_steps.get(nth + 1).copied().unwrap_or(last_step);
                 let xop = c
                     .step_ops
                     .get(xs as usize)

@@ -37,6 +37,9 @@ pub struct Options {
     /// while it runs (`LowerOptions::stage_weights`), instead of every replica
     /// resident.
     pub stage_weights: bool,
+    /// Lower a model's identical layers once and run them in a loop
+    /// (`LowerOptions::loop_layers`; stages the weights).
+    pub loop_layers: bool,
     /// Knobs for tests and demonstrations (a kernel mutation among them); all
     /// off by default.
     pub experimental: Experimental,
@@ -50,6 +53,7 @@ impl Default for Options {
             capacity: None,
             keep_layouts: false,
             stage_weights: false,
+            loop_layers: false,
             experimental: Experimental::default(),
         }
     }
@@ -69,6 +73,7 @@ impl Options {
         opts.place.check_capacity(machine)?;
         opts.lower.experimental = self.experimental.clone();
         opts.lower.stage_weights = self.stage_weights;
+        opts.lower.loop_layers = self.loop_layers;
         opts.keep_layouts = self.keep_layouts;
         Ok(opts)
     }

@@ -339,7 +339,7 @@ pub(crate) struct Requests {
 
 fn point(at: &ProbeAt) -> CapturePoint {
     at.exchange
-        .map_or(CapturePoint::End, CapturePoint::Exchange)
+        .map_or(CapturePoint::End, |id| CapturePoint::Exchange(id, at.nth))
 }
 
 /// Captures of every readable result's parts, and with `perturb` (a plan

@@ -25,6 +25,13 @@ pub const LINK: MReg = MReg(14);
 /// Address registers a batch loads before using them.
 const BATCH: usize = 12;
 
+/// The register that holds, inside a layer loop, the byte offset of the current
+/// layer's instance of the tile's weight store: a relative block
+/// ([`ExchangePart::relative`]) adds it to every address it sends from. Kernel
+/// snippets use `$m0..=$m12` and blocks `$m0..=$m11` and the link, so it lives
+/// across the whole body; the host snippets that also use it run outside loops.
+pub const LAYER: MReg = MReg(13);
+
 /// One tile's part of one exchange phase, at addresses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExchangePart {
@@ -33,6 +40,9 @@ pub struct ExchangePart {
     pub sends: Vec<(u32, u32)>,
     /// (source tile, message, address), grouped by source tile.
     pub recvs: Vec<(u32, u16, u32)>,
+    /// The sends' addresses are the first layer's: each is offset by [`LAYER`]
+    /// (a layer loop's staging of a layer's weights from its store).
+    pub relative: bool,
 }
 
 impl ExchangePart {
@@ -46,6 +56,16 @@ impl ExchangePart {
         for batch in self.sends.chunks(BATCH) {
             for (r, &(addr, _)) in batch.iter().enumerate() {
                 w.push(setzi(r, addr));
+            }
+            if self.relative {
+                for r in 0..batch.len() {
+                    w.push(Word::Single(Inst::Int {
+                        op: tessera_isa::IntOp::Add,
+                        d: reg(r),
+                        a: reg(r),
+                        b: LAYER,
+                    }));
+                }
             }
             for (r, &(_, bytes)) in batch.iter().enumerate() {
                 let bytes = u16::try_from(bytes).expect("messages are cut at MAX_MESSAGE");
@@ -71,17 +91,19 @@ impl ExchangePart {
     /// Bytes of the block (none for an empty part, which has no block).
     pub fn code_bytes(&self) -> u32 {
         let groups = self.recvs.chunk_by(|a, b| a.0 == b.0).count();
-        block_bytes(self.sends.len(), self.recvs.len(), groups)
+        block_bytes(self.sends.len(), self.recvs.len(), groups, self.relative)
     }
 }
 
 /// Bytes of a block with `sends` messages sent and `recvs` landed from `groups`
 /// source tiles (none when it moves nothing: such a tile has no block).
-pub fn block_bytes(sends: usize, recvs: usize, groups: usize) -> u32 {
+/// A relative block has an `add` per send.
+pub fn block_bytes(sends: usize, recvs: usize, groups: usize, relative: bool) -> u32 {
     if sends == 0 && recvs == 0 {
         return 0;
     }
-    4 * (2 * sends + groups + 2 * recvs + 2) as u32
+    let adds = if relative { sends } else { 0 };
+    4 * (2 * sends + adds + groups + 2 * recvs + 2) as u32
 }
 
 fn reg(r: usize) -> MReg {
@@ -98,27 +120,29 @@ fn setzi(r: usize, imm: u32) -> Word {
 /// messages per source tile, in block order. A tile with no part issues
 /// `exchange` in place: one cycle. No worker runs during an exchange, so the
 /// supervisor has every slot; the only waits are the refill and a batch shorter
-/// than the result latency, whose first use waits for its first `setzi`.
-pub fn block_cycles(t: &Timing, sends: usize, recv_groups: &[usize]) -> u64 {
+/// than the result latency, whose first use waits for its first `setzi`. In a
+/// relative block each send batch's `add`s wait the same way for the `setzi`s,
+/// and its sends for the `add`s.
+pub fn block_cycles(t: &Timing, sends: usize, recv_groups: &[usize], relative: bool) -> u64 {
     if sends == 0 && recv_groups.iter().all(|&n| n == 0) {
         return 1;
     }
     let latency = u64::from(t.supervisor_result_latency).max(1);
-    let batches = |n: usize| -> u64 {
+    let batches = |n: usize, waits: u64| -> u64 {
         let full = (n / BATCH) as u64;
         let rest = (n % BATCH) as u64;
         let b = BATCH as u64;
-        let full_cost = full * (b + b.max(latency));
+        let full_cost = full * (b + waits * b.max(latency));
         let rest_cost = if rest == 0 {
             0
         } else {
-            rest + rest.max(latency)
+            rest + waits * rest.max(latency)
         };
         full_cost + rest_cost
     };
-    let mut c = latency + batches(sends);
+    let mut c = latency + batches(sends, if relative { 2 } else { 1 });
     for &n in recv_groups.iter().filter(|&&n| n > 0) {
-        c += 1 + batches(n);
+        c += 1 + batches(n, 1);
     }
     c + 1
 }
@@ -128,8 +152,11 @@ mod tests {
     use super::*;
     use tessera_machine::Machine;
 
-    fn part(sends: usize, groups: &[usize]) -> ExchangePart {
-        let mut p = ExchangePart::default();
+    fn part(sends: usize, groups: &[usize], relative: bool) -> ExchangePart {
+        let mut p = ExchangePart {
+            relative,
+            ..ExchangePart::default()
+        };
         for i in 0..sends {
             p.sends.push((0x8_0000 + 8 * i as u32, 8));
         }
@@ -150,11 +177,14 @@ mod tests {
             let mut m = Machine::small();
             m.timing.supervisor_result_latency = latency;
             let t = &m.timing;
-            for sends in [0, 1, 2, 5, 6, 11, 12, 13, 24, 25, 40] {
+            for (sends, relative) in [0, 1, 2, 5, 6, 11, 12, 13, 24, 25, 40]
+                .into_iter()
+                .flat_map(|s| [(s, false), (s, true)])
+            {
                 for groups in [&[][..], &[1], &[3, 12], &[13, 1, 7], &[30]] {
-                    let p = part(sends, groups);
+                    let p = part(sends, groups, relative);
                     if p.is_empty() {
-                        assert_eq!(block_cycles(t, 0, groups), 1);
+                        assert_eq!(block_cycles(t, 0, groups, relative), 1);
                         continue;
                     }
                     let words = p.words(7);
@@ -163,9 +193,9 @@ mod tests {
                     let walked = crate::timing::supervisor_cycles(t, upto, |_| Vec::new());
                     let refill = u64::from(latency).max(1);
                     assert_eq!(
-                        block_cycles(t, sends, groups),
+                        block_cycles(t, sends, groups, relative),
                         refill + walked,
-                        "latency {latency}, {sends} sends, groups {groups:?}"
+                        "latency {latency}, {sends} sends (relative: {relative}), groups {groups:?}"
                     );
                     assert_eq!(
                         p.code_bytes(),

@@ -38,21 +38,29 @@ pub fn estimate_steps(machine: &Machine, plan: &TilePlan) -> (PlanEstimate, Vec<
         *per_step[c.step as usize].entry(c.tile).or_default() += cycles;
     }
     let mut e = PlanEstimate::default();
+    // A layer loop's body runs once a layer.
+    let runs = |s: usize| {
+        plan.layer_loop
+            .as_ref()
+            .filter(|lp| lp.contains(s as u32))
+            .map_or(1, |lp| u64::from(lp.count))
+    };
     for (s, kind) in plan.steps.iter().enumerate() {
+        let n = runs(s);
         match kind {
             StepKind::Compute => {
                 let busiest = per_step[s].values().copied().max().unwrap_or(0);
                 steps[s] = busiest;
                 if busiest > 0 {
-                    e.compute += busiest;
-                    e.sync += u64::from(t.sync_cycles);
+                    e.compute += n * busiest;
+                    e.sync += n * u64::from(t.sync_cycles);
                 }
             }
             StepKind::Exchange(id) => {
                 if let Some(x) = plan.exchanges.iter().find(|x| x.id == *id) {
                     steps[s] = exchange_cycles(machine, plan, x);
-                    e.exchange += steps[s];
-                    e.sync += u64::from(t.sync_cycles);
+                    e.exchange += n * steps[s];
+                    e.sync += n * u64::from(t.sync_cycles);
                 }
             }
             StepKind::HostIn | StepKind::HostOut => {}

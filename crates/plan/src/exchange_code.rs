@@ -19,6 +19,9 @@ pub struct TilePart {
     pub sends: Vec<(Loc, u32)>,
     /// (source tile, message, where it lands), by source tile, then message.
     pub recvs: Vec<(u32, u32, Loc)>,
+    /// Sent from a layer's instance of a weight store: each address is the
+    /// first layer's plus the loop's layer offset.
+    pub relative: bool,
 }
 
 impl TilePart {
@@ -37,7 +40,12 @@ impl TilePart {
     /// Bytes of the tile's exchange code for this phase.
     pub fn code_bytes(&self) -> u32 {
         let groups = self.recvs.chunk_by(|a, b| a.0 == b.0).count();
-        tessera_kernels::exchange::block_bytes(self.sends.len(), self.recvs.len(), groups)
+        tessera_kernels::exchange::block_bytes(
+            self.sends.len(),
+            self.recvs.len(),
+            groups,
+            self.relative,
+        )
     }
 
     /// The most messages of one source tile this part names (sent or landed): what
@@ -64,6 +72,7 @@ pub fn exchange_parts(plan: &TilePlan, x: &Exchange) -> Vec<TilePart> {
             let sender = &mut parts[src as usize];
             let msg = sender.sends.len() as u32;
             sender.sends.push((at, piece));
+            sender.relative |= plan.buffer(c.src.buf).instances > 1;
             for d in &c.dsts {
                 let to = Loc {
                     buf: d.buf,
@@ -91,12 +100,14 @@ pub fn exchange_parts(plan: &TilePlan, x: &Exchange) -> Vec<TilePart> {
 pub struct TileCounts {
     pub sends: usize,
     pub groups: Vec<usize>,
+    /// See [`TilePart::relative`].
+    pub relative: bool,
 }
 
 impl TileCounts {
     pub fn code_bytes(&self) -> u32 {
         let recvs = self.groups.iter().sum();
-        tessera_kernels::exchange::block_bytes(self.sends, recvs, self.groups.len())
+        tessera_kernels::exchange::block_bytes(self.sends, recvs, self.groups.len(), self.relative)
     }
 }
 
@@ -113,6 +124,7 @@ pub fn exchange_counts(plan: &TilePlan, x: &Exchange) -> Vec<TileCounts> {
             continue;
         }
         counts[src as usize].sends += pieces;
+        counts[src as usize].relative |= plan.buffer(c.src.buf).instances > 1;
         for d in &c.dsts {
             let t = plan.buffer(d.buf).tile as usize;
             if last_src[t] == src {
@@ -170,7 +182,9 @@ fn continues(a: &Copy, b: &Copy) -> bool {
 pub fn code_cycles(machine: &Machine, counts: &[TileCounts]) -> Vec<u64> {
     counts
         .iter()
-        .map(|c| tessera_kernels::exchange::block_cycles(&machine.timing, c.sends, &c.groups))
+        .map(|c| {
+            tessera_kernels::exchange::block_cycles(&machine.timing, c.sends, &c.groups, c.relative)
+        })
         .collect()
 }
 

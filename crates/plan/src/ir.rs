@@ -65,6 +65,27 @@ pub struct Buffer {
     pub first: Step,
     pub last: Step,
     pub category: Category,
+    /// Copies of the buffer, one per iteration of the plan's layer loop (1
+    /// elsewhere): a layer's weight store, which iteration `i` reads at
+    /// [`Buffer::stride`] times `i` past the first copy.
+    pub instances: u32,
+}
+
+impl Buffer {
+    /// Bytes from one instance to the next: the size rounded up to 8 and to the
+    /// buffer's alignment, so every instance keeps both.
+    pub fn stride(&self) -> u32 {
+        self.bytes.next_multiple_of(self.align.max(8))
+    }
+
+    /// Bytes all its instances take.
+    pub fn total_bytes(&self) -> u64 {
+        if self.instances <= 1 {
+            u64::from(self.bytes)
+        } else {
+            u64::from(self.stride()) * u64::from(self.instances)
+        }
+    }
 }
 
 /// The kernels the planner can call.
@@ -221,6 +242,8 @@ pub enum BindingDir {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Slice {
     pub loc: Loc,
+    /// Which instance of the buffer (see [`Buffer::instances`]).
+    pub instance: u32,
     /// Byte offset in the host buffer.
     pub offset: u32,
     pub bytes: u32,
@@ -239,9 +262,41 @@ pub struct Binding {
     pub data: Vec<u8>,
 }
 
+/// Steps run several times: the body of a model's identical layers, lowered
+/// once. The supervisor runs steps `first..=last` `count` times; iteration `i`
+/// stands for the graph operations of layer `i` (named with `prefix` and `i`
+/// where the body's are named with 0: `layers.0.mlp.fc1` in the body is
+/// `layers.5.mlp.fc1` in iteration 5), reads its weights from instance `i` of
+/// the weight stores, and ends by copying its output into the buffers its input
+/// came in, which the next iteration reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LayerLoop {
+    pub first: Step,
+    pub last: Step,
+    pub count: u32,
+    pub prefix: String,
+}
+
+impl LayerLoop {
+    /// The name in iteration `i` of a body operation named `name`.
+    pub fn rename(&self, name: &str, i: u32) -> String {
+        let zero = format!("{}0.", self.prefix);
+        match name.strip_prefix(&zero) {
+            Some(rest) => format!("{}{i}.{rest}", self.prefix),
+            None => name.to_string(),
+        }
+    }
+
+    pub fn contains(&self, step: Step) -> bool {
+        (self.first..=self.last).contains(&step)
+    }
+}
+
 /// A whole tile plan.
 #[derive(Debug, Clone, Default)]
 pub struct TilePlan {
+    /// The layer loop, when the plan has one.
+    pub layer_loop: Option<LayerLoop>,
     pub tiles: u32,
     pub steps: Vec<StepKind>,
     /// The graph operation each step belongs to (empty for host transfers), for
@@ -398,6 +453,7 @@ impl TilePlan {
             first: Step::MAX,
             last: 0,
             category,
+            instances: 1,
         });
         id
     }

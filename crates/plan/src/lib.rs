@@ -11,6 +11,7 @@ pub mod ir;
 mod lower;
 pub mod matmul;
 mod text;
+pub mod unroll;
 pub mod verify;
 
 pub use dist::{DistError, DistTensor, Part, redistribute};
@@ -21,6 +22,7 @@ pub use lower::{
     lower_exact, lower_fitted, max_live_bytes, placement_retry_budget,
 };
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};
+pub use unroll::{Unrolled, unroll};
 pub use verify::{Site, VerifyError, verify};
 
 /// Why no plan could be made.

@@ -24,6 +24,7 @@ fn counts_agree_with_the_parts_on_every_phase() {
                 let from_parts = TileCounts {
                     sends: p.sends.len(),
                     groups: p.recv_groups(),
+                    relative: p.relative,
                 };
                 assert_eq!(*c, from_parts, "exchange #{} tile {t}", x.id);
                 assert_eq!(

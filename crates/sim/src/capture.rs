@@ -11,9 +11,10 @@ use crate::{SimOptions, Simulator};
 /// A superstep boundary at which every tile has stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CapturePoint {
-    /// The tiles have reached exchange program `id`, which has not run yet: the
-    /// compute before it is done everywhere.
-    Exchange(u16),
+    /// The tiles have reached exchange program `id` for the `n`-th time
+    /// (from 0; a program that loops runs one exchange many times), and it has
+    /// not run yet: the compute before it is done everywhere.
+    Exchange(u16, u32),
     /// The run has ended (every tile exited, or a superstep with a fault ended).
     End,
 }
@@ -63,12 +64,14 @@ impl Simulator {
         ids.sort_unstable();
         ids.dedup();
         for id in ids {
-            self.capture_at(CapturePoint::Exchange(id), opts);
+            let n = self.exchanges_reached.entry(id).or_insert(0);
+            let nth = *n;
+            *n += 1;
+            self.capture_at(CapturePoint::Exchange(id, nth), opts);
         }
     }
 
-    /// Perturbs, then captures, at `point`. A point reached again (a program that
-    /// runs an exchange twice) keeps its first capture.
+    /// Perturbs, then captures, at `point`.
     pub(crate) fn capture_at(&mut self, point: CapturePoint, opts: &SimOptions) {
         for p in opts.perturb.iter().filter(|p| p.at == point) {
             let Some(&i) = self.slot_of.get(&p.tile) else {

@@ -232,6 +232,8 @@ pub struct Simulator {
     dirty: bool,
     /// The last run's captures (`SimOptions::captures`), in request order.
     captured: Vec<Option<Vec<u8>>>,
+    /// Times the last run's tiles have reached each exchange id, for captures.
+    exchanges_reached: std::collections::HashMap<u16, u32>,
     /// Wall time of the last run inside its parallel per-tile sections (loading
     /// the tiles, running them to their next stop): what the rest of a run's wall
     /// time is compared against to find the serial share.
@@ -398,6 +400,7 @@ impl Simulator {
             exchange_index,
             dirty: false,
             captured: Vec::new(),
+            exchanges_reached: HashMap::new(),
             parallel,
         })
     }
@@ -484,6 +487,7 @@ impl Simulator {
         }
         self.dirty = true;
         self.captured = vec![None; opts.captures.len()];
+        self.exchanges_reached.clear();
         if opts.preload_bindings {
             self.preload();
         }

@@ -51,10 +51,10 @@ fn captures_see_memory_before_the_exchange_and_at_the_end() {
     };
     let opts = SimOptions {
         captures: vec![
-            at(CapturePoint::Exchange(7), 0, R1, 4),
+            at(CapturePoint::Exchange(7, 0), 0, R1, 4),
             at(CapturePoint::End, 0, R1, 4),
             // Never reached, outside memory, a tile without an image.
-            at(CapturePoint::Exchange(9), 0, R1, 4),
+            at(CapturePoint::Exchange(9, 0), 0, R1, 4),
             at(CapturePoint::End, 0, u32::MAX - 1, 4),
             at(CapturePoint::End, 5, R1, 4),
         ],
@@ -80,13 +80,13 @@ fn a_perturbation_scales_f16_values_before_the_captures_and_the_run_goes_on() {
     let mut sim = Simulator::new(&swap_package()).unwrap();
     let opts = SimOptions {
         captures: vec![Capture {
-            at: CapturePoint::Exchange(7),
+            at: CapturePoint::Exchange(7, 0),
             tile: 1,
             addr: R1,
             len: 4,
         }],
         perturb: vec![Perturb {
-            at: CapturePoint::Exchange(7),
+            at: CapturePoint::Exchange(7, 0),
             tile: 1,
             addr: R1,
             len: 4,

@@ -114,6 +114,10 @@ pub struct ModelArgs {
     /// resident (what a whole model needs)
     #[arg(long)]
     pub stage_weights: bool,
+    /// Lower the model's identical layers once and run them in a loop: the
+    /// layer's code exists once whatever the depth (stages the weights)
+    #[arg(long)]
+    pub loop_layers: bool,
     /// Whole-model plans to build completely before selecting one (1: the rules'
     /// defaults, no search; at most 64, docs/limits.md)
     #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
@@ -237,6 +241,7 @@ impl ModelArgs {
             capacity: self.capacity,
             keep_layouts,
             stage_weights: self.stage_weights,
+            loop_layers: self.loop_layers,
             experimental,
         })
     }

@@ -41,6 +41,57 @@ pub(crate) struct Lowering<'a> {
     /// The tile the next store chunk goes to: chunks go round the tiles in
     /// creation order, so every tile stores a near-equal share of the weights.
     store_cursor: u32,
+    /// While the layer loop's body is lowered.
+    body: Option<Body>,
+    /// The body as it was lowered, once it is closed: what replays follow.
+    lowered_body: Option<Body>,
+    /// While a later layer replays the body for its weights.
+    replay: Option<Replay>,
+    /// Each later layer's weight images, by the body binding they stand for.
+    layer_images: BTreeMap<(u32, String), LayerImage>,
+    /// The first way a replay differed from the body.
+    pub replay_error: Option<String>,
+}
+
+/// The layer loop's body under construction.
+#[derive(Default)]
+struct Body {
+    count: u32,
+    /// Each tile's store of the body's weights: one buffer, an instance a layer.
+    stores: BTreeMap<u32, BufId>,
+    /// Every constant the body made, in order: (binding, offset in its image,
+    /// bytes). A replay's `k`-th constant lands where the body's `k`-th did.
+    constants: Vec<(String, u32, u32)>,
+}
+
+/// A later layer lowering the body again to produce its weights.
+struct Replay {
+    layer: u32,
+    /// Constants made so far.
+    made: usize,
+}
+
+/// One binding's image for one later layer, and which offsets are written.
+struct LayerImage {
+    image: Vec<u8>,
+    written: std::collections::HashSet<u32>,
+}
+
+/// What a replay adds to the plan, to be taken back: lengths before it, and
+/// every earlier buffer's lifetime.
+pub(crate) struct Snapshot {
+    steps: usize,
+    buffers: usize,
+    calls: usize,
+    exchanges: usize,
+    separations: usize,
+    decisions: usize,
+    ops: usize,
+    candidates: usize,
+    results: usize,
+    forever: usize,
+    lifetimes: Vec<(Step, Step)>,
+    store_cursor: u32,
 }
 
 /// Constants of one operation streamed from their store into compute buffers by an
@@ -88,7 +139,137 @@ impl<'a> Lowering<'a> {
             op: String::new(),
             staging: None,
             store_cursor: 0,
+            body: None,
+            lowered_body: None,
+            replay: None,
+            layer_images: BTreeMap::new(),
+            replay_error: None,
         }
+    }
+
+    /// Starts the layer loop's body: the steps from here to
+    /// [`Self::end_body`] run `count` times.
+    pub fn begin_body(&mut self, count: u32) {
+        self.body = Some(Body {
+            count,
+            ..Body::default()
+        });
+    }
+
+    /// Ends the body's lowering (its steps are all handed out).
+    pub fn end_body(&mut self) {
+        self.lowered_body = self.body.take();
+    }
+
+    /// Starts layer `layer`'s replay of the body; returns what to restore.
+    pub fn begin_replay(&mut self, layer: u32) -> Snapshot {
+        self.replay = Some(Replay { layer, made: 0 });
+        let p = &self.plan;
+        Snapshot {
+            steps: p.steps.len(),
+            buffers: p.buffers.len(),
+            calls: p.calls.len(),
+            exchanges: p.exchanges.len(),
+            separations: p.separations.len(),
+            decisions: p.decisions.len(),
+            ops: p.ops.len(),
+            candidates: p.candidates.len(),
+            results: p.results.len(),
+            forever: self.forever.len(),
+            lifetimes: p.buffers.iter().map(|b| (b.first, b.last)).collect(),
+            store_cursor: self.store_cursor,
+        }
+    }
+
+    /// Ends a replay: checks it made the body's steps and constants, and takes
+    /// back everything it added to the plan (its weights are kept). `Err` names
+    /// what differs.
+    pub fn end_replay(&mut self, snap: Snapshot, body_steps: &[StepKind]) -> Result<(), String> {
+        let replay = self.replay.take().expect("a replay is open");
+        let made = self.lowered_body.as_ref().map_or(0, |b| b.constants.len());
+        let steps = &self.plan.steps[snap.steps..];
+        let same_steps = steps.len() == body_steps.len()
+            && steps
+                .iter()
+                .zip(body_steps)
+                .all(|(a, b)| std::mem::discriminant(a) == std::mem::discriminant(b));
+        let result = if !same_steps {
+            Err(format!(
+                "layer {} lowers to {} steps where the first lowers to {}",
+                replay.layer,
+                steps.len(),
+                body_steps.len()
+            ))
+        } else if replay.made != made {
+            Err(format!(
+                "layer {} makes {} constants where the first makes {made}",
+                replay.layer, replay.made
+            ))
+        } else {
+            Ok(())
+        };
+        let p = &mut self.plan;
+        p.steps.truncate(snap.steps);
+        p.step_ops.truncate(snap.steps);
+        p.buffers.truncate(snap.buffers);
+        p.calls.truncate(snap.calls);
+        p.exchanges.truncate(snap.exchanges);
+        p.separations.truncate(snap.separations);
+        p.decisions.truncate(snap.decisions);
+        p.ops.truncate(snap.ops);
+        p.candidates.truncate(snap.candidates);
+        p.results.truncate(snap.results);
+        for (b, (first, last)) in p.buffers.iter_mut().zip(snap.lifetimes) {
+            b.first = first;
+            b.last = last;
+        }
+        self.forever.truncate(snap.forever);
+        self.store_cursor = snap.store_cursor;
+        result
+    }
+
+    /// A replay's constant: its bytes go into its layer's image of the body
+    /// binding the body's constant of the same rank went to, at the same offset.
+    fn replayed_constant(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let replay = self.replay.as_mut().expect("a replay is open");
+        let body = self
+            .lowered_body
+            .as_ref()
+            .expect("the body precedes replays");
+        let Some((binding, offset, len)) = body.constants.get(replay.made).cloned() else {
+            return Err(format!(
+                "layer {} makes more constants than the first",
+                replay.layer
+            ));
+        };
+        replay.made += 1;
+        if len as usize != bytes.len() {
+            return Err(format!(
+                "layer {}'s constant {} has {} bytes where the first's has {len}",
+                replay.layer,
+                replay.made - 1,
+                bytes.len()
+            ));
+        }
+        let full = self.weights[&binding].image.len();
+        let img = self
+            .layer_images
+            .entry((replay.layer, binding.clone()))
+            .or_insert_with(|| LayerImage {
+                image: vec![0; full],
+                written: Default::default(),
+            });
+        let range = offset as usize..(offset + len) as usize;
+        if !img.written.insert(offset) && img.image[range.clone()] != *bytes {
+            // The first layer's image holds one copy of equal bytes; this layer's
+            // are not equal there, so one image layout cannot serve both.
+            return Err(format!(
+                "layer {}'s `{binding}` differs where the first layer's repeats",
+                replay.layer
+            ));
+        }
+        img.image[range].copy_from_slice(bytes);
+        Ok(())
     }
 
     /// Opens the staging phase of the operation about to be lowered: with
@@ -96,7 +277,7 @@ impl<'a> Lowering<'a> {
     /// it runs, filled from their store (one copy of each on the tiles, spread
     /// over all of them) by this exchange. Without it, nothing happens.
     pub fn begin_staging(&mut self) {
-        if !self.opts.stage_weights {
+        if !self.opts.staged() {
             return;
         }
         let exchange = self.plan.exchanges.len();
@@ -122,8 +303,11 @@ impl<'a> Lowering<'a> {
         let Some(st) = self.staging.take() else {
             return;
         };
-        // Each touched binding's store: (chunk bytes, the chunks' buffers).
-        let mut stores: BTreeMap<String, (u32, Vec<BufId>)> = BTreeMap::new();
+        if self.replay.is_some() {
+            return;
+        }
+        // Each touched binding's store: (chunk bytes, where each chunk is).
+        let mut stores: BTreeMap<String, (u32, Vec<Loc>)> = BTreeMap::new();
         for (_, name, _, _) in &st.fills {
             if stores.contains_key(name) {
                 continue;
@@ -141,20 +325,46 @@ impl<'a> Lowering<'a> {
                 let bytes = chunk.min(len - at);
                 let tile = self.store_cursor;
                 self.store_cursor = (self.store_cursor + 1) % tiles;
-                let id = self.plan.add_buffer(
-                    tile,
-                    format!("{}.store{i}", &name["weights/".len()..]),
-                    bytes,
-                    Category::WeightStore,
-                );
+                let loc = match &mut self.body {
+                    // The body's chunks on a tile share one store, an instance
+                    // a layer: an iteration reads its layer's at one offset.
+                    Some(body) => {
+                        let buf = *body.stores.entry(tile).or_insert_with(|| {
+                            let id = self.plan.add_buffer(
+                                tile,
+                                "layers.store".to_string(),
+                                0,
+                                Category::WeightStore,
+                            );
+                            self.plan.buffers[id.0 as usize].instances = body.count;
+                            self.plan.touch(id, 0);
+                            self.forever.push(id);
+                            id
+                        });
+                        let b = &mut self.plan.buffers[buf.0 as usize];
+                        let offset = b.bytes.next_multiple_of(8);
+                        b.bytes = offset + bytes;
+                        Loc { buf, offset }
+                    }
+                    None => {
+                        let id = self.plan.add_buffer(
+                            tile,
+                            format!("{}.store{i}", &name["weights/".len()..]),
+                            bytes,
+                            Category::WeightStore,
+                        );
+                        self.plan.touch(id, 0);
+                        self.forever.push(id);
+                        Loc { buf: id, offset: 0 }
+                    }
+                };
                 w.slices.push(Slice {
-                    loc: Loc { buf: id, offset: 0 },
+                    loc,
+                    instance: 0,
                     offset: at,
                     bytes,
                 });
-                self.plan.touch(id, 0);
-                self.forever.push(id);
-                bufs.push(id);
+                bufs.push(loc);
             }
             stores.insert(name.clone(), (chunk, bufs));
         }
@@ -168,9 +378,10 @@ impl<'a> Lowering<'a> {
                 let c = at / chunk;
                 let within = at - c * chunk;
                 let n = (chunk - within).min(offset + bytes - at);
+                let chunk_at = bufs[c as usize];
                 let src = Loc {
-                    buf: bufs[c as usize],
-                    offset: within,
+                    buf: chunk_at.buf,
+                    offset: chunk_at.offset + within,
                 };
                 copies.entry((src, n)).or_default().push(Loc {
                     buf: *buf,
@@ -223,6 +434,14 @@ impl<'a> Lowering<'a> {
         let id = self
             .plan
             .add_buffer(tile, name.clone(), bytes.len() as u32, category);
+        if self.replay.is_some() {
+            if let Err(e) = self.replayed_constant(&bytes)
+                && self.replay_error.is_none()
+            {
+                self.replay_error = Some(e);
+            }
+            return id;
+        }
         let binding = format!("weights/{name}");
         let w = self.weights.entry(binding.clone()).or_default();
         // Tiles that hold identical weights (replicas over row groups) share one
@@ -233,13 +452,24 @@ impl<'a> Lowering<'a> {
             w.image.extend_from_slice(b);
             at
         });
+        if self.body.is_some() && self.staging.is_none() && self.replay_error.is_none() {
+            // A resident constant would hold the first layer's values in every
+            // iteration.
+            self.replay_error = Some(format!(
+                "`{name}` is a constant of an operation the loop body cannot stage"
+            ));
+        }
         if let Some(st) = &mut self.staging {
             // Filled by the staging exchange, live only while the operation runs.
+            if let Some(body) = &mut self.body {
+                body.constants.push((binding.clone(), offset, len));
+            }
             st.fills.push((id, binding, offset, len));
             return id;
         }
         w.slices.push(Slice {
             loc: Loc { buf: id, offset: 0 },
+            instance: 0,
             offset,
             bytes: len,
         });
@@ -365,6 +595,7 @@ impl<'a> Lowering<'a> {
             });
             slices.push(Slice {
                 loc: Loc { buf, offset: 0 },
+                instance: 0,
                 offset: r0 * row_bytes,
                 bytes: n * row_bytes,
             });
@@ -443,6 +674,7 @@ impl<'a> Lowering<'a> {
             .iter()
             .map(|p| Slice {
                 loc: p.at,
+                instance: 0,
                 offset: p.rows.start * row_bytes,
                 bytes: (p.rows.end - p.rows.start) * row_bytes,
             })
@@ -459,6 +691,36 @@ impl<'a> Lowering<'a> {
         for id in std::mem::take(&mut self.forever) {
             self.plan.touch(id, last);
         }
+        // Each later layer's bindings: the body's, at that layer's instance of
+        // the stores, with that layer's images.
+        let mut layer_bindings = Vec::new();
+        if let (Some(body), Some(lp)) = (&self.lowered_body, &self.plan.layer_loop) {
+            let names: std::collections::BTreeSet<&String> =
+                body.constants.iter().map(|c| &c.0).collect();
+            for layer in 1..body.count {
+                for &b0 in &names {
+                    let w = &self.weights[b0];
+                    let data = self
+                        .layer_images
+                        .remove(&(layer, b0.clone()))
+                        .map_or_else(|| w.image.clone(), |i| i.image);
+                    layer_bindings.push(Binding {
+                        name: format!("weights/{}", lp.rename(&b0["weights/".len()..], layer)),
+                        dir: BindingDir::Weight,
+                        bytes: data.len() as u32,
+                        slices: w
+                            .slices
+                            .iter()
+                            .map(|s| Slice {
+                                instance: layer,
+                                ..*s
+                            })
+                            .collect(),
+                        data,
+                    });
+                }
+            }
+        }
         for (name, w) in std::mem::take(&mut self.weights) {
             self.plan.bindings.push(Binding {
                 name,
@@ -468,6 +730,8 @@ impl<'a> Lowering<'a> {
                 data: w.image,
             });
         }
+        self.plan.bindings.extend(layer_bindings);
+        self.plan.bindings.sort_by(|a, b| a.name.cmp(&b.name));
         self.plan.bindings.append(&mut self.inputs);
         for (name, bytes, slices) in std::mem::take(&mut self.outputs) {
             for s in &slices {

@@ -23,6 +23,7 @@
 mod attention;
 mod ctx;
 mod fuse;
+mod layers;
 mod linear;
 mod pooling;
 
@@ -81,6 +82,12 @@ pub struct LowerOptions {
     /// before it runs (freed when it ends), instead of keeping every replica
     /// resident: what a whole model needs, whose weights do not fit replicated.
     pub stage_weights: bool,
+    /// Lower a model's identical layers once, as a loop the program runs once a
+    /// layer (`TilePlan::layer_loop`): the layer's code, vertex states and
+    /// exchange code exist once whatever the depth. Stages every weight (see
+    /// `stage_weights`), since an iteration finds its layer's weights in that
+    /// layer's instance of the store.
+    pub loop_layers: bool,
     /// Knobs for tests and demonstrations; all off by default.
     pub experimental: Experimental,
 }
@@ -142,8 +149,16 @@ impl Default for LowerOptions {
             choices: BTreeMap::new(),
             capacity: None,
             stage_weights: false,
+            loop_layers: false,
             experimental: Experimental::default(),
         }
+    }
+}
+
+impl LowerOptions {
+    /// Weights staged: asked for, or needed by the layer loop.
+    pub fn staged(&self) -> bool {
+        self.stage_weights || self.loop_layers
     }
 }
 
@@ -619,11 +634,17 @@ impl<'g> Walker<'g> {
             per_row_bias,
         };
         let wbytes = u64::from(kp) * u64::from(n) * 2;
-        let share = weight_floor(lw.machine, wbytes)
-            + (lw.opts.weight_bytes.saturating_sub(self.weight_floors) as f64
-                * wbytes as f64
-                * f64::from(x.rows)
-                / self.weight_demand.max(1.0)) as u64;
+        // Staged weights live only while their operation runs, so each linear
+        // may take the whole budget; resident ones share it.
+        let share = if lw.opts.staged() {
+            lw.opts.weight_bytes.max(weight_floor(lw.machine, wbytes))
+        } else {
+            weight_floor(lw.machine, wbytes)
+                + (lw.opts.weight_bytes.saturating_sub(self.weight_floors) as f64
+                    * wbytes as f64
+                    * f64::from(x.rows)
+                    / self.weight_demand.max(1.0)) as u64
+        };
         let choice = lw.opts.choices.get(name).copied().unwrap_or(0);
         let (map, candidates) = map_linear(
             lw.machine,
@@ -1415,7 +1436,7 @@ pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
     }
     for b in &plan.buffers {
         for s in b.first..=b.last.min(steps.saturating_sub(1) as Step) {
-            live[b.tile as usize * steps + s as usize] += u64::from(b.bytes);
+            live[b.tile as usize * steps + s as usize] += b.total_bytes();
         }
     }
     live.into_iter()
@@ -1481,6 +1502,107 @@ fn lower_at<'g>(w: &mut Walker<'g>, lw: &mut Lowering<'_>, i: usize) -> Result<(
     Ok(())
 }
 
+/// Where the walk is in the layer loop (`LowerOptions::loop_layers`).
+#[derive(Default)]
+struct LoopState {
+    /// The body's first step, once it began.
+    first: Option<Step>,
+    /// The body's steps (its carry aside), for the replays to match.
+    steps: Vec<StepKind>,
+    replay: Option<ctx::Snapshot>,
+}
+
+impl LoopState {
+    /// Before operation `i`: the body or a replay begins at a layer's first
+    /// operation.
+    fn before(
+        &mut self,
+        lw: &mut Lowering<'_>,
+        ls: &layers::Layers,
+        i: usize,
+        waiting: &[usize],
+    ) -> Result<(), PlanError> {
+        let Some(l) = ls.runs.iter().position(|r| r.start == i) else {
+            return Ok(());
+        };
+        if !waiting.is_empty() {
+            return Err(unsupported(format!(
+                "layer {l} begins while `{}` waits for an operand",
+                lw.plan.ops.last().map_or("", |o| o.name.as_str())
+            )));
+        }
+        if l == 0 {
+            self.first = Some(lw.plan.steps.len() as Step);
+            lw.begin_body(ls.count());
+        } else {
+            self.replay = Some(lw.begin_replay(l as u32));
+        }
+        Ok(())
+    }
+
+    /// After operation `i`: at a layer's last, the body ends with its carry (the
+    /// output copied into the buffers its input came in), or the replay is
+    /// checked and taken back; either way the layer's output is then where its
+    /// input was, which is what the next layer (or what follows) reads.
+    fn after(
+        &mut self,
+        w: &mut Walker<'_>,
+        lw: &mut Lowering<'_>,
+        ls: &layers::Layers,
+        i: usize,
+        waiting: &[usize],
+    ) -> Result<(), PlanError> {
+        let Some(l) = ls.runs.iter().position(|r| r.end == i + 1) else {
+            return Ok(());
+        };
+        if !waiting.is_empty() {
+            return Err(unsupported(format!(
+                "layer {l} ends with operations waiting"
+            )));
+        }
+        let x = w.val(ls.input)?.clone();
+        if l == 0 {
+            let first = self.first.expect("the body began");
+            self.steps = lw.plan.steps[first as usize..].to_vec();
+            let y = w.val(ls.outputs[0])?.clone();
+            let dense = |v: &Val| v.cols == Cols::Dense && v.offset == 0;
+            if !dense(&x) || !dense(&y) {
+                return Err(unsupported("a layer's input or output is head-split"));
+            }
+            let copies = crate::dist::redistribute(&y.t, &x.t)
+                .map_err(|e| unsupported(format!("the layer's output cannot carry: {e}")))?;
+            // The carry is an operation of its own, so that profiles show what
+            // it costs and no operation's result seems to end after it.
+            lw.op = format!("{}0.carry", layers::PREFIX);
+            let name = lw.op.clone();
+            if lw.exchange(&name, copies).is_some() {
+                lw.plan.ops.push(PlanOp {
+                    name,
+                    kind: "carry".into(),
+                    fused: Vec::new(),
+                    inner_chunks: None,
+                    flop: None,
+                });
+            }
+            lw.end_body();
+            lw.plan.layer_loop = Some(LayerLoop {
+                first,
+                last: lw.plan.last_step(),
+                count: ls.count(),
+                prefix: layers::PREFIX.to_string(),
+            });
+        } else {
+            let snap = self.replay.take().expect("the replay began");
+            lw.end_replay(snap, &self.steps).map_err(unsupported)?;
+        }
+        if let Some(e) = lw.replay_error.take() {
+            return Err(unsupported(e));
+        }
+        w.vals.insert(ls.outputs[l], x);
+        Ok(())
+    }
+}
+
 fn lower_with(
     machine: &Machine,
     graph: &Graph,
@@ -1530,18 +1652,29 @@ fn lower_with(
             .is_some_and(|r| !w.vals.contains_key(&r))
     };
     let mut waiting: Vec<usize> = Vec::new();
+    let layers = if opts.loop_layers {
+        layers::find(graph)
+    } else {
+        None
+    };
+    let mut body = LoopState::default();
     for i in 0..graph.ops().len() {
-        if w.fusion.inside(i) {
-            continue;
+        if let Some(ls) = &layers {
+            body.before(&mut lw, ls, i, &waiting)?;
         }
-        if waits(&w, i) {
-            waiting.push(i);
-            continue;
+        if !w.fusion.inside(i) {
+            if waits(&w, i) {
+                waiting.push(i);
+            } else {
+                lower_at(&mut w, &mut lw, i)?;
+                while let Some(k) = waiting.iter().position(|&j| !waits(&w, j)) {
+                    let j = waiting.remove(k);
+                    lower_at(&mut w, &mut lw, j)?;
+                }
+            }
         }
-        lower_at(&mut w, &mut lw, i)?;
-        while let Some(k) = waiting.iter().position(|&j| !waits(&w, j)) {
-            let j = waiting.remove(k);
-            lower_at(&mut w, &mut lw, j)?;
+        if let Some(ls) = &layers {
+            body.after(&mut w, &mut lw, ls, i, &waiting)?;
         }
     }
     // What still waits has an operand nothing lowers: its rule says why.
