@@ -7,6 +7,7 @@
 //! format) or policies (mapping, allocator order): those change freely, facts change
 //! only with evidence. Each number is sourced in `docs/machine.md`.
 
+pub mod fp8;
 mod exchange;
 pub use exchange::ExchangeLoad;
 
