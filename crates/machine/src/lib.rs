@@ -7,8 +7,8 @@
 //! format) or policies (mapping, allocator order): those change freely, facts change
 //! only with evidence. Each number is sourced in `docs/machine.md`.
 
-pub mod fp8;
 mod exchange;
+pub mod fp8;
 pub use exchange::ExchangeLoad;
 
 use serde::{Deserialize, Serialize};

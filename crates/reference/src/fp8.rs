@@ -57,7 +57,9 @@ mod tests {
 
     #[test]
     fn rounding_is_idempotent_and_close() {
-        let mut v: Vec<f32> = (0..1000).map(|i| ((i as f32) * 0.37).sin() * 0.05).collect();
+        let mut v: Vec<f32> = (0..1000)
+            .map(|i| ((i as f32) * 0.37).sin() * 0.05)
+            .collect();
         let orig = v.clone();
         fp8_round(&mut v);
         let once = v.clone();
@@ -67,7 +69,10 @@ mod tests {
         let scale = fp8::scale_for(max);
         let step = 2f32.powi(i32::from(scale) - 10);
         for (x, r) in orig.iter().zip(&once) {
-            assert!((x - r).abs() <= (x.abs() / 16.0).max(step / 2.0), "{x} -> {r}");
+            assert!(
+                (x - r).abs() <= (x.abs() / 16.0).max(step / 2.0),
+                "{x} -> {r}"
+            );
         }
     }
 

@@ -19,8 +19,8 @@ mod kernels;
 
 use std::collections::BTreeMap;
 
-use half::f16;
 pub use fp8::{fp8_round, quantize_fp8};
+use half::f16;
 pub use kernels::{CHUNK, gelu_scalar};
 use tessera_graph::{
     DType, Graph, GraphError, HostTensor, Inputs, OpKind, Outputs, Shape, TensorError, TensorId,

@@ -1461,7 +1461,8 @@ fn f16v8tof8_encodes_every_f16_as_the_machine_does() {
             for (i, &h) in halves.iter().enumerate() {
                 let want = fp8::encode(f16::from_bits(h).to_f32(), -scale);
                 assert_eq!(
-                    got[i], want,
+                    got[i],
+                    want,
                     "f16 {h:#06x} ({}) at register scale {scale}",
                     f16::from_bits(h)
                 );

@@ -18,7 +18,10 @@ fn check(n: u32, scale: i8, codes: &[u8]) {
     for (i, (&c, g)) in codes.iter().zip(&got).enumerate() {
         let want = fp8::decode(c, scale);
         if want.is_nan() {
-            assert!(g.is_nan(), "n={n} scale {scale} element {i}: code {c:#04x} gave {g}");
+            assert!(
+                g.is_nan(),
+                "n={n} scale {scale} element {i}: code {c:#04x} gave {g}"
+            );
         } else {
             assert_eq!(
                 g.to_bits(),

@@ -2,9 +2,8 @@
 
 use tessera_kernels::{
     Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, ExpShift, Fp8ToF16, Gelu, Kernel,
-    LayerNorm,
-    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax, SoftmaxCols,
-    TransposeBlocks, ZeroFill,
+    LayerNorm, Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax,
+    SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
 use crate::harness::{layout, run};
@@ -261,7 +260,15 @@ fn estimates_of_shapes_beyond_a_tile_are_prohibitive_not_panics() {
 
 #[test]
 fn fp8_to_f16_estimate_is_exact() {
-    for (n, scale) in [(8, 0), (16, 3), (48, -1), (56, 0), (96, -7), (1152, 2), (4304, -12)] {
+    for (n, scale) in [
+        (8, 0),
+        (16, 3),
+        (48, -1),
+        (56, 0),
+        (96, -7),
+        (1152, 2),
+        (4304, -12),
+    ] {
         check_exact(&Fp8ToF16::new(n, scale));
     }
 }
