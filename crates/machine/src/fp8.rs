@@ -21,6 +21,7 @@ pub const MAX_CODE: u8 = 0x7f;
 /// The scales Poplar accepts in a metadata tensor (`createConstantMetadataTensor`:
 /// -31 to +31); [`scale_for`] chooses within them.
 pub const SCALE_MIN: i8 = -31;
+/// The largest scale Poplar accepts (see [`SCALE_MIN`]).
 pub const SCALE_MAX: i8 = 31;
 
 /// The value of `code` in a tensor of scale `scale`: `NaN` for [`NAN`], else exact
