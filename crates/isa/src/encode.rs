@@ -361,6 +361,22 @@ mod tests {
         });
         assert_eq!(encode(&[w]).unwrap(), 0x4d10_0000u32.to_le_bytes());
         round_trip(w);
+        // The FP8 conversions and the scale register.
+        let w = Word::Single(Inst::F8v4ToF16 {
+            d: AReg(2),
+            a: AReg(5),
+        });
+        assert_eq!(encode(&[w]).unwrap(), 0x5025_0000u32.to_le_bytes());
+        round_trip(w);
+        let w = Word::Single(Inst::F16v8ToF8 {
+            d: AReg(6),
+            a: AReg(8),
+        });
+        assert_eq!(encode(&[w]).unwrap(), 0x5168_0000u32.to_le_bytes());
+        round_trip(w);
+        let w = Word::Single(Inst::UputFpScl { a: AReg(3) });
+        assert_eq!(encode(&[w]).unwrap(), 0x5203_0000u32.to_le_bytes());
+        round_trip(w);
         // The strided AMP feeder: a quad of loads, the stride register last.
         let w = Word::Single(Inst::Ld2xSt64PaceStride {
             d0: AReg(0),
@@ -516,6 +532,20 @@ mod tests {
         // f16v2gina with a source field.
         assert!(matches!(
             decode_word(&(0x4e31_0000u32).to_le_bytes()),
+            Err(DecodeError::ReservedBits { .. })
+        ));
+        // f16v8tof8 from a register that is not a quad, f8v4tof16 into an odd
+        // register, and `uput $FP_SCL` with a destination field.
+        assert!(matches!(
+            decode_word(&(0x5162_0000u32).to_le_bytes()),
+            Err(DecodeError::Field { .. })
+        ));
+        assert!(matches!(
+            decode_word(&(0x5010_0000u32).to_le_bytes()),
+            Err(DecodeError::Field { .. })
+        ));
+        assert!(matches!(
+            decode_word(&(0x5213_0000u32).to_le_bytes()),
             Err(DecodeError::ReservedBits { .. })
         ));
     }

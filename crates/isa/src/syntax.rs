@@ -198,11 +198,14 @@ pub(crate) fn lex(line: &str) -> Result<Vec<Token>, SyntaxError> {
             }
             b'$' => {
                 i += 1;
-                while i < b.len() && b[i].is_ascii_alphanumeric() {
+                while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
                     i += 1;
                 }
                 let name = &line[start + 1..i];
-                let tok = if name == "mzero" {
+                let tok = if CONTROL_REGISTERS.contains(&name) {
+                    // A keyword of the instructions that name it (`uput $FP_SCL`).
+                    Tok::Ident(line[start..i].to_string())
+                } else if name == "mzero" {
                     Tok::M(15)
                 } else if name == "azero" {
                     Tok::A {
@@ -229,7 +232,7 @@ pub(crate) fn lex(line: &str) -> Result<Vec<Token>, SyntaxError> {
                     return err(
                         start,
                         format!(
-                            "bad register `{}` (expected $m0..$m15, $mzero, $a0..$a15, $azero)",
+                            "bad register `{}` (expected $m0..$m15, $mzero, $a0..$a15, $azero, $FP_SCL)",
                             &line[start..i]
                         ),
                     );
@@ -281,6 +284,9 @@ pub(crate) fn lex(line: &str) -> Result<Vec<Token>, SyntaxError> {
     }
     Ok(out)
 }
+
+/// The control registers instructions name (as keyword operands, `$` included).
+const CONTROL_REGISTERS: &[&str] = &["FP_SCL"];
 
 fn reg_num(s: &str) -> Option<u8> {
     // No leading zeros, so that every register has one spelling.

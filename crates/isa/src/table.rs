@@ -444,6 +444,25 @@ instruction_set! {
     inst F16v4Cmac { a: AReg = Pair @ R1, b: AReg = Pair @ R2 } = 0x4f, Aux, "f16v4cmac";
         asm "f16v4cmac" (a, b) "$aA:pair, $aB:pair";
 
+    // FP8 (IPU21's F143, `tessera_machine::fp8`): both conversions multiply by
+    // `2^$FP_SCL`, the worker's scale register, which `uput $FP_SCL` sets.
+
+    /// `f8v4tof16`: the four FP8 bytes of `$aA` (byte 0 into lane 0), each times
+    /// `2^$FP_SCL` and rounded to f16, into the four lanes of the pair `$aD`.
+    inst F8v4ToF16 { d: AReg = Pair @ R0, a: AReg = A @ R1 } = 0x50, Aux, "f8v4tof16";
+        asm "f8v4tof16" (d, a) "$aD:pair, $aA";
+
+    /// `f16v8tof8`: the eight f16 lanes of the quad `$aA`, each times `2^$FP_SCL`
+    /// and rounded to FP8 (nearest even, saturating), into the eight bytes of the
+    /// pair `$aD` (lane 0 into byte 0).
+    inst F16v8ToF8 { d: AReg = Pair @ R0, a: AReg = Quad @ R1 } = 0x51, Aux, "f16v8tof8";
+        asm "f16v8tof8" (d, a) "$aD:pair, $aA:quad";
+
+    /// `uput $FP_SCL, $aA`: the worker's FP8 scale register from the low byte of
+    /// `$aA` (a signed exponent).
+    inst UputFpScl { a: AReg = A @ R1 } = 0x52, Aux, "uput";
+        asm "uput" ("$FP_SCL", a) "$FP_SCL, $aA";
+
     /// Sum of the lanes, as f32 into a single register (F16V4 and F32V2 read pairs).
     inst FSum { vec: FVec = Op @ [1:0], d: AReg = A @ R0, a: AReg = PairIf(vec.is_pair()) @ R1 }
         = 0x45, Aux, "fsum";

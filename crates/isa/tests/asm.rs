@@ -466,6 +466,10 @@ fn single_words_parse_and_print() {
         "f16v4acc $a2:3",
         "{ ld64 $a0:1, $m5, 0 ; f16v8acc $a0:3 }",
         "f32v2gina $a4:5",
+        "uput $FP_SCL, $a6",
+        "{ ld64step $a0:1, $m2+=, 1 ; uput $FP_SCL, $a6 }",
+        "f8v4tof16 $a2:3, $a0",
+        "f16v8tof8 $a6:7, $a8:11",
     ] {
         assert_eq!(parse_word(text).unwrap().to_string(), text);
     }
@@ -494,6 +498,18 @@ fn single_words_parse_and_print() {
     // A quad must start at a multiple of 4, a pair at an even register.
     assert!(parse_word("f16v8acc $a2:5").is_err());
     assert!(parse_word("f32v2gina $a3:4").is_err());
+    // `$FP_SCL` is the one control register, and only `uput` names it; the
+    // conversions take a pair and a register, a pair and a quad.
+    for bad in [
+        "uput $FP_SCL, $m1",
+        "uput $a1",
+        "uput $FP_NFMT, $a1",
+        "mov $a1, $FP_SCL",
+        "f8v4tof16 $a1, $a0",
+        "f16v8tof8 $a0:1, $a2:5",
+    ] {
+        assert!(parse_word(bad).is_err(), "{bad}");
+    }
     assert_eq!(
         parse_word_with("bri x+8", &|s| (s == "x").then_some(0x4c000)).unwrap(),
         Word::Single(Inst::Bri { target: 0x4c008 })

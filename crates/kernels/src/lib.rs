@@ -22,6 +22,7 @@
 mod asm;
 mod blocks_to_rows;
 pub mod contract;
+mod convert;
 mod elementwise;
 pub mod exchange;
 mod gelu;
@@ -47,6 +48,7 @@ use tessera_machine::{Machine, Timing};
 pub use asm::{code_bytes, word_bytes};
 pub use blocks_to_rows::BlocksToRows;
 pub use contract::{CodeRequirement, Contract, MemClass, Operand, Role, Violation};
+pub use convert::Fp8ToF16;
 pub use elementwise::{Add, AddBias, ReduceAdd, ReduceNorm};
 pub use gelu::Gelu;
 pub use layernorm::LayerNorm;

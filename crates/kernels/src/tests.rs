@@ -56,6 +56,8 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(RecipSum::new(7)),
         Box::new(ColExpShift::new(9, 16, 46, 1.0)),
         Box::new(ColExpShift::new(16, 16, 1, 0.5)),
+        Box::new(Fp8ToF16::new(8, 0)),
+        Box::new(Fp8ToF16::new(1152, -7)),
     ]
 }
 

@@ -8,6 +8,7 @@
 //! only with evidence. Each number is sourced in `docs/machine.md`.
 
 mod exchange;
+pub mod fp8;
 pub use exchange::ExchangeLoad;
 
 use serde::{Deserialize, Serialize};

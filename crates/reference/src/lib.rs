@@ -4,7 +4,9 @@
 //! It owns the numerical meaning of each op (accumulation in f32 or wider, a stable
 //! softmax, the tanh GELU) and the comparison helpers. It must never model the
 //! machine's tiles or kernels, and depends on nothing beyond the graph and maths
-//! crates. Its concessions to the hardware are opt-in and stated in graph terms, so
+//! crates and `tessera-machine`'s FP8 format (for [`quantize_fp8`] and
+//! [`fp8_round`], the rounding of weights stored as FP8). Its concessions to the
+//! hardware are opt-in and stated in graph terms, so
 //! tolerances can be reasoned about: rounding f16-typed tensors to f16
 //! ([`EvalOptions::round_f16_storage`]), and rounding a matmul's running partial sum
 //! to f16 after every 16-wide chunk of its contraction dimension
@@ -12,10 +14,12 @@
 //! f16 and what lets a comparison in f16 ulps ([`compare_ulps`]) be tight. Results
 //! are deterministic: GEMM tasks are split by matrix size, never by thread count.
 
+mod fp8;
 mod kernels;
 
 use std::collections::BTreeMap;
 
+pub use fp8::{fp8_round, quantize_fp8};
 use half::f16;
 pub use kernels::{CHUNK, gelu_scalar};
 use tessera_graph::{

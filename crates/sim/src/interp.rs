@@ -32,6 +32,9 @@ pub(crate) struct Ctx {
     pub ready: [u64; 32],
     pub issues: u64,
     pub instructions: u64,
+    /// Worker only: `$FP_SCL`, the exponent the FP8 conversions scale by (zero
+    /// when the worker starts, like its other registers).
+    pub fp_scl: i8,
 }
 
 /// One worker's AMP engine.
@@ -1398,6 +1401,18 @@ fn exec_aux<const F16C: bool>(
             let (lo, hi) = amp.take_pair();
             let (lo, hi) = (fp::f32_to_f16(lo), fp::f32_to_f16(hi));
             one(d, u32::from(lo) | (u32::from(hi) << 16))
+        }
+        Inst::F8v4ToF16 { d, a } => two(d, crate::fp8::widen4(ar(ctx, a), ctx.fp_scl)),
+        Inst::F16v8ToF8 { d, a } => {
+            let q = (a.0 & 12) as usize;
+            let lanes = |i: usize| u64::from(ctx.a[i]) | (u64::from(ctx.a[i + 1]) << 32);
+            two(d, crate::fp8::narrow8(lanes(q), lanes(q + 2), ctx.fp_scl))
+        }
+        Inst::UputFpScl { a } => {
+            // Only the low byte: the signed exponent, as the chip's own headers
+            // place it.
+            ctx.fp_scl = ar(ctx, a) as u8 as i8;
+            NO_WRITE
         }
         Inst::F16v2ToF32 { d, a } => {
             let x = ar(ctx, a);

@@ -19,6 +19,7 @@ mod capture;
 mod exchange;
 mod fault;
 mod fp;
+mod fp8;
 mod hazard;
 mod interp;
 mod mem;

@@ -1347,3 +1347,126 @@ fn parallel_concatenation_is_the_concatenation() {
     }
     assert!(concat_parallel(Vec::new()).is_empty());
 }
+
+/// `f8v4tof16` on every FP8 code, at several scales, against
+/// `tessera_machine::fp8::decode` rounded to f16: the simulator's own decoding
+/// (`fp8.rs`) and the machine's agree bit for bit, NaN apart (any f16 NaN).
+#[test]
+fn f8v4tof16_decodes_every_code_as_the_machine_does() {
+    use tessera_machine::fp8;
+    for scale in [0i8, 1, -1, 5, -9, 17, -24, 31, -31] {
+        for group in 0..64u8 {
+            let codes = [4 * group, 4 * group + 1, 4 * group + 2, 4 * group + 3];
+            let r = exec_with::<false>(
+                &[
+                    s(Inst::UputFpScl { a: AReg(1) }),
+                    s(Inst::F8v4ToF16 {
+                        d: AReg(2),
+                        a: AReg(0),
+                    }),
+                ],
+                |c, _, _| {
+                    c.a[0] = u32::from_le_bytes(codes);
+                    // Only the low byte is the scale.
+                    c.a[1] = u32::from(scale as u8) | 0x5a5a_5a00;
+                },
+            );
+            r.ok();
+            let out = u64::from(r.a(2)) | (u64::from(r.a(3)) << 32);
+            for (lane, &code) in codes.iter().enumerate() {
+                let got = (out >> (16 * lane)) as u16;
+                let want = fp8::decode(code, scale);
+                if want.is_nan() {
+                    assert!(f16::from_bits(got).is_nan(), "code {code:#04x}: {got:#06x}");
+                } else {
+                    assert_eq!(
+                        got,
+                        f16::from_f32(want).to_bits(),
+                        "code {code:#04x} scale {scale}: {want}"
+                    );
+                }
+            }
+        }
+    }
+    // A worker starts at scale 0: 0x38 is 0.5 there, 0xc0 is -1, 0x80 NaN.
+    let r = exec_with::<false>(
+        &[s(Inst::F8v4ToF16 {
+            d: AReg(4),
+            a: AReg(0),
+        })],
+        |c, _, _| c.a[0] = 0x0080_c038,
+    );
+    r.ok();
+    assert_eq!(r.a(4), 0xbc00_3800);
+    assert!(f16::from_bits(r.a(5) as u16).is_nan());
+    assert_eq!(r.a(5) >> 16, 0);
+    // One issue each.
+    assert_eq!(r.ctx.clock, 12);
+}
+
+/// `f16v8tof8` on every f16 bit pattern, at several register scales, against
+/// `tessera_machine::fp8::encode`: the register multiplies by `2^$FP_SCL`, so a
+/// tensor of metadata scale `s` is encoded at register scale `-s`.
+#[test]
+fn f16v8tof8_encodes_every_f16_as_the_machine_does() {
+    use tessera_machine::fp8;
+    const IN: u32 = 0x8_0000;
+    const OUT: u32 = 0xA_0000;
+    const CHUNK: u32 = 4096;
+    // Per group of eight: a 128-bit load, the pointer step, the conversion and
+    // the store.
+    let body = [
+        s(Inst::Ld128 {
+            d: AReg(0),
+            base: MReg(1),
+            imm: 0,
+        }),
+        s(Inst::IntImm {
+            op: IntOp::Add,
+            d: MReg(1),
+            a: MReg(1),
+            imm: 16,
+        }),
+        s(Inst::F16v8ToF8 {
+            d: AReg(4),
+            a: AReg(0),
+        }),
+        s(Inst::St64Step {
+            s: AReg(4),
+            base: MReg(2),
+            inc: 1,
+        }),
+    ];
+    let mut words = vec![
+        li(1, IN),
+        li(2, OUT),
+        li(3, CHUNK / 8),
+        s(Inst::UputFpScl { a: AReg(8) }),
+        s(Inst::Rpt {
+            count: MReg(3),
+            body: 4,
+        }),
+    ];
+    words.extend(body);
+    for scale in [0i8, 3, -3, 12, -12, 20, -20, 31, -31] {
+        for chunk in 0..(65536 / CHUNK) {
+            let halves: Vec<u16> = (0..CHUNK).map(|i| (chunk * CHUNK + i) as u16).collect();
+            let bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+            let r = exec_with::<false>(&words, |c, sh, layout| {
+                poke(sh, layout, IN, &bytes);
+                c.a[8] = u32::from(scale as u8);
+            });
+            r.ok();
+            let got = r.mem(OUT, CHUNK as usize);
+            for (i, &h) in halves.iter().enumerate() {
+                let want = fp8::encode(f16::from_bits(h).to_f32(), -scale);
+                assert_eq!(
+                    got[i],
+                    want,
+                    "f16 {h:#06x} ({}) at register scale {scale}",
+                    f16::from_bits(h)
+                );
+            }
+        }
+    }
+}

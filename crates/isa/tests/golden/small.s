@@ -48,6 +48,11 @@ worker:
     f32exp $a0, $a1
     f32rsqrt $a2, $a3
     f16v2tof32 $a0:1, $a2
+    uput $FP_SCL, $a6
+    { ld64step $a0:1, $m2+=, 1 ; f8v4tof16 $a4:5, $a1 }
+    f8v4tof16 $a0:1, $a2
+    f16v8tof8 $a2:3, $a4:7
+    f16v8tof8 $a14:15, $a12:15
     f32v2tof16 $a2, $a0:1
     f16v4sum $a0, $a2:3
     f32v2bcast $a0:1, $a2

@@ -1,9 +1,9 @@
 //! The cost model's per-kernel estimates against simulated cycles.
 
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, ExpShift, Gelu, Kernel, LayerNorm,
-    Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax, SoftmaxCols,
-    TransposeBlocks, ZeroFill,
+    Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, ExpShift, Fp8ToF16, Gelu, Kernel,
+    LayerNorm, Rearrange, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows, Softmax,
+    SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
 use crate::harness::{layout, run};
@@ -255,5 +255,20 @@ fn estimates_of_shapes_beyond_a_tile_are_prohibitive_not_panics() {
     for rows in [32_768, 45_563, u32::MAX / 64] {
         let e = AmpMatmul::new(rows, 1, 1).estimate_cycles();
         assert!(e >= u64::MAX / 8, "rows {rows}: {e}");
+    }
+}
+
+#[test]
+fn fp8_to_f16_estimate_is_exact() {
+    for (n, scale) in [
+        (8, 0),
+        (16, 3),
+        (48, -1),
+        (56, 0),
+        (96, -7),
+        (1152, 2),
+        (4304, -12),
+    ] {
+        check_exact(&Fp8ToF16::new(n, scale));
     }
 }

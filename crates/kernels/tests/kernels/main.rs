@@ -1,6 +1,7 @@
 //! Every kernel run on the simulator against a Rust reference, plus the contract
 //! failure modes the simulator must catch (understated alignment, shared elements).
 
+mod convert;
 mod elementwise;
 mod estimates;
 mod gelu;
