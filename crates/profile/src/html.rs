@@ -1,6 +1,7 @@
 //! The run as one self-contained HTML page (`tessera run --profile FILE.html`): a
-//! timeline of supersteps, phases and operations with the cropped span and the
-//! encoder interval marked, a sortable per-operation table, per-tile heat maps of
+//! timeline of supersteps, phases, operations and encoder layers with the
+//! cropped span and the encoder interval marked, one collapsible group per layer
+//! (collapsed when there are many, drawn when first opened), a sortable per-operation table, per-tile heat maps of
 //! busy cycles and SRAM high-water marks, an SRAM viewer for any tile, and the
 //! faults of a faulted run.
 //!
@@ -16,7 +17,7 @@ use std::fmt::Write;
 use serde::Serialize;
 use tessera_sim::Fault;
 
-use crate::{Phase, Profile};
+use crate::{LayerSpan, Phase, Profile};
 
 /// Everything the page shows.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -37,6 +38,8 @@ pub struct HtmlReport {
     /// Host transfers inside the cropped span (inputs and outputs).
     pub host_cycles: u64,
     pub encoder: Option<Interval>,
+    /// The encoder layers, in layer order (empty for a model without them).
+    pub layers: Vec<LayerSpan>,
     pub profile: Profile,
     pub phases: Vec<Phase>,
     /// `labels[i]`: the operation superstep `i` is charged to.
@@ -74,6 +77,8 @@ pub struct OpRow {
     pub peak_share: f64,
     pub exchange_bytes: u64,
     pub tiles: u32,
+    /// The encoder layer it belongs to, if any.
+    pub layer: Option<u32>,
 }
 
 /// One tile's figures.
@@ -334,10 +339,21 @@ fn page(r: &HtmlReport, data: &str) -> String {
     );
     let encoder = match &r.encoder {
         Some(e) => format!(
-            "The encoder interval ({} cycles) covers the encoder layer's operations (<code>layers.*</code>): the compute and exchange of every superstep charged to one of them and the syncs after those supersteps, from cycle {} (the first such superstep) to cycle {} (the end of the sync after the last); this is the <code>encoder</code> of <code>tessera run --json</code>.",
+            "The encoder interval ({} cycles) covers the encoder layers' operations (<code>layers.&lt;i&gt;.*</code>): the compute and exchange of every superstep charged to one of them and the syncs after those supersteps, from cycle {} (the start of the first layer's first operation) to cycle {} (the end of the sync after the last layer's last); this is the <code>encoder</code> of <code>tessera run --json</code>.{}",
             thousands(e.cycles),
             thousands(e.start),
-            thousands(e.end)
+            thousands(e.end),
+            if r.layers.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " Its cycles are split into {} by the layer of the operation each is charged to; they add up to it (the <code>layer_cycles</code>).",
+                    match r.layers.len() {
+                        1 => "one layer".to_string(),
+                        n => format!("{n} layers"),
+                    }
+                )
+            }
         ),
         None => "This model has no encoder layer operation (<code>layers.*</code>), so there is no encoder interval.".to_string(),
     };
@@ -349,6 +365,7 @@ fn page(r: &HtmlReport, data: &str) -> String {
 <div class="controls">show: <button data-zoom="all">whole run</button> <button data-zoom="cropped">cropped span</button> <button data-zoom="encoder">encoder interval</button>
 <span class="legend"><i style="background:{COMPUTE}"></i>compute <i style="background:{EXCHANGE}"></i>exchange <i style="background:{HOST}"></i>host <i style="background:{SYNC}"></i>sync</span></div>
 <div id="timeline-plot" class="plot"></div>
+<div id="layer-groups"></div>
 </section>
 <section id="ops"><h2>Operations</h2>
 <p>Cycles charged to each lowered operation (a superstep's exchange to the operation of its exchange program, its compute to the operation of the compute steps after it); FLOP of its matrix products; share of the f16 peak over its own cycles; bytes its exchanges deliver; tiles that run its kernels. Click a column header to sort, a row to see the operation on the timeline.</p>
@@ -405,6 +422,10 @@ tr.op,tr.fault{cursor:pointer}tr.op:hover,tr.fault:hover{background:#eef3fa}
 #errors:empty{display:none}#errors{color:#b00;background:#fee;padding:6px}
 .status-ok{color:#070}.status-fault,.status-mismatch{color:#b00;font-weight:600}
 .tile{cursor:pointer}
+details.layer-group{margin:2px 0;border-left:3px solid #b04;padding-left:8px}
+details.layer-group summary{cursor:pointer}
+.layer-body{margin:4px 0 10px}
+rect.layer{cursor:pointer}
 "#;
 
 const JS: &str = include_str!("html.js");

@@ -1,7 +1,7 @@
 //! The text forms of the driver's results: the compile report (on stderr), the
-//! operation table and the per-operation checks (on stdout).
+//! layer and operation tables and the per-operation checks (on stdout).
 
-use tessera_driver::{CompileReport, Compiled, OpCheck, OpRow};
+use tessera_driver::{CompileReport, Compiled, LayerRow, OpCheck, OpRow, SummedOp};
 
 pub fn print_report(r: &CompileReport) {
     for d in &r.decisions {
@@ -78,10 +78,35 @@ pub fn print_report(r: &CompileReport) {
     );
 }
 
+/// The operation table, one row per operation.
 pub fn render_ops(ops: &[OpRow]) -> String {
+    op_table(ops.iter().map(|o| (o, None)))
+}
+
+/// The operation table summed over the layers, with how many operations each
+/// row sums.
+pub fn render_summed(ops: &[SummedOp]) -> String {
+    op_table(ops.iter().map(|s| (&s.row, Some(s.count))))
+}
+
+fn op_table<'a>(rows: impl Iterator<Item = (&'a OpRow, Option<usize>)>) -> String {
+    let rows: Vec<_> = rows.collect();
+    let counted = rows.iter().any(|r| r.1.is_some());
+    let count = |n: Option<usize>| {
+        if counted {
+            format!(" {:>5}", n.map_or(String::new(), |n| n.to_string()))
+        } else {
+            String::new()
+        }
+    };
     let mut out = format!(
-        "{:44} {:>11} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>8} {:>7}\n",
+        "{:44}{} {:>11} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>8} {:>7}\n",
         "operation",
+        if counted {
+            format!(" {:>5}", "count")
+        } else {
+            String::new()
+        },
         "kind",
         "partials",
         "cycles",
@@ -93,10 +118,11 @@ pub fn render_ops(ops: &[OpRow]) -> String {
         "bound",
         "floor%"
     );
-    for o in ops {
+    for (o, n) in rows {
         out += &format!(
-            "{:44} {:>11} {:>8} {:>10} {:>10} {:>10} {:>7.1}% {:>9} {:>10} {:>8} {:>6.1}%\n",
+            "{:44}{} {:>11} {:>8} {:>10} {:>10} {:>10} {:>7.1}% {:>9} {:>10} {:>8} {:>6.1}%\n",
             o.name,
+            count(n),
             o.kind,
             o.partials.unwrap_or(""),
             o.cycles,
@@ -107,6 +133,20 @@ pub fn render_ops(ops: &[OpRow]) -> String {
             o.floor_cycles,
             o.bound,
             100.0 * o.floor_share
+        );
+    }
+    out
+}
+
+/// One row per encoder layer: its cycles and their share of the inference's.
+pub fn render_layers(layers: &[LayerRow], run_cycles: u64) -> String {
+    let mut out = format!("{:>5} {:>10} {:>10}\n", "layer", "cycles", "share");
+    for l in layers {
+        out += &format!(
+            "{:>5} {:>10} {:>9.1}%\n",
+            l.layer,
+            l.cycles,
+            100.0 * l.cycles as f64 / run_cycles.max(1) as f64
         );
     }
     out
