@@ -385,7 +385,7 @@ impl<'a> Charges<'a> {
 /// and inputs first, outputs last) and every exchange begins with a sync, so
 /// superstep `n` (counting from 0) follows the `n`-th of those. A superstep's
 /// layer is that of the operation [`attribute`] charges it to.
-pub(crate) fn superstep_layers(c: &Compiled) -> Vec<Option<u32>> {
+pub fn superstep_layers(c: &Compiled) -> Vec<Option<u32>> {
     let index: HashMap<&str, usize> = c
         .plan_ops
         .iter()

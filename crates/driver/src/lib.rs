@@ -27,7 +27,7 @@ mod sensitivity;
 mod simulate;
 mod validate;
 
-pub use attribute::{Attribution, Interval, OpRow, attribute, op_flop};
+pub use attribute::{Attribution, Interval, OpRow, attribute, op_flop, superstep_layers};
 pub use compile::{MAX_FINALISTS, Options, compile, median_estimate_error};
 pub use error::Error;
 pub use html::{chrome_trace, profile_html};

@@ -149,7 +149,7 @@ fn simulate_with(
     sim.set_binding(&input_name, &f16_bytes(x))?;
     // Which layer superstep `n` is in, known before the run from the program's
     // shape; a model with fewer than two layers has nothing to say.
-    let layer_at = crate::attribute::superstep_layers(c);
+    let layer_at = crate::superstep_layers(c);
     let layers = crate::layers_in(c.plan_ops.iter().map(|o| o.name.as_str())).len() as u32;
     let shown = std::cell::Cell::new(None);
     let report = forwarded(
