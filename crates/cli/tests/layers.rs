@@ -49,9 +49,38 @@ fn json_reports_each_layers_cycles() {
             "{cycles:?} in {span}"
         );
     }
+    // Independently of how the encoder was counted: a layer's cycles are its
+    // operations' cycles (compute and exchange) and whole syncs, one after each
+    // superstep labelled with one of its operations.
+    let supersteps = v["profile"]["supersteps"].as_array().unwrap();
+    let sync = supersteps[1]["start"].as_u64().unwrap() - supersteps[0]["end"].as_u64().unwrap();
+    assert!(sync > 0);
+    for (i, c) in cycles.iter().enumerate() {
+        let ops: u64 = v["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| {
+                o["name"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("layers.{i}."))
+            })
+            .map(|o| o["cycles"].as_u64().unwrap())
+            .sum();
+        assert!(
+            ops > 0 && *c > ops,
+            "layer {i}: {c} cycles, its operations {ops}"
+        );
+        assert_eq!(
+            (c - ops) % sync,
+            0,
+            "layer {i}: {c} - {ops} in syncs of {sync}"
+        );
+        assert!((c - ops) / sync < supersteps.len() as u64, "layer {i}");
+    }
     // The interval starts in the superstep of the first layer operation and
     // ends at a superstep's start (the end of a sync).
-    let supersteps = v["profile"]["supersteps"].as_array().unwrap();
     let first = v["ops"]
         .as_array()
         .unwrap()

@@ -211,7 +211,11 @@ fn op_table(
         })
         .collect();
     let mut spans: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-    let mut widen = |l: u32, from: u64, to: u64| {
+    // `cycles` of layer `l`, spent in `from..to`.
+    let mut charge = |l: u32, cycles: u64, from: u64, to: u64| {
+        if let Some(row) = layers.get_mut(&l) {
+            row.cycles += cycles;
+        }
         let s = spans.entry(l).or_insert((from, to));
         *s = (s.0.min(from), s.1.max(to));
     };
@@ -255,16 +259,13 @@ fn op_table(
         let compute_start = (ss.start + ss.exchange + ss.host).min(ss.end);
         let next = profile.supersteps.get(k + 1).map_or(ss.end, |n| n.start);
         if let Some(l) = layer(xop) {
-            layers.entry(l).or_insert_with(|| unreachable!()).cycles += ss.exchange;
-            widen(l, ss.start, ss.start + ss.exchange);
+            charge(l, ss.exchange, ss.start, ss.start + ss.exchange);
         }
         if let Some(l) = layer(cop) {
-            layers.entry(l).or_insert_with(|| unreachable!()).cycles += ss.compute;
-            widen(l, compute_start, ss.end);
+            charge(l, ss.compute, compute_start, ss.end);
         }
         if let Some(l) = layer(cop).or(layer(xop)) {
-            layers.entry(l).or_insert_with(|| unreachable!()).cycles += next.saturating_sub(ss.end);
-            widen(l, ss.end, next);
+            charge(l, next.saturating_sub(ss.end), ss.end, next);
         }
     }
     // Host I/O: the inputs (sent in f16) to the first operation, which reads
