@@ -364,6 +364,19 @@
   D.tiles.forEach(function (t) {
     if (t.layout !== null) layoutUsers[t.layout] = (layoutUsers[t.layout] || 0) + 1;
   });
+  // A layout's buffers as [name, category, addr, size, first, last, align,
+  // class, tail, loaded] (strings as indices), from the tables they are stored in.
+  var unpacked = {};
+  function layoutBuffers(i) {
+    if (unpacked[i]) return unpacked[i];
+    var id = 0;
+    unpacked[i] = D.packed[i][2].map(function (d) {
+      id += d;
+      var b = D.buffers.slice(5 * id, 5 * id + 5), k = D.kinds[b[1]];
+      return [b[0], k[0], b[2], k[1], b[3], b[3] + b[4], k[2], k[3], k[4], k[5]];
+    });
+    return unpacked[i];
+  }
   // The address window of the viewer: the whole SRAM until the user zooms.
   var view = { tile: 0, lo: D.sram.start, hi: Math.max(D.sram.end, D.sram.start + 1) };
   function showTile(t, lo, hi) {
@@ -381,7 +394,7 @@
     if (!row) { caption.textContent = 'no tile ' + t + ' (the machine has ' + D.tiles.length + ')'; return; }
     if (row.layout === null) { caption.textContent = 'tile ' + t + ' holds nothing: the plan does not use it.'; return; }
     var lay = D.packed[row.layout];
-    var steps = Math.max(1, lay[0]), bufs = lay[2], res = lay[3];
+    var steps = Math.max(1, lay[0]), bufs = layoutBuffers(row.layout), res = lay[3];
     caption.textContent = 'tile ' + t + ': ' + bufs.length + ' buffers, high-water mark ' + fmt(row.peak_bytes) +
       ' bytes (' + pct(row.peak_bytes / sramBytes) + ' of SRAM), ' + fmt(row.busy) + ' busy cycles; layout ' +
       row.layout + ', shared by ' + layoutUsers[row.layout] + ' tile(s)' +
