@@ -1,7 +1,7 @@
 //! `tessera run` on a model of several encoder layers: `--json` gives the layer
 //! count and each layer's cycles, which add up to the encoder interval's; the
-//! text report gives one row per layer and the operation table summed over the
-//! layers; a one-layer run keeps the table of every operation.
+//! text report gives one row per layer and the operation and check tables summed
+//! over the layers; a one-layer run keeps the tables of every operation.
 
 mod common;
 
@@ -153,6 +153,15 @@ fn text_sums_the_operations_over_the_layers() {
         "{}",
         three.stdout
     );
+    // No table lists an operation or a tensor of one layer.
+    assert!(!three.stdout.contains("layers.1."), "{}", three.stdout);
+    let gelu = three
+        .stdout
+        .lines()
+        .find(|l| l.contains(" layers.*.mlp.gelu "))
+        .expect("the summed check of the MLP's output");
+    assert!(gelu.starts_with("layers.*.mlp.fc1 "), "{gelu}");
+    assert!(gelu.contains("worst of 3: layer "), "{gelu}");
     // Operations outside the layers keep their own rows, counted once.
     let embed = rows
         .iter()
@@ -173,6 +182,29 @@ fn text_sums_the_operations_over_the_layers() {
         .map(|o| o["cycles"].as_u64().unwrap())
         .sum();
     assert_eq!(fc1[0][4], fc1_cycles.to_string());
+
+    // A mismatch in one layer marks the summed check, from that layer.
+    let bad = tessera(&[
+        "run",
+        "--size",
+        "tiny",
+        "--machine",
+        "small",
+        "--layers",
+        "3",
+        "--perturb",
+        "layers.1.mlp.fc1",
+    ]);
+    assert_eq!(bad.code, 1, "{}", bad.text());
+    let gelu = bad
+        .stdout
+        .lines()
+        .find(|l| l.contains(" layers.*.mlp.gelu "))
+        .expect("the summed check of the MLP's output");
+    assert!(
+        gelu.contains("worst of 3: layer 1;") && gelu.ends_with("MISMATCH"),
+        "{gelu}"
+    );
 
     // One layer: every operation by its own name, no count, no layer rows.
     let one = tessera(&["run", "--size", "tiny", "--machine", "small"]);

@@ -14,7 +14,10 @@ use tessera_driver::{
 use super::args::ModelArgs;
 use super::compile::{compile_or_report, compile_time, prepare};
 use super::progress::Bars;
-use super::report::{count, print_report, render_checks, render_layers, render_ops, render_summed};
+use super::report::{
+    count, print_report, render_checks, render_checks_summed, render_layers, render_ops,
+    render_summed,
+};
 use crate::Outcome;
 
 #[derive(Args)]
@@ -277,7 +280,11 @@ fn print_text(
             _ => println!("output `{}`: none, the run faulted", o.name),
         }
     }
-    print!("{}", render_checks(c, &v.ops));
+    if at.layers.len() > 1 {
+        print!("{}", render_checks_summed(c, &v.ops));
+    } else {
+        print!("{}", render_checks(c, &v.ops));
+    }
     if let Some(pt) = run.perturbed() {
         println!(
             "perturbed (test hook): `{}` of `{}` on tile {}, times {}",
