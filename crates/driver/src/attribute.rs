@@ -127,8 +127,10 @@ pub fn op_flop(g: &Graph, op: &tessera_graph::Op) -> u64 {
 /// Charges each superstep's compute to the operation of the compute steps it ran
 /// and its exchange to the operation of the exchange program, then sums per
 /// operation. A superstep ends at a sync before an exchange, so its compute is
-/// the plan's compute steps since the previous exchange. The encoder interval is
-/// every cycle charged to a `layers.*` operation, with the syncs that follow them.
+/// the plan's compute steps since the previous exchange. Each encoder layer gets
+/// every cycle charged to one of its operations and the syncs after the
+/// supersteps labelled with one; the encoder interval is the layers together, so
+/// that the layers' cycles add up to the encoder's by construction.
 fn op_table(
     machine: &Machine,
     g: &Graph,
