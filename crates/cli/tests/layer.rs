@@ -318,7 +318,8 @@ fn bench_select_simulates_every_finalist() {
 }
 
 /// `run --trace` writes a trace-event file a viewer can open: the format checked
-/// event by event, slices nesting on every track, chip and tile tracks named.
+/// event by event, slices nesting on every track, chip and tile tracks named, the
+/// encoder layer on a track of its own.
 #[test]
 fn run_writes_a_well_formed_chrome_trace() {
     let path = std::env::temp_dir().join(format!("trace-{}.json", std::process::id()));
@@ -341,6 +342,8 @@ fn run_writes_a_well_formed_chrome_trace() {
         "operations",
         "tile 0: all workers",
         "layers.0.mlp.fc1",
+        r#""name":"layers""#,
+        r#""name":"layer 0""#,
     ] {
         assert!(json.contains(name), "no `{name}` in the trace");
     }

@@ -2,7 +2,9 @@
 //! its script without a console message or exception and draw every part (timeline,
 //! operation rows, heat-map cells, SRAM rectangles, the fault list of a faulted run),
 //! which its own self-check reports as `data-ok="yes"` with an empty errors box.
-//! A screenshot of each page is left in the test's temporary directory.
+//! A many-layer run's page groups the timeline by layer, collapsed, and opens the
+//! layer its address names. A screenshot of each page is left in the test's
+//! temporary directory.
 //!
 //! Needs `chromium` (Debian: `apt-get install -y chromium`); without it the test
 //! fails, unless `TESSERA_SKIP_BROWSER=1` says to skip it.
@@ -21,8 +23,9 @@ fn chromium() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// Runs chromium headless on `page` with `args`; returns (stdout, stderr).
-fn headless(browser: &Path, page: &Path, args: &[String]) -> (String, String) {
+/// Runs chromium headless on `page` (at `#fragment` when not empty) with `args`;
+/// returns (stdout, stderr).
+fn headless(browser: &Path, page: &Path, fragment: &str, args: &[String]) -> (String, String) {
     // Its own profile directory, so that tests running at once do not share one.
     let profile_dir = page.with_extension("chromium");
     let (out_path, err_path) = (page.with_extension("out"), page.with_extension("err"));
@@ -38,7 +41,7 @@ fn headless(browser: &Path, page: &Path, args: &[String]) -> (String, String) {
         ])
         .arg(format!("--user-data-dir={}", profile_dir.display()))
         .args(args)
-        .arg(format!("file://{}", page.display()))
+        .arg(format!("file://{}{fragment}", page.display()))
         // Files rather than pipes: a DOM larger than a pipe's buffer would block
         // chromium until someone read it.
         .stdout(std::fs::File::create(&out_path).expect("stdout file"))
@@ -69,9 +72,21 @@ fn tempdir(name: &str) -> PathBuf {
     d
 }
 
+/// What [`render`] saw of a page.
+struct Rendered {
+    /// The DOM after the script ran.
+    dom: String,
+    /// The run's `--json`.
+    json: serde_json::Value,
+    /// The page's bytes.
+    size: u64,
+    /// The DOM of the page opened at `#fragment`, when asked for.
+    at_fragment: Option<String>,
+}
+
 /// Writes the profile of `tessera run --size tiny --machine small EXTRA`, opens it
-/// in Chromium, and returns the DOM after the script ran and the run's JSON.
-fn render(name: &str, extra: &[&str]) -> Option<(String, serde_json::Value)> {
+/// in Chromium (and again at `#fragment`, when given), and returns what it saw.
+fn render(name: &str, extra: &[&str], fragment: Option<&str>) -> Option<Rendered> {
     let Some(browser) = chromium() else {
         if std::env::var("TESSERA_SKIP_BROWSER").is_ok_and(|v| v == "1") {
             eprintln!("SKIPPED: no chromium; TESSERA_SKIP_BROWSER=1 says to skip the browser test");
@@ -102,18 +117,24 @@ fn render(name: &str, extra: &[&str]) -> Option<(String, serde_json::Value)> {
         .expect("the profile was written")
         .len();
     let t = Instant::now();
-    let (dom, log) = headless(&browser, &page, &["--dump-dom".to_string()]);
+    let dump = |fragment: &str| {
+        let (dom, log) = headless(&browser, &page, fragment, &["--dump-dom".to_string()]);
+        let consoled: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
+        assert!(
+            consoled.is_empty(),
+            "the page wrote to the console (a script error?):\n{}",
+            consoled.join("\n")
+        );
+        dom
+    };
+    let dom = dump("");
     let load = t.elapsed();
-    let consoled: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
-    assert!(
-        consoled.is_empty(),
-        "the page wrote to the console (a script error?):\n{}",
-        consoled.join("\n")
-    );
+    let at_fragment = fragment.map(|f| dump(&format!("#{f}")));
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.png"));
     headless(
         &browser,
         &page,
+        "",
         &[
             format!("--screenshot={}", shot.display()),
             "--window-size=1400,2000".to_string(),
@@ -126,7 +147,20 @@ fn render(name: &str, extra: &[&str]) -> Option<(String, serde_json::Value)> {
         shot.display()
     );
     let _ = std::fs::remove_dir_all(&dir);
-    Some((dom, json))
+    Some(Rendered {
+        dom,
+        json,
+        size,
+        at_fragment,
+    })
+}
+
+/// The main timeline's svg (a layer's group draws one of its own).
+fn main_timeline(dom: &str) -> &str {
+    dom.split(r#"id="timeline-svg""#)
+        .nth(1)
+        .and_then(|s| s.split("</svg>").next())
+        .expect("the timeline's svg")
 }
 
 fn check_common(dom: &str, json: &serde_json::Value) {
@@ -147,7 +181,7 @@ fn check_common(dom: &str, json: &serde_json::Value) {
     // The page opens on the cropped span; its self-check counts the supersteps
     // drawn there, not those of the whole run.
     let supersteps = json["supersteps"].as_u64().unwrap() as usize;
-    let drawn = dom.matches(r#"class="ss""#).count();
+    let drawn = main_timeline(dom).matches(r#"class="ss""#).count();
     assert!(
         (1..=supersteps).contains(&drawn),
         "{drawn} of {supersteps} supersteps"
@@ -174,7 +208,7 @@ fn check_common(dom: &str, json: &serde_json::Value) {
 
 #[test]
 fn the_profile_of_a_run_renders_in_a_browser() {
-    let Some((dom, json)) = render("profile-ok", &[]) else {
+    let Some(Rendered { dom, json, .. }) = render("profile-ok", &[], None) else {
         return;
     };
     assert_eq!(json["status"], "ok");
@@ -185,7 +219,9 @@ fn the_profile_of_a_run_renders_in_a_browser() {
 
 #[test]
 fn the_profile_of_a_faulted_run_lists_its_faults() {
-    let Some((dom, json)) = render("profile-fault", &["--weaken-rearrange-contract"]) else {
+    let Some(Rendered { dom, json, .. }) =
+        render("profile-fault", &["--weaken-rearrange-contract"], None)
+    else {
         return;
     };
     assert_eq!(json["status"], "fault");
@@ -204,6 +240,74 @@ fn the_profile_of_a_faulted_run_lists_its_faults() {
     assert!(dom.contains("ld64step"), "instruction");
     // Faulting tiles are outlined in both heat maps.
     assert!(dom.matches(r##"stroke="#e00""##).count() >= 2);
+}
+
+/// The groups of the layers' open and closed tags, in page order: (layer, open,
+/// drawn).
+fn layer_groups(dom: &str) -> Vec<(u32, bool, bool)> {
+    dom.match_indices(r#"<details class="layer-group""#)
+        .map(|(i, _)| {
+            let tag = &dom[i..i + dom[i..].find('>').expect("a closed tag")];
+            let layer = tag
+                .split(r#"data-layer=""#)
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .and_then(|s| s.parse().ok())
+                .expect("data-layer");
+            (
+                layer,
+                tag.contains(" open"),
+                tag.contains(r#"data-drawn="yes""#),
+            )
+        })
+        .collect()
+}
+
+/// Three layers: one group per layer on the timeline, all closed at first (the
+/// page's self-check opened one, checked that it drew its supersteps and
+/// operations, and closed it); `#layer-1` opens layer 1 and draws it.
+#[test]
+fn the_profile_of_three_layers_groups_the_timeline_by_layer() {
+    let Some(r) = render("profile-layers", &["--layers", "3"], Some("layer-1")) else {
+        return;
+    };
+    let (dom, json) = (&r.dom, &r.json);
+    assert_eq!(json["status"], "ok");
+    assert_eq!(json["layers"], 3);
+    check_common(dom, json);
+    assert!(
+        r.size < 30_000_000,
+        "the page is {} bytes, over 30 MB",
+        r.size
+    );
+    let groups = layer_groups(dom);
+    assert_eq!(
+        groups.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>(),
+        [(0, false), (1, false), (2, false)],
+        "three closed layer groups"
+    );
+    assert!(groups.iter().any(|g| g.2), "the self-check opened no layer");
+    assert_eq!(
+        main_timeline(dom).matches(r#"class="layer""#).count(),
+        3,
+        "layers on the timeline"
+    );
+    let opened = r.at_fragment.as_deref().expect("the page at #layer-1");
+    let groups = layer_groups(opened);
+    let open: Vec<u32> = groups.iter().filter(|g| g.1).map(|g| g.0).collect();
+    assert_eq!(open, [1], "#layer-1 opens layer 1 alone");
+    assert!(groups[1].2, "layer 1 is drawn");
+    assert!(opened.contains(r#"id="layer-svg-1""#), "layer 1's timeline");
+    let ops = opened.matches(r#"<tr class="layer-op">"#).count();
+    let layer1 = json["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["name"].as_str().unwrap().starts_with("layers.1."))
+        .count();
+    assert!(layer1 > 0);
+    // The self-check's layer (0) and layer 1: each lists its own operations.
+    assert_eq!(ops, 2 * layer1, "operation rows of the opened layers");
 }
 
 /// Same run, same bytes: no timestamps, no hash-map order in the page.

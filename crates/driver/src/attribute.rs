@@ -2,9 +2,9 @@
 //! compute to the operation of the compute steps it ran, its exchange to the
 //! operation of the exchange program, the inference's host transfers to the
 //! operations that read the input and write the outputs; with each operation's
-//! FLOP, its floor on this machine and the encoder interval.
+//! FLOP, its floor on this machine, the encoder interval and its layers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 use tessera_compile::Compiled;
@@ -13,6 +13,7 @@ use tessera_machine::Machine;
 use tessera_profile::Profile;
 
 use crate::Run;
+use crate::layers::{LayerRow, SummedOp, layer_of, layers_in, sum_over_layers};
 
 /// Cycles charged to one lowered operation.
 #[derive(Debug, Clone, Serialize)]
@@ -54,8 +55,9 @@ pub struct Interval {
     pub cycles: u64,
     pub flop: u64,
     pub peak_share: f64,
-    /// From the start of the first superstep charged to it to the end of the sync
-    /// after the last.
+    /// From the start of the first operation charged to it (a superstep's
+    /// exchange, or its compute, which follows the exchange) to the end of the
+    /// sync after the last.
     pub start: u64,
     pub end: u64,
 }
@@ -65,8 +67,14 @@ pub struct Interval {
 pub struct Attribution {
     /// One row per plan operation, in program order.
     pub ops: Vec<OpRow>,
-    /// The encoder layers' operations (`layers.*`), when the model has them.
+    /// The encoder layers' operations (`layers.<i>.*`), when the model has them.
     pub encoder: Option<Interval>,
+    /// Per encoder layer, in layer order: what `encoder` counts, split by the
+    /// layer of the operation each cycle is charged to (they add up to
+    /// `encoder.cycles`). Empty without layers.
+    pub layers: Vec<LayerRow>,
+    /// `ops` summed over the layers (`layers.*.X`), in program order.
+    pub summed: Vec<SummedOp>,
     /// Per superstep of the profile, the operation it is charged to (its
     /// compute's, else its exchange's): the trace's and the profile's labels.
     pub labels: Vec<Option<String>>,
@@ -83,7 +91,7 @@ pub struct Attribution {
 /// `machine`) to the plan's operations.
 pub fn attribute(machine: &Machine, graph: &Graph, compiled: &Compiled, run: &Run) -> Attribution {
     let peak = machine.peak_f16_flop_per_cycle() as f64;
-    let (ops, encoder, labels) = op_table(
+    let (ops, encoder, layers, labels) = op_table(
         machine,
         graph,
         compiled,
@@ -93,9 +101,12 @@ pub fn attribute(machine: &Machine, graph: &Graph, compiled: &Compiled, run: &Ru
     );
     let flop: u64 = ops.iter().map(|o| o.flop).sum();
     let flop_per_cycle = flop as f64 / run.run_cycles.max(1) as f64;
+    let summed = sum_over_layers(&ops, peak);
     Attribution {
         ops,
         encoder,
+        layers,
+        summed,
         labels,
         flop,
         flop_per_cycle,
@@ -116,8 +127,10 @@ pub fn op_flop(g: &Graph, op: &tessera_graph::Op) -> u64 {
 /// Charges each superstep's compute to the operation of the compute steps it ran
 /// and its exchange to the operation of the exchange program, then sums per
 /// operation. A superstep ends at a sync before an exchange, so its compute is
-/// the plan's compute steps since the previous exchange. The encoder interval is
-/// every cycle charged to a `layers.*` operation, with the syncs that follow them.
+/// the plan's compute steps since the previous exchange. Each encoder layer gets
+/// every cycle charged to one of its operations and the syncs after the
+/// supersteps labelled with one; the encoder interval is the layers together, so
+/// that the layers' cycles add up to the encoder's by construction.
 fn op_table(
     machine: &Machine,
     g: &Graph,
@@ -125,7 +138,12 @@ fn op_table(
     profile: &Profile,
     peak: f64,
     init_cycles: u64,
-) -> (Vec<OpRow>, Option<Interval>, Vec<Option<String>>) {
+) -> (
+    Vec<OpRow>,
+    Option<Interval>,
+    Vec<LayerRow>,
+    Vec<Option<String>>,
+) {
     let index: HashMap<&str, usize> = c
         .plan_ops
         .iter()
@@ -173,17 +191,36 @@ fn op_table(
             row.flop = f;
         }
     }
-    let compute_op = |from: u32, to: u32| -> Option<usize> {
-        (from..to)
-            .filter_map(|s| c.step_ops.get(s as usize))
-            .find(|n| !n.is_empty())
-            .and_then(|n| index.get(n.as_str()).copied())
+    let charges = Charges::new(c, &index);
+    let op_layer: Vec<Option<u32>> = c
+        .plan_ops
+        .iter()
+        .map(|o| layer_of(&o.name).map(|l| l.0))
+        .collect();
+    let layer = |i: Option<usize>| i.and_then(|i| op_layer[i]);
+    // Every layer of the plan has a row, even one no superstep was charged to.
+    let mut layers: BTreeMap<u32, LayerRow> = layers_in(c.plan_ops.iter().map(|o| o.name.as_str()))
+        .into_iter()
+        .map(|l| {
+            let row = LayerRow {
+                layer: l,
+                cycles: 0,
+                flop: 0,
+                start: 0,
+                end: 0,
+            };
+            (l, row)
+        })
+        .collect();
+    let mut spans: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    // `cycles` of layer `l`, spent in `from..to`.
+    let mut charge = |l: u32, cycles: u64, from: u64, to: u64| {
+        if let Some(row) = layers.get_mut(&l) {
+            row.cycles += cycles;
+        }
+        let s = spans.entry(l).or_insert((from, to));
+        *s = (s.0.min(from), s.1.max(to));
     };
-    let is_encoder = |i: Option<usize>| i.is_some_and(|i| is_encoder_op(&c.plan_ops[i].name));
-    let mut enc = 0u64;
-    let mut enc_span: Option<(u64, u64)> = None;
-    let last_step = c.step_ops.len() as u32;
-    let first_exchange = c.exchange_steps.first().copied().unwrap_or(last_step);
     let mut seen_exchange = false;
     let mut last_owner: Option<usize> = None;
     let mut reached = 0usize;
@@ -199,15 +236,9 @@ fn op_table(
         let (cop, xop) = match ss.exchanges.first() {
             Some(_) => {
                 seen_exchange = true;
-                let xs = c.exchange_steps.get(nth).copied().unwrap_or(last_step);
-                let next = c.exchange_steps.get(nth + 1).copied().unwrap_or(last_step);
-                let xop = c
-                    .step_ops
-                    .get(xs as usize)
-                    .and_then(|n| index.get(n.as_str()).copied());
-                (compute_op(xs + 1, next), xop)
+                charges.of_exchange(nth as u32)
             }
-            None if !seen_exchange && ss.compute > 0 => (compute_op(1, first_exchange), None),
+            None if !seen_exchange && ss.compute > 0 => (charges.before_exchanges(), None),
             None => (None, None),
         };
         labels.push(cop.or(xop).map(|i| c.plan_ops[i].name.clone()));
@@ -230,19 +261,18 @@ fn op_table(
         {
             rows[i].host += ss.host;
         }
-        if is_encoder(cop) {
-            enc += ss.compute;
+        // The phases come first in a superstep, its compute after them; the sync
+        // after it goes to the operation it is labelled with.
+        let compute_start = (ss.start + ss.exchange + ss.host).min(ss.end);
+        let next = profile.supersteps.get(k + 1).map_or(ss.end, |n| n.start);
+        if let Some(l) = layer(xop) {
+            charge(l, ss.exchange, ss.start, ss.start + ss.exchange);
         }
-        if is_encoder(xop) {
-            enc += ss.exchange;
+        if let Some(l) = layer(cop) {
+            charge(l, ss.compute, compute_start, ss.end);
         }
-        if is_encoder(cop) || is_encoder(xop) {
-            let next = profile.supersteps.get(k + 1);
-            if let Some(next) = next {
-                enc += next.start.saturating_sub(ss.end);
-            }
-            let end = next.map_or(ss.end, |n| n.start);
-            enc_span = Some((enc_span.map_or(ss.start, |s| s.0), end));
+        if let Some(l) = layer(cop).or(layer(xop)) {
+            charge(l, next.saturating_sub(ss.end), ss.end, next);
         }
     }
     // Host I/O: the inputs (sent in f16) to the first operation, which reads
@@ -287,12 +317,23 @@ fn op_table(
             .unwrap_or((0, "none"));
         r.floor_share = r.floor_cycles as f64 / (r.cycles + r.host).max(1) as f64;
     }
-    let enc_flop: u64 = rows
-        .iter()
-        .filter(|r| is_encoder_op(&r.name))
-        .map(|r| r.flop)
-        .sum();
-    let (start, end) = enc_span.unwrap_or_default();
+    for (r, l) in rows.iter().zip(&op_layer) {
+        if let Some(row) = l.and_then(|l| layers.get_mut(&l)) {
+            row.flop += r.flop;
+        }
+    }
+    for (l, (start, end)) in spans {
+        if let Some(row) = layers.get_mut(&l) {
+            (row.start, row.end) = (start, end);
+        }
+    }
+    let layers: Vec<LayerRow> = layers.into_values().collect();
+    // The encoder is its layers: from the first one's start to the last one's end.
+    let enc: u64 = layers.iter().map(|l| l.cycles).sum();
+    let enc_flop: u64 = layers.iter().map(|l| l.flop).sum();
+    let charged = layers.iter().filter(|l| l.end > l.start);
+    let start = charged.clone().map(|l| l.start).min().unwrap_or(0);
+    let end = charged.map(|l| l.end).max().unwrap_or(0);
     let encoder = (enc > 0).then(|| Interval {
         cycles: enc,
         flop: enc_flop,
@@ -300,9 +341,76 @@ fn op_table(
         start,
         end,
     });
-    (rows, encoder, labels)
+    (rows, encoder, layers, labels)
 }
 
-fn is_encoder_op(name: &str) -> bool {
-    name.starts_with("layers.")
+/// Which plan operations a superstep's compute and exchange are charged to.
+struct Charges<'a> {
+    c: &'a Compiled,
+    index: &'a HashMap<&'a str, usize>,
+    last_step: u32,
+}
+
+impl<'a> Charges<'a> {
+    fn new(c: &'a Compiled, index: &'a HashMap<&'a str, usize>) -> Charges<'a> {
+        Charges {
+            c,
+            index,
+            last_step: c.step_ops.len() as u32,
+        }
+    }
+
+    /// The operation of the first compute step in `from..to`.
+    fn compute_op(&self, from: u32, to: u32) -> Option<usize> {
+        (from..to)
+            .filter_map(|s| self.c.step_ops.get(s as usize))
+            .find(|n| !n.is_empty())
+            .and_then(|n| self.index.get(n.as_str()).copied())
+    }
+
+    /// (compute, exchange) of a superstep that runs the `id`-th exchange the run
+    /// reaches (a layer loop's body runs its exchanges once a layer, and
+    /// `exchange_steps` lists them as run): its compute is the steps up to the
+    /// next exchange.
+    fn of_exchange(&self, id: u32) -> (Option<usize>, Option<usize>) {
+        let c = self.c;
+        let step = |i: usize| c.exchange_steps.get(i).copied().unwrap_or(self.last_step);
+        let (xs, next) = (step(id as usize), step(id as usize + 1));
+        let xop = c
+            .step_ops
+            .get(xs as usize)
+            .and_then(|n| self.index.get(n.as_str()).copied());
+        (self.compute_op(xs + 1, next), xop)
+    }
+
+    /// The compute of a superstep before the first exchange.
+    fn before_exchanges(&self) -> Option<usize> {
+        let first = self.c.exchange_steps.first().copied();
+        self.compute_op(1, first.unwrap_or(self.last_step))
+    }
+}
+
+/// The encoder layer each superstep of a run of `c` will be in, predicted from
+/// the program's shape before it runs, for progress: every host phase (weights
+/// and inputs first, outputs last) and every exchange begins with a sync, so
+/// superstep `n` (counting from 0) follows the `n`-th of those. A superstep's
+/// layer is that of the operation [`attribute`] charges it to.
+pub fn superstep_layers(c: &Compiled) -> Vec<Option<u32>> {
+    let index: HashMap<&str, usize> = c
+        .plan_ops
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.name.as_str(), i))
+        .collect();
+    let charges = Charges::new(c, &index);
+    let h = &c.report.host;
+    let layer = |i: Option<usize>| i.and_then(|i| layer_of(&c.plan_ops[i].name).map(|l| l.0));
+    let before = layer(charges.before_exchanges());
+    let mut out = vec![before; 1 + h.weight_phases + h.input_phases];
+    out.extend((0..c.exchange_steps.len() as u32).map(|id| {
+        let (cop, xop) = charges.of_exchange(id);
+        layer(cop.or(xop))
+    }));
+    out.extend(std::iter::repeat_n(None, h.output_phases));
+    out
 }

@@ -1,6 +1,6 @@
 //! What a run is shown as outside the terminal: the self-contained HTML profile
-//! (timeline, operation table, heat maps, SRAM viewer, faults) and the Chrome
-//! trace-event file.
+//! (timeline with the encoder layers, operation table, heat maps, SRAM viewer,
+//! faults) and the Chrome trace-event file.
 
 use std::collections::HashMap;
 
@@ -11,14 +11,28 @@ use tessera_profile::html;
 use crate::{Attribution, Error, ModelSpec, Run, RunStatus};
 
 /// The Chrome trace-event file of `run` (Perfetto UI, chrome://tracing), its
-/// supersteps labelled with the operations `attribution` charged them to.
+/// supersteps labelled with the operations `attribution` charged them to, its
+/// encoder layers on a track of their own.
 pub fn chrome_trace(machine: &Machine, run: &Run, attribution: &Attribution) -> String {
     tessera_profile::chrome_trace(
         &run.report.trace,
         &run.profile,
         &attribution.labels,
+        &layer_spans(attribution),
         machine.clock_hz as f64,
     )
+}
+
+fn layer_spans(a: &Attribution) -> Vec<tessera_profile::LayerSpan> {
+    a.layers
+        .iter()
+        .map(|l| tessera_profile::LayerSpan {
+            layer: l.layer,
+            start: l.start,
+            end: l.end,
+            cycles: l.cycles,
+        })
+        .collect()
 }
 
 /// One tile's placed buffers as the HTML profile draws them: the plan's buffer
@@ -150,6 +164,7 @@ pub fn profile_html(
             flop: e.flop,
             peak_share: e.peak_share,
         }),
+        layers: layer_spans(attribution),
         profile: run.profile.clone(),
         phases: tessera_profile::phases(&report.trace),
         labels: attribution.labels.clone(),
@@ -166,6 +181,7 @@ pub fn profile_html(
                 peak_share: o.peak_share,
                 exchange_bytes: o.exchange_bytes,
                 tiles: o.tiles,
+                layer: crate::layer_of(&o.name).map(|l| l.0),
             })
             .collect(),
         tiles,

@@ -3,8 +3,9 @@
 //! compiling one for a machine with the finalist search ([`compile`]), simulating
 //! the package on the model's inputs ([`simulate`]), validating the run against
 //! the f32 and f16-storage references, operation by operation ([`validate`]),
-//! charging the run's cycles to the plan's operations with their floors and the
-//! encoder interval ([`attribute`]), and what is assembled from those (the HTML
+//! charging the run's cycles to the plan's operations with their floors, the
+//! encoder interval and its layers ([`attribute`]; an operation's layer is
+//! [`layer_of`] its name), and what is assembled from those (the HTML
 //! profile, the trace, the timing-sensitivity sweep). The command line is a shell
 //! over it; tests and programs call it directly.
 //!
@@ -19,16 +20,18 @@ mod attribute;
 mod compile;
 mod error;
 mod html;
+mod layers;
 mod model;
 mod progress;
 mod sensitivity;
 mod simulate;
 mod validate;
 
-pub use attribute::{Attribution, Interval, OpRow, attribute, op_flop};
+pub use attribute::{Attribution, Interval, OpRow, attribute, op_flop, superstep_layers};
 pub use compile::{MAX_FINALISTS, Options, compile, median_estimate_error};
 pub use error::Error;
 pub use html::{chrome_trace, profile_html};
+pub use layers::{LayerRow, SummedOp, layer_of, layers_in, sum_over_layers};
 pub use model::{LayerDims, Model, ModelKind, ModelSpec, Size};
 pub use progress::{NoProgress, Progress, Step};
 pub use sensitivity::{

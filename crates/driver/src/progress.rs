@@ -43,6 +43,13 @@ pub trait Progress: Sync {
     fn detail(&self, what: &str) {
         let _ = what;
     }
+    /// The running simulation has entered encoder layer `layer` (the `i` of
+    /// `layers.<i>.`, [`crate::layer_of`]) of a model with `layers` of them, or
+    /// left the layers (`None`: before the first, after the last). Told once per
+    /// change, before the [`Progress::detail`] of the superstep it was seen in.
+    fn layer(&self, layer: Option<u32>, layers: u32) {
+        let _ = (layer, layers);
+    }
     /// The running step has ended.
     fn finish(&self) {}
     /// Finalist `done` of `total` to simulate (its `rank` in the search) ran

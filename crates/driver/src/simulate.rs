@@ -147,8 +147,20 @@ fn simulate_with(
         .map(|s| s.0.to_string())
         .ok_or(Error::NoInput)?;
     sim.set_binding(&input_name, &f16_bytes(x))?;
+    // Which layer superstep `n` is in, known before the run from the program's
+    // shape; a model with fewer than two layers has nothing to say.
+    let layer_at = crate::superstep_layers(c);
+    let layers = crate::layers_in(c.plan_ops.iter().map(|o| o.name.as_str())).len() as u32;
+    let shown = std::cell::Cell::new(None);
     let report = forwarded(
-        |n: u32| progress.detail(&format!("superstep {n}")),
+        move |n: u32| {
+            let l = layer_at.get(n as usize).copied().flatten();
+            if layers > 1 && shown.get() != Some(l) {
+                shown.set(Some(l));
+                progress.layer(l, layers);
+            }
+            progress.detail(&format!("superstep {n}"))
+        },
         |tx| {
             // The options own the sender, so that it goes with them however the
             // run ends, and the forwarding thread with it.

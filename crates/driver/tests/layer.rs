@@ -403,3 +403,75 @@ fn a_squeezed_compile_selects_a_lower_ranked_finalist_that_runs() {
         .expect("a feasible finalist");
     assert_eq!(best.rank, selected);
 }
+
+/// What a simulation tells its progress about the layers.
+#[derive(Default)]
+struct Layers(std::sync::Mutex<Vec<(Option<u32>, u32)>>);
+
+impl tessera_driver::Progress for Layers {
+    fn layer(&self, layer: Option<u32>, layers: u32) {
+        self.0.lock().unwrap().push((layer, layers));
+    }
+}
+
+/// The progress of a three-layer run names the layers as they come, the layer
+/// predicted for each superstep being the one the attribution charges it to;
+/// the layers' cycles add up to the encoder interval's.
+#[test]
+fn a_simulation_reports_its_layers_as_the_attribution_charges_them() {
+    let spec = ModelSpec {
+        kind: ModelKind::Layer {
+            dims: LayerDims::Preset(Size::Tiny),
+            tokens: false,
+            layers: Some(3),
+        },
+        batch: 1,
+        seed: 1,
+    };
+    let machine = small(None);
+    let model = Model::build(&spec, &machine).expect("model");
+    let c =
+        tessera_driver::compile(&machine, &model, &one_finalist(), &NoProgress).expect("compile");
+    let seen = Layers::default();
+    let sim = SimulateOptions {
+        probes: false,
+        perturb: None,
+    };
+    let r = tessera_driver::simulate(&model, &c, &sim, &seen).expect("simulate");
+    let at = tessera_driver::attribute(&machine, &model.graph, &c, &r);
+    assert_eq!(
+        *seen.0.lock().unwrap(),
+        [
+            (None, 3),
+            (Some(0), 3),
+            (Some(1), 3),
+            (Some(2), 3),
+            (None, 3)
+        ]
+    );
+    let predicted = tessera_driver::superstep_layers(&c);
+    assert_eq!(predicted.len(), r.profile.supersteps.len());
+    for (k, label) in at.labels.iter().enumerate() {
+        let charged = label
+            .as_deref()
+            .and_then(tessera_driver::layer_of)
+            .map(|l| l.0);
+        assert_eq!(predicted[k], charged, "superstep {k} ({label:?})");
+    }
+    let layers: Vec<u32> = at.layers.iter().map(|l| l.layer).collect();
+    assert_eq!(layers, [0, 1, 2]);
+    let encoder = at.encoder.expect("an encoder interval");
+    assert_eq!(
+        at.layers.iter().map(|l| l.cycles).sum::<u64>(),
+        encoder.cycles
+    );
+    // In order, apart, and inside the encoder's interval.
+    for w in at.layers.windows(2) {
+        assert!(w[0].end <= w[1].start, "{w:?}");
+    }
+    assert_eq!(encoder.start, at.layers[0].start);
+    assert_eq!(encoder.end, at.layers[2].end);
+    for l in &at.layers {
+        assert!(l.cycles <= l.end - l.start, "{l:?}");
+    }
+}

@@ -1,6 +1,7 @@
 //! The run as a Chrome trace-event file (JSON object format), which Perfetto UI and
 //! chrome://tracing open. Chip tracks: supersteps, the operation each superstep is
-//! charged to, and the exchange and host phases. Tile tracks: the kernels a tile ran,
+//! charged to, the encoder layers (one slice per layer, so that a many-layer run
+//! can be navigated layer by layer), and the exchange and host phases. Tile tracks: the kernels a tile ran,
 //! one track per worker (and one for `runall` kernels, which take every worker), so
 //! that slices on a track never overlap. Above [`TILE_TRACKS`] tiles, the first tile
 //! of each equal group stands for the group, which keeps a whole-chip run small
@@ -11,7 +12,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 use tessera_sim::{TraceEvent, TraceKind};
 
-use crate::Profile;
+use crate::{LayerSpan, Profile};
 
 /// Tiles drawn at most; more are represented one per group.
 pub const TILE_TRACKS: u32 = 64;
@@ -19,11 +20,13 @@ pub const TILE_TRACKS: u32 = 64;
 const CHIP: u32 = 0;
 const TILES: u32 = 1;
 
-/// `labels[i]`: the operation superstep `i` is charged to, if any.
+/// `labels[i]`: the operation superstep `i` is charged to, if any; `layers`: the
+/// encoder layers, drawn on a track of their own.
 pub fn chrome_trace(
     trace: &[TraceEvent],
     p: &Profile,
     labels: &[Option<String>],
+    layers: &[LayerSpan],
     clock_hz: f64,
 ) -> String {
     let us = |cycle: u64| (cycle as f64 / clock_hz * 1e6 * 1e4).round() / 1e4;
@@ -44,6 +47,9 @@ pub fn chrome_trace(
     name_thread(&mut ev, CHIP, 0, "supersteps");
     name_thread(&mut ev, CHIP, 1, "operations");
     name_thread(&mut ev, CHIP, 2, "exchange and host phases");
+    if !layers.is_empty() {
+        name_thread(&mut ev, CHIP, 3, "layers");
+    }
     let slice =
         |ev: &mut Vec<Value>, pid: u32, tid: u32, name: &str, start: u64, end: u64, args: Value| {
             ev.push(
@@ -77,6 +83,17 @@ pub fn chrome_trace(
     }
     if let Some((n, a, b)) = run {
         slice(&mut ev, CHIP, 1, n, a, b, json!({}));
+    }
+    for l in layers.iter().filter(|l| l.end > l.start) {
+        slice(
+            &mut ev,
+            CHIP,
+            3,
+            &format!("layer {}", l.layer),
+            l.start,
+            l.end,
+            json!({"cycles": l.cycles}),
+        );
     }
 
     let tiles = trace
@@ -267,7 +284,13 @@ mod tests {
         ];
         let p = crate::profile(&trace);
         let labels = vec![Some("a".to_string()), Some("a".to_string())];
-        let json = chrome_trace(&trace, &p, &labels, 1.0e6);
+        let layers = [LayerSpan {
+            layer: 0,
+            start: 190,
+            end: 400,
+            cycles: 210,
+        }];
+        let json = chrome_trace(&trace, &p, &labels, &layers, 1.0e6);
         let n = check_trace(&json).unwrap();
         let v: Value = serde_json::from_str(&json).unwrap();
         let slices: Vec<&Value> = v["traceEvents"]
@@ -276,8 +299,8 @@ mod tests {
             .iter()
             .filter(|e| e["ph"] == "X")
             .collect();
-        // 2 supersteps, 1 merged operation, 1 exchange, 3 kernels.
-        assert_eq!(slices.len(), 7, "{json}");
+        // 2 supersteps, 1 merged operation, 1 layer, 1 exchange, 3 kernels.
+        assert_eq!(slices.len(), 8, "{json}");
         assert!(n > slices.len());
         let op: Vec<_> = slices
             .iter()
@@ -288,6 +311,16 @@ mod tests {
             (1, Some(0.0), Some(400.0))
         );
         assert!(json.contains("tile 1: all workers"));
+        let layer: Vec<_> = slices.iter().filter(|e| e["tid"] == 3).collect();
+        assert_eq!(
+            (
+                layer.len(),
+                layer[0]["name"].as_str(),
+                layer[0]["ts"].as_f64()
+            ),
+            (1, Some("layer 0"), Some(190.0))
+        );
+        assert!(json.contains(r#""name":"layers""#));
     }
 
     #[test]

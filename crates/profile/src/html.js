@@ -50,12 +50,20 @@
   }
 
   // Timeline ------------------------------------------------------------------
-  function drawTimeline(a, b) {
-    var host = document.getElementById('timeline-plot');
+  // Groups are drawn open up to this many layers; beyond, a reader opens the
+  // ones they want, and only those are drawn.
+  var LAYERS_OPEN = 2;
+  var layerOf = {};
+  D.ops.forEach(function (o) { if (o.layer !== null && o.layer !== undefined) layerOf[o.name] = o.layer; });
+  // Draws cycles a..b into `host` (the main timeline unless given) as the svg `id`.
+  function drawTimeline(a, b, host, id) {
+    host = host || document.getElementById('timeline-plot');
+    id = id || 'timeline-svg';
     host.textContent = '';
-    var W = 1340, L = 110, R = 16, H = 196;
+    var dy = D.layers.length ? 28 : 0;
+    var W = 1340, L = 110, R = 16, H = 196 + dy;
     var pw = W - L - R, span = Math.max(1, b - a);
-    var s = svg('svg', { id: 'timeline-svg', width: W, height: H, viewBox: '0 0 ' + W + ' ' + H }, host);
+    var s = svg('svg', { id: id, 'class': 'timeline', width: W, height: H, viewBox: '0 0 ' + W + ' ' + H }, host);
     function x(c) { return L + pw * (Math.min(Math.max(c, a), b) - a) / span; }
     function bar(y, h, s0, e0, fill, cls, title) {
       if (e0 < a || s0 > b) return null;
@@ -66,7 +74,9 @@
       if (title) tip(r, title);
       return r;
     }
-    [['supersteps', 27], ['phases', 55], ['operations', 83]].forEach(function (l) {
+    var rows = [['supersteps', 27], ['phases', 55], ['operations', 83]];
+    if (dy) rows.push(['layers', 111]);
+    rows.forEach(function (l) {
       svg('text', { x: L - 8, y: l[1], 'text-anchor': 'end' }, s, l[0]);
     });
     var ss = D.profile.supersteps;
@@ -98,6 +108,18 @@
         svg('text', { x: x(o[1]) + 3, y: 83, fill: 'white', 'pointer-events': 'none' }, s, o[0]);
       }
     });
+    D.layers.forEach(function (l, i) {
+      if (l.end <= l.start) return;
+      var r = bar(96, 22, l.start, l.end, i % 2 ? '#b04' : '#d46', 'layer',
+        'layer ' + l.layer + ': ' + fmt(l.cycles) + ' cycles, cycles ' + fmt(l.start) + '..' + fmt(l.end) + '; click to open it below');
+      if (!r) return;
+      r.setAttribute('data-layer', l.layer);
+      r.addEventListener('click', function () { openLayer(l.layer, true); });
+      var label = 'layer ' + l.layer;
+      if (x(l.end) - x(l.start) > 6.5 * label.length + 6) {
+        svg('text', { x: x(l.start) + 3, y: 111, fill: 'white', 'pointer-events': 'none' }, s, label);
+      }
+    });
     function bracket(y, s0, e0, colour, label) {
       if (e0 < a || s0 > b) return;
       var x0 = x(s0), x1 = x(e0);
@@ -108,17 +130,82 @@
         t.setAttribute('text-anchor', 'end');
       }
     }
-    bracket(120, D.init_cycles, D.total_cycles, '#222', 'cropped span: ' + fmt(D.run_cycles) + ' cycles');
+    bracket(120 + dy, D.init_cycles, D.total_cycles, '#222', 'cropped span: ' + fmt(D.run_cycles) + ' cycles');
     if (D.encoder) {
-      bracket(146, D.encoder.start, D.encoder.end, '#b04', 'encoder interval: ' + fmt(D.encoder.cycles) + ' cycles');
+      bracket(146 + dy, D.encoder.start, D.encoder.end, '#b04', 'encoder interval: ' + fmt(D.encoder.cycles) + ' cycles');
     }
     var step = niceStep(span, 8);
-    svg('line', { x1: L, x2: L + pw, y1: 160, y2: 160, stroke: '#888' }, s);
+    svg('line', { x1: L, x2: L + pw, y1: 160 + dy, y2: 160 + dy, stroke: '#888' }, s);
     for (var c = Math.ceil(a / step) * step; c <= b; c += step) {
-      svg('line', { x1: x(c), x2: x(c), y1: 160, y2: 165, stroke: '#888' }, s);
-      svg('text', { x: x(c), y: 178, 'text-anchor': 'middle' }, s, fmt(c));
+      svg('line', { x1: x(c), x2: x(c), y1: 160 + dy, y2: 165 + dy, stroke: '#888' }, s);
+      svg('text', { x: x(c), y: 178 + dy, 'text-anchor': 'middle' }, s, fmt(c));
     }
-    svg('text', { x: L - 8, y: 178, 'text-anchor': 'end' }, s, 'cycle');
+    svg('text', { x: L - 8, y: 178 + dy, 'text-anchor': 'end' }, s, 'cycle');
+  }
+
+  // Layers: one collapsible group each, its timeline and operations drawn the
+  // first time it opens, so that a 27-layer page draws only what is looked at.
+  function layerGroup(layer) {
+    return document.querySelector('details.layer-group[data-layer="' + layer + '"]');
+  }
+  function fillLayer(d, l) {
+    if (d.getAttribute('data-drawn')) return;
+    d.setAttribute('data-drawn', 'yes');
+    var body = el('div', { 'class': 'layer-body' }, d);
+    var controls = el('div', { 'class': 'controls' }, body);
+    var show = el('button', {}, controls, 'show on the timeline above');
+    show.addEventListener('click', function () {
+      drawTimeline(l.start, l.end);
+      document.getElementById('timeline').scrollIntoView();
+    });
+    drawTimeline(l.start, l.end, el('div', { 'class': 'plot' }, body), 'layer-svg-' + l.layer);
+    var t = el('table', { 'class': 'grid layer-ops' }, body);
+    var hr = el('tr', {}, el('thead', {}, t));
+    ['operation', 'kind', 'cycles', 'compute', 'exchange cycles', '% of the layer', 'FLOP'].forEach(function (h, i) {
+      el('th', i < 2 ? { 'class': 'name' } : {}, hr, h);
+    });
+    var tb = el('tbody', {}, t);
+    D.ops.forEach(function (o) {
+      if (o.layer !== l.layer) return;
+      var tr = el('tr', { 'class': 'layer-op' }, tb);
+      el('td', { 'class': 'name' }, tr, o.name);
+      el('td', { 'class': 'name' }, tr, o.kind);
+      el('td', {}, tr, fmt(o.cycles));
+      el('td', {}, tr, fmt(o.compute));
+      el('td', {}, tr, fmt(o.exchange));
+      el('td', {}, tr, pct(o.cycles / Math.max(1, l.cycles)));
+      el('td', {}, tr, fmt(o.flop));
+    });
+  }
+  function drawLayers() {
+    var box = document.getElementById('layer-groups');
+    if (!D.layers.length) return;
+    var open = D.layers.length <= LAYERS_OPEN;
+    el('p', {}, box, D.layers.length + (D.layers.length === 1 ? ' encoder layer' : ' encoder layers') +
+      (open ? '' : ', collapsed: open one to draw its timeline and operations') + '.');
+    D.layers.forEach(function (l) {
+      var d = el('details', { 'class': 'layer-group', 'data-layer': l.layer }, box);
+      var n = 0;
+      D.labels.forEach(function (name) { if (name !== null && layerOf[name] === l.layer) n++; });
+      el('summary', {}, d, 'layer ' + l.layer + ': ' + fmt(l.cycles) + ' cycles (' +
+        pct(l.cycles / Math.max(1, D.run_cycles)) + ' of the cropped span), cycles ' + fmt(l.start) + '..' +
+        fmt(l.end) + ', ' + n + (n === 1 ? ' superstep' : ' supersteps'));
+      // Drawn on the click itself, not the later `toggle` event, so that it is
+      // there as soon as the group opens.
+      d.firstChild.addEventListener('click', function () { fillLayer(d, l); });
+      d.addEventListener('toggle', function () { if (d.open) fillLayer(d, l); });
+      if (open) {
+        d.open = true;
+        fillLayer(d, l);
+      }
+    });
+  }
+  function openLayer(layer, scroll) {
+    var d = layerGroup(layer);
+    if (!d) return false;
+    if (!d.open) d.firstChild.click();
+    if (scroll) d.scrollIntoView();
+    return d.open && d.getAttribute('data-drawn') === 'yes';
   }
   var zooms = {
     all: [0, D.total_cycles],
@@ -136,12 +223,14 @@
     ['index', '#'], ['name', 'operation'], ['kind', 'kind'], ['cycles', 'cycles'],
     ['compute', 'compute'], ['exchange', 'exchange cycles'], ['span_share', '% of cropped span'],
     ['flop', 'FLOP'], ['peak_share', '% of f16 peak'], ['exchange_bytes', 'exchange bytes'],
-    ['tiles', 'tiles']
+    ['tiles', 'tiles'], ['layer', 'layer']
   ];
   var opRows = D.ops.map(function (o, i) {
     var r = Object.assign({}, o);
     r.index = i;
     r.span_share = o.cycles / Math.max(1, D.run_cycles);
+    // Sorting compares numbers: operations outside the layers sort first.
+    r.layer = o.layer === null || o.layer === undefined ? -1 : o.layer;
     return r;
   });
   var sortKey = 'index', sortDir = 1;
@@ -179,6 +268,7 @@
       el('td', {}, tr, o.flop && o.cycles ? pct(o.peak_share) : '-');
       el('td', {}, tr, fmt(o.exchange_bytes));
       el('td', {}, tr, fmt(o.tiles));
+      el('td', {}, tr, o.layer < 0 ? '-' : String(o.layer));
       tr.addEventListener('click', function () { zoomToOp(o.name); });
     });
   }
@@ -274,6 +364,19 @@
   D.tiles.forEach(function (t) {
     if (t.layout !== null) layoutUsers[t.layout] = (layoutUsers[t.layout] || 0) + 1;
   });
+  // A layout's buffers as [name, category, addr, size, first, last, align,
+  // class, tail, loaded] (strings as indices), from the tables they are stored in.
+  var unpacked = {};
+  function layoutBuffers(i) {
+    if (unpacked[i]) return unpacked[i];
+    var id = 0;
+    unpacked[i] = D.packed[i][2].map(function (d) {
+      id += d;
+      var b = D.buffers.slice(5 * id, 5 * id + 5), k = D.kinds[b[1]];
+      return [b[0], k[0], b[2], k[1], b[3], b[3] + b[4], k[2], k[3], k[4], k[5]];
+    });
+    return unpacked[i];
+  }
   // The address window of the viewer: the whole SRAM until the user zooms.
   var view = { tile: 0, lo: D.sram.start, hi: Math.max(D.sram.end, D.sram.start + 1) };
   function showTile(t, lo, hi) {
@@ -291,7 +394,7 @@
     if (!row) { caption.textContent = 'no tile ' + t + ' (the machine has ' + D.tiles.length + ')'; return; }
     if (row.layout === null) { caption.textContent = 'tile ' + t + ' holds nothing: the plan does not use it.'; return; }
     var lay = D.packed[row.layout];
-    var steps = Math.max(1, lay[0]), bufs = lay[2], res = lay[3];
+    var steps = Math.max(1, lay[0]), bufs = layoutBuffers(row.layout), res = lay[3];
     caption.textContent = 'tile ' + t + ': ' + bufs.length + ' buffers, high-water mark ' + fmt(row.peak_bytes) +
       ' bytes (' + pct(row.peak_bytes / sramBytes) + ' of SRAM), ' + fmt(row.busy) + ' busy cycles; layout ' +
       row.layout + ', shared by ' + layoutUsers[row.layout] + ' tile(s)' +
@@ -483,6 +586,18 @@
       showTile(shown);
       window.scrollTo(0, 0);
     }
+    // Open a closed layer group and close it again: it must draw its part of
+    // the run and its operations.
+    var closed = document.querySelector('details.layer-group:not([open])');
+    if (closed) {
+      var layer = Number(closed.getAttribute('data-layer'));
+      if (!openLayer(layer, false)) fail('opening layer ' + layer + ' did not draw it');
+      need('#layer-svg-' + layer + ' rect.ss', 1, 'supersteps of layer ' + layer);
+      need('details.layer-group[data-layer="' + layer + '"] tr.layer-op', 1, 'operations of layer ' + layer);
+      closed.firstChild.click();
+      if (closed.open) fail('layer ' + layer + ' did not close');
+      window.scrollTo(0, 0);
+    }
     if (zooms.encoder) {
       drawTimeline(zooms.encoder[0], zooms.encoder[1]);
       need('#timeline-svg .mark', 2, 'marks of the encoder interval view');
@@ -495,6 +610,12 @@
     need('#timeline-svg rect.op', D.op_spans.length, 'timeline operations');
     // Weight streaming can dwarf the inference; open on the cropped span.
     drawTimeline(D.init_cycles, D.total_cycles);
+    drawLayers();
+    if (D.layers.length) {
+      need('#timeline-svg rect.layer', D.layers.filter(function (l) { return l.end > l.start; }).length,
+        'layers on the timeline');
+      need('details.layer-group', D.layers.length, 'layer groups');
+    }
     drawOps();
     drawTiles();
     showTile(firstFault !== null ? firstFault : peakTile);
@@ -509,6 +630,9 @@
     if (D.packed.length) need('#sram-svg rect.buf', 1, 'SRAM viewer buffers');
     need('#fault-list tr.fault', Math.min(D.faults.length, FAULT_ROWS), 'fault rows');
     checkInteraction();
+    // `#layer-N` in the address opens that layer's group.
+    var m = /^#layer-(\d+)$/.exec(window.location.hash);
+    if (m && !openLayer(Number(m[1]), true)) fail('no layer ' + m[1] + ' to open');
   } catch (e) {
     fail('exception: ' + e.message + '\n' + (e.stack || ''));
   }

@@ -1,6 +1,7 @@
 //! The run as one self-contained HTML page (`tessera run --profile FILE.html`): a
-//! timeline of supersteps, phases and operations with the cropped span and the
-//! encoder interval marked, a sortable per-operation table, per-tile heat maps of
+//! timeline of supersteps, phases, operations and encoder layers with the
+//! cropped span and the encoder interval marked, one collapsible group per layer
+//! (collapsed when there are many, drawn when first opened), a sortable per-operation table, per-tile heat maps of
 //! busy cycles and SRAM high-water marks, an SRAM viewer for any tile, and the
 //! faults of a faulted run.
 //!
@@ -16,7 +17,7 @@ use std::fmt::Write;
 use serde::Serialize;
 use tessera_sim::Fault;
 
-use crate::{Phase, Profile};
+use crate::{LayerSpan, Phase, Profile};
 
 /// Everything the page shows.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -37,6 +38,8 @@ pub struct HtmlReport {
     /// Host transfers inside the cropped span (inputs and outputs).
     pub host_cycles: u64,
     pub encoder: Option<Interval>,
+    /// The encoder layers, in layer order (empty for a model without them).
+    pub layers: Vec<LayerSpan>,
     pub profile: Profile,
     pub phases: Vec<Phase>,
     /// `labels[i]`: the operation superstep `i` is charged to.
@@ -74,6 +77,8 @@ pub struct OpRow {
     pub peak_share: f64,
     pub exchange_bytes: u64,
     pub tiles: u32,
+    /// The encoder layer it belongs to, if any.
+    pub layer: Option<u32>,
 }
 
 /// One tile's figures.
@@ -158,8 +163,10 @@ pub fn dedup_layouts(per_tile: Vec<Option<Layout>>) -> (Vec<Layout>, Vec<Option<
 /// Section ids the page always has, in order.
 pub const SECTIONS: &[&str] = &["summary", "timeline", "ops", "tiles", "sram", "faults"];
 
-/// The embedded form: layouts as arrays over string tables, which keeps a
-/// whole-chip page a fraction of the size of named fields.
+/// The embedded form: layouts as arrays over tables, which keeps a whole-chip
+/// page a fraction of the size of named fields. A many-layer model's tiles hold
+/// thousands of buffers each, mostly the same ones as other tiles' at the same
+/// addresses, so each distinct buffer is stored once and a layout lists them.
 #[derive(Serialize)]
 struct Embedded<'a> {
     #[serde(flatten)]
@@ -167,13 +174,69 @@ struct Embedded<'a> {
     /// (operation, start, end): consecutive supersteps of one operation merged.
     op_spans: Vec<(&'a str, u64, u64)>,
     strings: Vec<&'a str>,
-    /// Per layout: [steps, peak, buffers, reservations]; a buffer is [name, category,
-    /// addr, size, first, last, align, class, tail, loaded], strings as indices.
+    /// Distinct contracts: [category, size, align, class, tail, loaded], strings
+    /// as indices into `strings`.
+    kinds: Vec<[u64; 6]>,
+    /// Distinct placed buffers, five numbers each, one after the other: name
+    /// (into `strings`), kind (into `kinds`), address, first step, last step
+    /// minus first.
+    buffers: Vec<u64>,
+    /// Per layout: [steps, peak, buffers, reservations]; the buffers as indices
+    /// into `buffers`, each written as its difference from the one before (they
+    /// mostly follow each other); reservations as (name, start, end).
     packed: Vec<PackedLayout>,
 }
 
-/// (steps, peak, buffers, reservations as (name, start, end)).
-type PackedLayout = (u64, u64, Vec<[u64; 10]>, Vec<(u64, u64, u64)>);
+/// (steps, peak, buffer index differences, reservations as (name, start, end)).
+type PackedLayout = (u64, u64, Vec<i64>, Vec<(u64, u64, u64)>);
+
+/// Interns strings, contracts and buffers into [`Embedded`]'s tables.
+#[derive(Default)]
+struct Tables<'a> {
+    strings: Vec<&'a str>,
+    string_ids: HashMap<&'a str, u64>,
+    kinds: Vec<[u64; 6]>,
+    kind_ids: HashMap<[u64; 6], u64>,
+    buffers: Vec<u64>,
+    buffer_ids: HashMap<[u64; 5], u64>,
+}
+
+impl<'a> Tables<'a> {
+    fn string(&mut self, s: &'a str) -> u64 {
+        *self.string_ids.entry(s).or_insert_with(|| {
+            self.strings.push(s);
+            (self.strings.len() - 1) as u64
+        })
+    }
+
+    fn buffer(&mut self, b: &'a PlacedBuffer) -> u64 {
+        let kind = [
+            self.string(&b.category),
+            b.size,
+            b.align,
+            self.string(&b.class),
+            b.tail,
+            u64::from(b.loaded),
+        ];
+        let next = self.kinds.len() as u64;
+        let kind = *self.kind_ids.entry(kind).or_insert_with(|| {
+            self.kinds.push(kind);
+            next
+        });
+        let row = [
+            self.string(&b.name),
+            kind,
+            b.addr,
+            b.first,
+            b.last.saturating_sub(b.first),
+        ];
+        let next = (self.buffers.len() / 5) as u64;
+        *self.buffer_ids.entry(row).or_insert_with(|| {
+            self.buffers.extend(row);
+            next
+        })
+    }
+}
 
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -211,52 +274,39 @@ pub fn render_html(r: &HtmlReport) -> Result<String, HtmlError> {
             _ => op_spans.push((l, s.start, s.end)),
         }
     }
-    let mut strings: Vec<&str> = Vec::new();
-    let mut ids: HashMap<&str, u64> = HashMap::new();
+    let mut t = Tables::default();
     let mut packed = Vec::with_capacity(r.layouts.len());
     for l in &r.layouts {
-        let mut bufs = Vec::with_capacity(l.buffers.len());
-        for b in &l.buffers {
-            let name = intern_str(&mut strings, &mut ids, &b.name);
-            let cat = intern_str(&mut strings, &mut ids, &b.category);
-            let class = intern_str(&mut strings, &mut ids, &b.class);
-            bufs.push([
-                name,
-                cat,
-                b.addr,
-                b.size,
-                b.first,
-                b.last,
-                b.align,
-                class,
-                b.tail,
-                u64::from(b.loaded),
-            ]);
-        }
+        let mut prev = 0i64;
+        let bufs = l
+            .buffers
+            .iter()
+            .map(|b| {
+                let id = t.buffer(b) as i64;
+                let d = id - prev;
+                prev = id;
+                d
+            })
+            .collect();
         let res = l
             .reservations
             .iter()
-            .map(|(n, a, b)| (intern_str(&mut strings, &mut ids, n), *a, *b))
+            .map(|(n, a, b)| (t.string(n), *a, *b))
             .collect();
         packed.push((l.steps, l.peak, bufs, res));
     }
     let data = serde_json::to_string(&Embedded {
         report: r,
         op_spans,
-        strings,
+        strings: t.strings,
+        kinds: t.kinds,
+        buffers: t.buffers,
         packed,
     })?;
     // `<` only occurs inside JSON strings, where `\u003c` means the same: no name
     // can close the script element or open a comment.
     let data = data.replace('<', "\\u003c");
     Ok(page(r, &data))
-}
-
-fn intern_str<'a>(strings: &mut Vec<&'a str>, ids: &mut HashMap<&'a str, u64>, s: &'a str) -> u64 {
-    *ids.entry(s).or_insert_with(|| {
-        strings.push(s);
-        (strings.len() - 1) as u64
-    })
 }
 
 fn page(r: &HtmlReport, data: &str) -> String {
@@ -334,10 +384,21 @@ fn page(r: &HtmlReport, data: &str) -> String {
     );
     let encoder = match &r.encoder {
         Some(e) => format!(
-            "The encoder interval ({} cycles) covers the encoder layer's operations (<code>layers.*</code>): the compute and exchange of every superstep charged to one of them and the syncs after those supersteps, from cycle {} (the first such superstep) to cycle {} (the end of the sync after the last); this is the <code>encoder</code> of <code>tessera run --json</code>.",
+            "The encoder interval ({} cycles) covers the encoder layers' operations (<code>layers.&lt;i&gt;.*</code>): the compute and exchange of every superstep charged to one of them and the syncs after those supersteps, from cycle {} (the start of the first layer's first operation) to cycle {} (the end of the sync after the last layer's last); this is the <code>encoder</code> of <code>tessera run --json</code>.{}",
             thousands(e.cycles),
             thousands(e.start),
-            thousands(e.end)
+            thousands(e.end),
+            if r.layers.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " Its cycles are split into {} by the layer of the operation each is charged to; they add up to it (the <code>layer_cycles</code>).",
+                    match r.layers.len() {
+                        1 => "one layer".to_string(),
+                        n => format!("{n} layers"),
+                    }
+                )
+            }
         ),
         None => "This model has no encoder layer operation (<code>layers.*</code>), so there is no encoder interval.".to_string(),
     };
@@ -349,6 +410,7 @@ fn page(r: &HtmlReport, data: &str) -> String {
 <div class="controls">show: <button data-zoom="all">whole run</button> <button data-zoom="cropped">cropped span</button> <button data-zoom="encoder">encoder interval</button>
 <span class="legend"><i style="background:{COMPUTE}"></i>compute <i style="background:{EXCHANGE}"></i>exchange <i style="background:{HOST}"></i>host <i style="background:{SYNC}"></i>sync</span></div>
 <div id="timeline-plot" class="plot"></div>
+<div id="layer-groups"></div>
 </section>
 <section id="ops"><h2>Operations</h2>
 <p>Cycles charged to each lowered operation (a superstep's exchange to the operation of its exchange program, its compute to the operation of the compute steps after it); FLOP of its matrix products; share of the f16 peak over its own cycles; bytes its exchanges deliver; tiles that run its kernels. Click a column header to sort, a row to see the operation on the timeline.</p>
@@ -405,6 +467,10 @@ tr.op,tr.fault{cursor:pointer}tr.op:hover,tr.fault:hover{background:#eef3fa}
 #errors:empty{display:none}#errors{color:#b00;background:#fee;padding:6px}
 .status-ok{color:#070}.status-fault,.status-mismatch{color:#b00;font-weight:600}
 .tile{cursor:pointer}
+details.layer-group{margin:2px 0;border-left:3px solid #b04;padding-left:8px}
+details.layer-group summary{cursor:pointer}
+.layer-body{margin:4px 0 10px}
+rect.layer{cursor:pointer}
 "#;
 
 const JS: &str = include_str!("html.js");
@@ -545,6 +611,87 @@ mod tests {
         assert!(strings.contains(&"fc1.w</script><script>alert(1)</script>"));
     }
 
+    /// The page's data blob.
+    fn data(html: &str) -> serde_json::Value {
+        let start = html
+            .find(r#"<script type="application/json" id="data">"#)
+            .unwrap();
+        let body = &html[start..];
+        let body = &body[body.find('>').unwrap() + 1..body.find("</script>").unwrap()];
+        serde_json::from_str(body).unwrap()
+    }
+
+    /// What the page's script does with `packed`, `buffers` and `kinds`.
+    fn unpack(v: &serde_json::Value, layout: usize) -> Vec<PlacedBuffer> {
+        let n = |x: &serde_json::Value| x.as_u64().unwrap();
+        let string = |i: u64| v["strings"][i as usize].as_str().unwrap().to_string();
+        let table = v["buffers"].as_array().unwrap();
+        let mut id = 0i64;
+        v["packed"][layout][2]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                id += d.as_i64().unwrap();
+                let b = &table[5 * id as usize..5 * id as usize + 5];
+                let k = &v["kinds"][n(&b[1]) as usize];
+                PlacedBuffer {
+                    name: string(n(&b[0])),
+                    category: string(n(&k[0])),
+                    addr: n(&b[2]),
+                    size: n(&k[1]),
+                    first: n(&b[3]),
+                    last: n(&b[3]) + n(&b[4]),
+                    align: n(&k[2]),
+                    class: string(n(&k[3])),
+                    tail: n(&k[4]),
+                    loaded: n(&k[5]) == 1,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn layouts_are_stored_as_tables_and_read_back() {
+        let mut r = report();
+        let b = |name: &str, addr: u64, first: u64, loaded: bool| PlacedBuffer {
+            name: name.into(),
+            category: "activations".into(),
+            addr,
+            size: 64,
+            first,
+            last: first + 2,
+            align: 8,
+            class: "any".into(),
+            tail: 4,
+            loaded,
+        };
+        let one = Layout {
+            steps: 9,
+            buffers: vec![
+                b("layers.0.x", 0x4_0000, 0, false),
+                b("layers.1.x", 0x4_0040, 3, false),
+            ],
+            ..Layout::default()
+        };
+        // The second shares a buffer with the first and differs in the other.
+        let two = Layout {
+            steps: 9,
+            buffers: vec![
+                b("layers.1.x", 0x4_0040, 3, false),
+                b("layers.0.x", 0x4_0000, 0, true),
+            ],
+            ..Layout::default()
+        };
+        r.layouts.extend([one, two]);
+        let v = data(&render_html(&r).unwrap());
+        for (i, l) in r.layouts.iter().enumerate() {
+            assert_eq!(unpack(&v, i), l.buffers, "layout {i}");
+        }
+        // Five buffers placed, four distinct: the shared one is stored once.
+        assert_eq!(v["buffers"].as_array().unwrap().len(), 5 * 4);
+    }
+
     #[test]
     fn names_cannot_close_the_script() {
         let html = render_html(&report()).unwrap();
@@ -564,6 +711,7 @@ mod tests {
             "sram-plot",
             "fault-list",
             "errors",
+            "layer-groups",
         ]) {
             assert_eq!(
                 html.matches(&format!(r#"id="{id}""#)).count(),

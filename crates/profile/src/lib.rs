@@ -28,6 +28,18 @@ pub struct Superstep {
     pub host_bytes: u64,
 }
 
+/// One encoder layer of a run, as the caller grouped the operations: its
+/// interval and the cycles charged to it (the reports that draw layers take
+/// them as given; this crate does not know what a layer is).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LayerSpan {
+    /// The `i` of `layers.<i>.`.
+    pub layer: u32,
+    pub start: u64,
+    pub end: u64,
+    pub cycles: u64,
+}
+
 /// Totals over a run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Profile {

@@ -11,6 +11,8 @@ use tessera_driver::{Progress, Step};
 pub struct Bars {
     json: bool,
     bar: Mutex<Option<(Step, ProgressBar)>>,
+    /// The encoder layer the running simulation is in, as `layer i of N`.
+    layer: Mutex<Option<String>>,
 }
 
 impl Bars {
@@ -18,7 +20,12 @@ impl Bars {
         Bars {
             json,
             bar: Mutex::new(None),
+            layer: Mutex::new(None),
         }
+    }
+
+    fn layer_text(&self) -> Option<String> {
+        self.layer.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn with_bar(&self, f: impl FnOnce(&mut Option<(Step, ProgressBar)>)) {
@@ -49,6 +56,7 @@ impl Progress for Bars {
             }
         };
         pb.set_message(step.label());
+        *self.layer.lock().unwrap_or_else(|e| e.into_inner()) = None;
         pb.enable_steady_tick(Duration::from_millis(120));
         self.with_bar(|bar| {
             if let Some((_, old)) = bar.replace((step, pb)) {
@@ -69,11 +77,21 @@ impl Progress for Bars {
     }
 
     fn detail(&self, what: &str) {
+        let layer = self.layer_text();
         self.with_bar(|bar| {
             if let Some((step, pb)) = bar {
-                pb.set_message(format!("{}: {what}", step.label()));
+                pb.set_message(match &layer {
+                    Some(l) => format!("{}: {l}, {what}", step.label()),
+                    None => format!("{}: {what}", step.label()),
+                });
             }
         });
+    }
+
+    fn layer(&self, layer: Option<u32>, layers: u32) {
+        // Numbered as the operations' names and the reports number them, from 0.
+        *self.layer.lock().unwrap_or_else(|e| e.into_inner()) =
+            layer.map(|l| format!("layer {l} of {layers}"));
     }
 
     fn finish(&self) {

@@ -1,7 +1,12 @@
 //! The text forms of the driver's results: the compile report (on stderr), the
-//! operation table and the per-operation checks (on stdout).
+//! layer and operation tables and the per-operation checks (on stdout), summed
+//! over the encoder layers when there are several.
 
-use tessera_driver::{CompileReport, Compiled, OpCheck, OpRow};
+use std::collections::HashMap;
+
+use tessera_driver::{
+    CompileReport, Compiled, LayerRow, OpCheck, OpRow, SummedOp, TensorCheck, layer_of,
+};
 
 pub fn print_report(r: &CompileReport) {
     for d in &r.decisions {
@@ -78,10 +83,35 @@ pub fn print_report(r: &CompileReport) {
     );
 }
 
+/// The operation table, one row per operation.
 pub fn render_ops(ops: &[OpRow]) -> String {
+    op_table(ops.iter().map(|o| (o, None)))
+}
+
+/// The operation table summed over the layers, with how many operations each
+/// row sums.
+pub fn render_summed(ops: &[SummedOp]) -> String {
+    op_table(ops.iter().map(|s| (&s.row, Some(s.count))))
+}
+
+fn op_table<'a>(rows: impl Iterator<Item = (&'a OpRow, Option<usize>)>) -> String {
+    let rows: Vec<_> = rows.collect();
+    let counted = rows.iter().any(|r| r.1.is_some());
+    let count = |n: Option<usize>| {
+        if counted {
+            format!(" {:>5}", n.map_or(String::new(), |n| n.to_string()))
+        } else {
+            String::new()
+        }
+    };
     let mut out = format!(
-        "{:44} {:>11} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>8} {:>7}\n",
+        "{:44}{} {:>11} {:>8} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>8} {:>7}\n",
         "operation",
+        if counted {
+            format!(" {:>5}", "count")
+        } else {
+            String::new()
+        },
         "kind",
         "partials",
         "cycles",
@@ -93,10 +123,11 @@ pub fn render_ops(ops: &[OpRow]) -> String {
         "bound",
         "floor%"
     );
-    for o in ops {
+    for (o, n) in rows {
         out += &format!(
-            "{:44} {:>11} {:>8} {:>10} {:>10} {:>10} {:>7.1}% {:>9} {:>10} {:>8} {:>6.1}%\n",
+            "{:44}{} {:>11} {:>8} {:>10} {:>10} {:>10} {:>7.1}% {:>9} {:>10} {:>8} {:>6.1}%\n",
             o.name,
+            count(n),
             o.kind,
             o.partials.unwrap_or(""),
             o.cycles,
@@ -112,42 +143,141 @@ pub fn render_ops(ops: &[OpRow]) -> String {
     out
 }
 
+/// One row per encoder layer: its cycles and their share of the inference's.
+pub fn render_layers(layers: &[LayerRow], run_cycles: u64) -> String {
+    let mut out = format!("{:>5} {:>10} {:>10}\n", "layer", "cycles", "share");
+    for l in layers {
+        out += &format!(
+            "{:>5} {:>10} {:>9.1}%\n",
+            l.layer,
+            l.cycles,
+            100.0 * l.cycles as f64 / run_cycles.max(1) as f64
+        );
+    }
+    out
+}
+
 /// The text report: one line per graph tensor of every operation.
 pub fn render_checks(c: &Compiled, checks: &[OpCheck]) -> String {
-    let mut out = format!(
-        "{:44} {:44} {:>10} {:>10} {:>6} {:>6}  read at / note\n",
-        "operation", "tensor", "max_err", "tolerance", "ratio", "tile"
-    );
+    let mut out = checks_header();
     for (o, ch) in c.plan_ops.iter().zip(checks) {
         for t in &ch.tensors {
-            let num = |v: Option<f32>| v.map_or("-".to_string(), |v| format!("{v:.6}"));
-            let ratio = match (t.max_abs_error, t.tolerance) {
-                (Some(e), Some(tol)) => format!("{:.2}", e / tol),
-                _ => "-".to_string(),
-            };
-            let place = [t.read_at.clone(), t.note.clone()]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join("; ");
-            out += &format!(
-                "{:44} {:44} {:>10} {:>10} {:>6} {:>6}  {}{}\n",
-                o.name,
-                t.tensor,
-                num(t.max_abs_error),
-                num(t.tolerance),
-                ratio,
-                t.worst_tile.map_or("-".to_string(), |t| t.to_string()),
-                place,
-                if t.passed == Some(false) {
-                    "  MISMATCH"
-                } else {
-                    ""
-                }
-            );
+            out += &check_line(&o.name, &t.tensor, t, None, t.passed == Some(false));
         }
     }
     out
+}
+
+/// The checks summed over the layers: one line per operation `layers.*.X` and
+/// tensor, from the layer whose error is the largest share of its tolerance,
+/// marked a mismatch when any layer's is.
+pub fn render_checks_summed(c: &Compiled, checks: &[OpCheck]) -> String {
+    struct Worst<'a> {
+        op: String,
+        tensor: String,
+        check: &'a TensorCheck,
+        layer: Option<u32>,
+        count: usize,
+        failed: bool,
+    }
+    let summed = |name: &str| match layer_of(name) {
+        Some((_, rest)) => format!("layers.*.{rest}"),
+        None => name.to_string(),
+    };
+    // Unchecked tensors (no error or no tolerance) rank below every checked one.
+    let ratio = |t: &TensorCheck| match (t.max_abs_error, t.tolerance) {
+        (Some(e), Some(tol)) => e / tol,
+        _ => f32::NEG_INFINITY,
+    };
+    let mut rows: Vec<Worst> = Vec::new();
+    let mut at: HashMap<(String, String), usize> = HashMap::new();
+    for (o, ch) in c.plan_ops.iter().zip(checks) {
+        let layer = layer_of(&o.name).map(|l| l.0);
+        for t in &ch.tensors {
+            let key = (summed(&o.name), summed(&t.tensor));
+            let failed = t.passed == Some(false);
+            match at.get(&key) {
+                Some(&i) => {
+                    let w = &mut rows[i];
+                    w.count += 1;
+                    w.failed |= failed;
+                    if ratio(t) > ratio(w.check) {
+                        (w.check, w.layer) = (t, layer);
+                    }
+                }
+                None => {
+                    at.insert(key.clone(), rows.len());
+                    rows.push(Worst {
+                        op: key.0,
+                        tensor: key.1,
+                        check: t,
+                        layer,
+                        count: 1,
+                        failed,
+                    });
+                }
+            }
+        }
+    }
+    let mut out = checks_header();
+    for w in rows {
+        let (worst, check) = match (w.count, w.layer) {
+            (n, Some(l)) if n > 1 => {
+                let checked = ratio(w.check).is_finite();
+                // The note names the layer's own operations; the row is all of them.
+                let mut t = w.check.clone();
+                t.note = t
+                    .note
+                    .map(|n| n.replace(&format!("layers.{l}."), "layers.*."));
+                let worst = if checked {
+                    format!("worst of {n}: layer {l}")
+                } else {
+                    format!("in {n} layers")
+                };
+                (Some(worst), std::borrow::Cow::Owned(t))
+            }
+            _ => (None, std::borrow::Cow::Borrowed(w.check)),
+        };
+        out += &check_line(&w.op, &w.tensor, &check, worst, w.failed);
+    }
+    out
+}
+
+fn checks_header() -> String {
+    format!(
+        "{:44} {:44} {:>10} {:>10} {:>6} {:>6}  read at / note\n",
+        "operation", "tensor", "max_err", "tolerance", "ratio", "tile"
+    )
+}
+
+fn check_line(
+    op: &str,
+    tensor: &str,
+    t: &TensorCheck,
+    worst: Option<String>,
+    failed: bool,
+) -> String {
+    let num = |v: Option<f32>| v.map_or("-".to_string(), |v| format!("{v:.6}"));
+    let ratio = match (t.max_abs_error, t.tolerance) {
+        (Some(e), Some(tol)) => format!("{:.2}", e / tol),
+        _ => "-".to_string(),
+    };
+    let place = [worst, t.read_at.clone(), t.note.clone()]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!(
+        "{:44} {:44} {:>10} {:>10} {:>6} {:>6}  {}{}\n",
+        op,
+        tensor,
+        num(t.max_abs_error),
+        num(t.tolerance),
+        ratio,
+        t.worst_tile.map_or("-".to_string(), |t| t.to_string()),
+        place,
+        if failed { "  MISMATCH" } else { "" }
+    )
 }
 
 /// `n` and `noun`, the noun in the plural unless `n` is one.

@@ -14,7 +14,10 @@ use tessera_driver::{
 use super::args::ModelArgs;
 use super::compile::{compile_or_report, compile_time, prepare};
 use super::progress::Bars;
-use super::report::{count, print_report, render_checks, render_ops};
+use super::report::{
+    count, print_report, render_checks, render_checks_summed, render_layers, render_ops,
+    render_summed,
+};
 use crate::Outcome;
 
 #[derive(Args)]
@@ -72,8 +75,14 @@ struct RunJson<'a> {
     /// The test hook's perturbation (`--perturb`), when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     perturbed: Option<&'a Perturbed>,
-    /// The encoder layers' operations (`layers.*`), as the seed's encoder interval.
+    /// The encoder layers' operations (`layers.<i>.*`), from the first layer's
+    /// first operation to the end of the sync after the last layer's last.
     encoder: Option<&'a Interval>,
+    /// Encoder layers in the plan.
+    layers: usize,
+    /// Per encoder layer, in layer order: the `encoder` cycles charged to its
+    /// operations; they add up to `encoder.cycles` (docs/profile.md).
+    layer_cycles: Vec<u64>,
     ops: Vec<OpJson<'a>>,
     /// The plan's cycle estimate (tile work without host transfers: compare with
     /// `cycles - host_transfer_cycles`).
@@ -165,6 +174,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             mismatch: v.mismatch.as_ref(),
             perturbed: run.perturbed(),
             encoder: at.encoder.as_ref(),
+            layers: at.layers.len(),
+            layer_cycles: at.layers.iter().map(|l| l.cycles).collect(),
             ops: at
                 .ops
                 .iter()
@@ -248,21 +259,37 @@ fn print_text(
             100.0 * e.peak_share
         );
     }
-    print!("{}", render_ops(&at.ops));
+    // With several layers, one row per layer and the operations summed over
+    // them; one layer keeps the table of every operation.
+    if at.layers.len() > 1 {
+        print!("{}", render_layers(&at.layers, run.run_cycles));
+        print!("{}", render_summed(&at.summed));
+    } else {
+        print!("{}", render_ops(&at.ops));
+    }
     print!("{}", tessera_profile::render(&run.profile));
     for o in &v.outputs {
         match (o.max_abs_error, o.max_abs_error_f32, o.cosine) {
             (Some(e), Some(e32), Some(cos)) => println!(
-                "output `{}`: max abs error {e:.6} against the f16-storage reference (tolerance {:.6}, {ULPS} ulps at output scale {:.3}); {e32:.6} against f32; cosine {cos:.6}{}",
+                "output `{}`: max abs error {e:.6} against the f16-storage reference (tolerance {:.6}, {ULPS} ulps at output scale {:.3}{}); {e32:.6} against f32; cosine {cos:.6}{}",
                 o.name,
                 o.tolerance,
                 o.scale,
+                if at.layers.len() > 1 {
+                    format!(" times the square root of {} layers", at.layers.len())
+                } else {
+                    String::new()
+                },
                 if o.passed { "" } else { "  MISMATCH" }
             ),
             _ => println!("output `{}`: none, the run faulted", o.name),
         }
     }
-    print!("{}", render_checks(c, &v.ops));
+    if at.layers.len() > 1 {
+        print!("{}", render_checks_summed(c, &v.ops));
+    } else {
+        print!("{}", render_checks(c, &v.ops));
+    }
     if let Some(pt) = run.perturbed() {
         println!(
             "perturbed (test hook): `{}` of `{}` on tile {}, times {}",
