@@ -343,6 +343,10 @@ pub struct CompileReport {
     /// Lowerings placement refused before this one (each retried with an eighth
     /// less weight budget).
     pub placement_retries: u32,
+    /// How linears' weights are stored (`LowerOptions::weight_dtype`).
+    pub weight_dtype: tessera_plan::WeightDtype,
+    /// The layer loop's iterations (encoder layers run as one body), if any.
+    pub loop_count: Option<u32>,
 }
 
 /// Code bytes by category, as placed in the tiles' executable region.
@@ -426,6 +430,9 @@ pub struct Compiled {
     /// Every graph tensor the plan's operations compute, in lowering order, and
     /// where a run leaves those that exist on the tiles (per-operation validation).
     pub results: Vec<probe::ResultProbe>,
+    /// Products whose weights the tiles hold as FP8, and the scale each weight
+    /// is rounded at (`TilePlan::fp8_weights`).
+    pub fp8_weights: Vec<(String, i8)>,
 }
 
 /// What one lowered operation moves and where it runs, read off the plan.
@@ -744,6 +751,12 @@ fn compile_plan_with(
         selection_ms: None,
         weight_budget: None,
         placement_retries: 0,
+        weight_dtype: if plan.fp8_weights.is_empty() {
+            tessera_plan::WeightDtype::F16
+        } else {
+            tessera_plan::WeightDtype::Fp8
+        },
+        loop_count: plan.layer_loop.as_ref().map(|lp| lp.count),
     };
     // Profiles and validation see the program as it runs: a layer loop's body
     // once a layer.
@@ -761,6 +774,7 @@ fn compile_plan_with(
         step_ops: unrolled.step_ops,
         exchange_steps: unrolled.exchange_steps,
         results: probe::probes(plan, &|b| addrs.0[b.0 as usize]),
+        fp8_weights: plan.fp8_weights.clone(),
         layouts: keep_layouts.then(|| {
             problems
                 .problems

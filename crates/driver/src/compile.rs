@@ -40,6 +40,8 @@ pub struct Options {
     /// Lower a model's identical layers once and run them in a loop
     /// (`LowerOptions::loop_layers`; stages the weights).
     pub loop_layers: bool,
+    /// How linears' weights are stored (`LowerOptions::weight_dtype`).
+    pub weight_dtype: tessera_plan::WeightDtype,
     /// Knobs for tests and demonstrations (a kernel mutation among them); all
     /// off by default.
     pub experimental: Experimental,
@@ -54,6 +56,7 @@ impl Default for Options {
             keep_layouts: false,
             stage_weights: false,
             loop_layers: false,
+            weight_dtype: tessera_plan::WeightDtype::F16,
             experimental: Experimental::default(),
         }
     }
@@ -74,6 +77,7 @@ impl Options {
         opts.lower.experimental = self.experimental.clone();
         opts.lower.stage_weights = self.stage_weights;
         opts.lower.loop_layers = self.loop_layers;
+        opts.lower.weight_dtype = self.weight_dtype;
         opts.keep_layouts = self.keep_layouts;
         Ok(opts)
     }

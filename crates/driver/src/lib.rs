@@ -54,5 +54,5 @@ pub use tessera_compile::{
 pub use tessera_graph::{EncoderLayerConfig, Graph, Inputs, MlpConfig, Weights};
 pub use tessera_kernels::{KernelMutation, MUTABLE, MutableKernel};
 pub use tessera_machine::Machine;
-pub use tessera_plan::{Experimental, PlanEstimate};
+pub use tessera_plan::{Experimental, PlanEstimate, WeightDtype};
 pub use tessera_sim::{Fault, SimReport, Status};

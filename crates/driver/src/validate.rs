@@ -52,6 +52,37 @@ pub fn encoder_layers(g: &Graph) -> usize {
     seen.len().max(1)
 }
 
+/// `weights` with each product's weight in `fp8` rounded to FP8 at its scale
+/// and back, as the tiles hold it (`None` when there is none).
+fn fp8_rounded(
+    g: &Graph,
+    weights: &tessera_graph::TensorMap,
+    fp8: &[(String, i8)],
+) -> Option<tessera_graph::TensorMap> {
+    use tessera_machine::fp8::{decode, encode};
+    if fp8.is_empty() {
+        return None;
+    }
+    let mut w = weights.clone();
+    for (name, scale) in fp8 {
+        let Some(op) = g.ops().iter().find(|o| &o.name == name) else {
+            continue;
+        };
+        let OpKind::MatMul { b, .. } = op.kind else {
+            continue;
+        };
+        let OpKind::Parameter { name: param, .. } = &g.producer(b).kind else {
+            continue;
+        };
+        if let Some(t) = w.get_mut(param) {
+            for v in t.data_mut() {
+                *v = decode(encode(*v, *scale), *scale);
+            }
+        }
+    }
+    Some(w)
+}
+
 /// One output compared with the f32 reference.
 #[derive(Debug, Clone, Serialize)]
 pub struct OutputCheck {
@@ -189,8 +220,13 @@ pub fn validate(
             }
         }
     }
+    // FP8 weights: the reference that stores f16 where the program does also
+    // holds the weights the tiles hold; the f32 one keeps the model's own, so its
+    // error and cosine say what FP8 costs.
+    let weights16 = fp8_rounded(g, &model.weights, &c.fp8_weights);
+    let weights16 = weights16.as_ref().unwrap_or(&model.weights);
     let (want16, kept16) =
-        tessera_reference::evaluate_keeping(g, &model.weights, &model.inputs, &f16_opts, &keep)?;
+        tessera_reference::evaluate_keeping(g, weights16, &model.inputs, &f16_opts, &keep)?;
     let reference_ms = t.elapsed().as_secs_f64() * 1e3;
     progress.finish();
     let completed = run.report.status == Status::Ok;
@@ -235,7 +271,7 @@ pub fn validate(
             let given = program_values(c, req, captured, &keep, &kept16);
             let own16 = tessera_reference::evaluate_keeping_from(
                 g,
-                &model.weights,
+                weights16,
                 &model.inputs,
                 &f16_opts,
                 &keep,

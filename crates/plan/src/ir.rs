@@ -8,9 +8,9 @@ use std::fmt;
 
 use serde::Serialize;
 use tessera_kernels::{
-    Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, Contract, ExpShift, Gelu, Kernel,
-    LayerNorm, MemClass, Rearrange, RecipSum, ReduceAdd, ReduceNorm, RowMax, ScaleCols, ScaleRows,
-    Softmax, SoftmaxCols, TransposeBlocks, ZeroFill,
+    Add, AddBias, AmpMatmul, BlocksToRows, ColExpShift, ColMax, Contract, ExpShift, Fp8ToF16, Gelu,
+    Kernel, LayerNorm, MemClass, Rearrange, RecipSum, ReduceAdd, ReduceNorm, RowMax, ScaleCols,
+    ScaleRows, Softmax, SoftmaxCols, TransposeBlocks, ZeroFill,
 };
 
 /// A BSP step index. Buffer lifetimes are inclusive step ranges.
@@ -111,6 +111,7 @@ pub enum KernelKind {
     ScaleCols(ScaleCols),
     SoftmaxCols(SoftmaxCols),
     RecipSum(RecipSum),
+    Fp8ToF16(Fp8ToF16),
 }
 
 impl KernelKind {
@@ -136,6 +137,7 @@ impl KernelKind {
             KernelKind::ScaleCols(k) => k,
             KernelKind::SoftmaxCols(k) => k,
             KernelKind::RecipSum(k) => k,
+            KernelKind::Fp8ToF16(k) => k,
         }
     }
     pub fn contract(&self) -> Contract {
@@ -174,6 +176,7 @@ kernel_kind_from!(
     ScaleCols => ScaleCols,
     SoftmaxCols => SoftmaxCols,
     RecipSum => RecipSum,
+    Fp8ToF16 => Fp8ToF16,
 );
 
 /// A place inside a buffer.
@@ -297,6 +300,10 @@ impl LayerLoop {
 pub struct TilePlan {
     /// The layer loop, when the plan has one.
     pub layer_loop: Option<LayerLoop>,
+    /// Products whose weights are stored as FP8: the graph operation and the
+    /// scale its weight parameter is rounded at (what the tile then holds, in
+    /// the graph's terms), for a reference that rounds as the program does.
+    pub fp8_weights: Vec<(String, i8)>,
     pub tiles: u32,
     pub steps: Vec<StepKind>,
     /// The graph operation each step belongs to (empty for host transfers), for

@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use tessera_driver::{
     Experimental, KernelMutation, LayerDims, MAX_FINALISTS, Machine, ModelSpec, MutableKernel,
-    Options,
+    Options, WeightDtype,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -118,6 +118,11 @@ pub struct ModelArgs {
     /// layer's code exists once whatever the depth (stages the weights)
     #[arg(long)]
     pub loop_layers: bool,
+    /// How linears' weights are stored on the tiles: f16, or fp8 (IPU21's F143
+    /// at a power-of-two scale a weight, widened to f16 on the tile; biases,
+    /// LayerNorm parameters and activations stay f16)
+    #[arg(long, value_enum, default_value = "f16")]
+    pub weight_dtype: WeightDtypeArg,
     /// Whole-model plans to build completely before selecting one (1: the rules'
     /// defaults, no search; at most 64, docs/limits.md)
     #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
@@ -129,6 +134,13 @@ pub struct ModelArgs {
     /// Print the result as JSON on stdout (and no progress on stderr)
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--weight-dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightDtypeArg {
+    F16,
+    Fp8,
 }
 
 fn finalists_in_range(text: &str) -> Result<usize, String> {
@@ -242,6 +254,10 @@ impl ModelArgs {
             keep_layouts,
             stage_weights: self.stage_weights,
             loop_layers: self.loop_layers,
+            weight_dtype: match self.weight_dtype {
+                WeightDtypeArg::F16 => WeightDtype::F16,
+                WeightDtypeArg::Fp8 => WeightDtype::Fp8,
+            },
             experimental,
         })
     }

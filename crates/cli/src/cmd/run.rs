@@ -83,6 +83,10 @@ struct RunJson<'a> {
     /// Per encoder layer, in layer order: the `encoder` cycles charged to its
     /// operations; they add up to `encoder.cycles` (docs/profile.md).
     layer_cycles: Vec<u64>,
+    /// How linears' weights were stored: `f16` or `fp8`.
+    weight_dtype: &'static str,
+    /// Iterations of the layer loop, when the layers ran as one loop body.
+    loop_count: Option<u32>,
     ops: Vec<OpJson<'a>>,
     /// The plan's cycle estimate (tile work without host transfers: compare with
     /// `cycles - host_transfer_cycles`).
@@ -176,6 +180,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             encoder: at.encoder.as_ref(),
             layers: at.layers.len(),
             layer_cycles: at.layers.iter().map(|l| l.cycles).collect(),
+            weight_dtype: c.report.weight_dtype.name(),
+            loop_count: c.report.loop_count,
             ops: at
                 .ops
                 .iter()

@@ -36,6 +36,22 @@ impl Layers {
     }
 }
 
+/// The name of a layer's operation after its `layers.<i>.` prefix.
+pub(crate) fn tail(name: &str) -> Option<&str> {
+    layer_index(name).map(|t| t.1)
+}
+
+/// Every layer's parameters by their name after the layer's prefix.
+pub(crate) fn params_by_tail(g: &Graph) -> HashMap<String, Vec<TensorId>> {
+    let mut m: HashMap<String, Vec<TensorId>> = HashMap::new();
+    for op in g.ops().iter().filter(|o| is_param(o)) {
+        if let Some(t) = tail(&op.name) {
+            m.entry(t.to_string()).or_default().push(op.output);
+        }
+    }
+    m
+}
+
 fn layer_index(name: &str) -> Option<(usize, &str)> {
     let rest = name.strip_prefix(PREFIX)?;
     let (i, tail) = rest.split_once('.')?;

@@ -46,7 +46,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use half::f16;
-use tessera_kernels::{AmpMatmul, Gelu, Rearrange, ReduceAdd, ZeroFill, pack_weights};
+use tessera_kernels::{AmpMatmul, Fp8ToF16, Gelu, Rearrange, ReduceAdd, ZeroFill, pack_weights};
+use tessera_machine::fp8;
 
 use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
@@ -153,6 +154,8 @@ pub(crate) struct Linear<'a> {
     pub name: &'a str,
     pub x: &'a DistTensor,
     pub w: &'a [f32],
+    /// Store `w` as FP8 at this scale (`LowerOptions::weight_dtype`).
+    pub fp8_scale: Option<i8>,
     pub n: u32,
     /// The value added to output `(row, col)`: the bias, plus any fused per-row
     /// constant.
@@ -586,7 +589,7 @@ impl OnePass<'_, '_> {
             let rows = g.rows[i].1;
             let (_, kc, part_at) = self.part_of(j, part);
             let nb_pad = g.slab_blocks(l) * g.reducers(l);
-            let wbuf = self.weights(lw, consts, cell);
+            let wbuf = self.weights(lw, consts, cell, step);
             let a_buf = a_amp[&cell];
             if let Some(&rm) = a_rm.get(&cell) {
                 self.prepare_row_major(lw, step, cell, part, rm, a_buf);
@@ -643,7 +646,17 @@ impl OnePass<'_, '_> {
 
     /// A cell's weights, every part's blocks `[nb][kc][16][16]` one part after
     /// another, shared by all passes (the packing by tiles with the same blocks).
-    fn weights(&self, lw: &mut Lowering<'_>, consts: &mut Consts, (i, j, l): Cell) -> BufId {
+    ///
+    /// With FP8 weights (`LowerOptions::weight_dtype`) the constant holds FP8
+    /// codes at the weight's scale, and a call at `step` widens them into the f16
+    /// buffer returned, before the AMP reads it.
+    fn weights(
+        &self,
+        lw: &mut Lowering<'_>,
+        consts: &mut Consts,
+        (i, j, l): Cell,
+        step: Step,
+    ) -> BufId {
         let (op, g, parts) = (self.op, self.g, self.parts);
         let tile = g.tile(i, j, l);
         if let Some(&b) = consts.weights.get(&tile) {
@@ -663,7 +676,26 @@ impl OnePass<'_, '_> {
                     .collect()
             })
             .clone();
-        let b = lw.constant(tile, format!("{}.w", op.name), wbytes, Category::Weight);
+        let b = match op.fp8_scale {
+            None => lw.constant(tile, format!("{}.w", op.name), wbytes, Category::Weight),
+            Some(scale) => {
+                let codes: Vec<u8> = wbytes
+                    .chunks_exact(2)
+                    .map(|h| fp8::encode(f16::from_le_bytes([h[0], h[1]]).to_f32(), scale))
+                    .collect();
+                let n = codes.len() as u32;
+                let w8 = lw.constant(tile, format!("{}.w8", op.name), codes, Category::Weight);
+                let w = lw.buffer(tile, format!("{}.w", op.name), 2 * n, Category::Weight);
+                let at = |buf| Loc { buf, offset: 0 };
+                lw.call(
+                    tile,
+                    step,
+                    Fp8ToF16::new(n, scale),
+                    &[("src", at(w8)), ("dst", at(w))],
+                );
+                w
+            }
+        };
         consts.weights.insert(tile, b);
         b
     }

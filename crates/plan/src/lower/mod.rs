@@ -88,6 +88,8 @@ pub struct LowerOptions {
     /// `stage_weights`), since an iteration finds its layer's weights in that
     /// layer's instance of the store.
     pub loop_layers: bool,
+    /// How linears' weights are stored on the tiles.
+    pub weight_dtype: WeightDtype,
     /// Knobs for tests and demonstrations; all off by default.
     pub experimental: Experimental,
 }
@@ -150,7 +152,29 @@ impl Default for LowerOptions {
             capacity: None,
             stage_weights: false,
             loop_layers: false,
+            weight_dtype: WeightDtype::F16,
             experimental: Experimental::default(),
+        }
+    }
+}
+
+/// How linears' weights are stored on the tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightDtype {
+    #[default]
+    F16,
+    /// IPU21's F143 (`tessera_machine::fp8`) at a power-of-two scale a weight,
+    /// widened to f16 on the tile before the AMP reads it. Biases, LayerNorm
+    /// parameters and activations stay f16.
+    Fp8,
+}
+
+impl WeightDtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightDtype::F16 => "f16",
+            WeightDtype::Fp8 => "fp8",
         }
     }
 }
@@ -277,6 +301,9 @@ struct Walker<'g> {
     made_by: HashMap<TensorId, String>,
     /// FLOP of the current rule's products, when they are not the graph's.
     flop: Option<u64>,
+    /// In a layer loop, every layer's parameters by their name after the
+    /// layer's prefix.
+    layer_params: Option<HashMap<String, Vec<TensorId>>>,
 }
 
 impl<'g> Walker<'g> {
@@ -284,6 +311,61 @@ impl<'g> Walker<'g> {
     /// canonicalisation pass put it inside that rule.
     fn mark(&mut self, op: &Op) {
         self.fused.push(op.name.clone());
+    }
+
+    /// The FP8 scale of a product's stored weights: one for its members
+    /// together (`factors[m]` times member `m`'s weight is what is stored), from
+    /// their largest magnitude over every layer the loop runs (the body's widening
+    /// call holds one scale for all of them). Records each member's weight and
+    /// the scale it is rounded at in the graph's terms, for the reference.
+    fn fp8_scale(
+        &self,
+        lw: &mut Lowering<'_>,
+        members: &[Member<'g>],
+        params: &[TensorId],
+        factors: &[f32],
+        pre: f32,
+    ) -> Result<i8, PlanError> {
+        let mut max = 0.0f32;
+        let mut shifts = Vec::new();
+        for (m, &param) in params.iter().enumerate() {
+            let f = (factors[m] * pre).abs();
+            let shift = f.log2();
+            if f == 0.0 || shift.fract() != 0.0 {
+                return Err(unsupported(format!(
+                    "{}: FP8 weights stored times {f}, not a power of two",
+                    members[m].0.name
+                )));
+            }
+            shifts.push(shift as i32);
+            for t in self.layer_copies(param) {
+                let data = self.g.param_data(t, self.g.graph.shape(t).numel())?;
+                max = max.max(data.iter().fold(0.0f32, |a, v| a.max(v.abs())) * f);
+            }
+        }
+        let scale = tessera_machine::fp8::scale_for(max);
+        for (m, shift) in shifts.into_iter().enumerate() {
+            let s = i32::from(scale) - shift;
+            let s = i8::try_from(s).map_err(|_| {
+                unsupported(format!(
+                    "{}: FP8 scale 2^{s} out of range",
+                    members[m].0.name
+                ))
+            })?;
+            lw.plan.fp8_weights.push((members[m].0.name.clone(), s));
+        }
+        Ok(scale)
+    }
+
+    /// `param` and, in a layer loop, the same parameter of every layer.
+    fn layer_copies(&self, param: TensorId) -> Vec<TensorId> {
+        let name = &self.g.graph.producer(param).name;
+        match (&self.layer_params, layers::tail(name)) {
+            (Some(by_tail), Some(tail)) => {
+                by_tail.get(tail).cloned().unwrap_or_else(|| vec![param])
+            }
+            _ => vec![param],
+        }
     }
 
     fn val(&self, t: TensorId) -> Result<&Val, PlanError> {
@@ -520,6 +602,17 @@ impl<'g> Walker<'g> {
         // A fused GELU reads `x / 2` (`Gelu::with_half_input`): the halving goes
         // into the weights and bias, exactly (a power of two).
         let pre = if gelu { 0.5 } else { 1.0 };
+        let fp8_scale = match lw.opts.weight_dtype {
+            WeightDtype::F16 => None,
+            WeightDtype::Fp8 => {
+                let mut params = vec![w];
+                params.extend(fl.siblings.iter().filter_map(|s| match s.kind {
+                    OpKind::MatMul { b, .. } => Some(b),
+                    _ => None,
+                }));
+                Some(self.fp8_scale(lw, &members, &params, &scales, pre)?)
+            }
+        };
         let per = heads.width(n_log);
         let n = per * members.len() as u32;
         let k = xv.t.cols;
@@ -573,6 +666,7 @@ impl<'g> Walker<'g> {
                         name: &op.name,
                         x: &xv.t,
                         w: &wp,
+                        fp8_scale,
                         n,
                         bias: &bias_fn,
                         per_row,
@@ -1621,6 +1715,7 @@ fn lower_with(
         inner_chunks: None,
         made_by: HashMap::new(),
         flop: None,
+        layer_params: None,
     };
     // Every matmul by a parameter keeps its weights resident, except absorbed
     // query and key projections (the scores' few weights are constants beside
@@ -1657,6 +1752,9 @@ fn lower_with(
     } else {
         None
     };
+    if layers.is_some() {
+        w.layer_params = Some(layers::params_by_tail(graph));
+    }
     let mut body = LoopState::default();
     for i in 0..graph.ops().len() {
         if let Some(ls) = &layers {
