@@ -589,6 +589,10 @@ fn compile_plan_with(
     keep_layouts: bool,
     stage: &dyn Fn(Stage),
 ) -> Result<Compiled, CompileError> {
+    assert!(
+        !plan.layer_weights_pending,
+        "a plan lowered for its shape only has no later layers' weights"
+    );
     stage(Stage::Prepare);
     let start = Instant::now();
     let host_err = CompileError::Host;

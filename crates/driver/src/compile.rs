@@ -38,7 +38,7 @@ pub struct Options {
     /// resident.
     pub stage_weights: bool,
     /// Lower a model's identical layers once and run them in a loop
-    /// (`LowerOptions::loop_layers`; stages the weights).
+    /// (`LowerOptions::loop_layers`; stages the weights). On by default.
     pub loop_layers: bool,
     /// How linears' weights are stored (`LowerOptions::weight_dtype`).
     pub weight_dtype: tessera_plan::WeightDtype,
@@ -55,7 +55,7 @@ impl Default for Options {
             capacity: None,
             keep_layouts: false,
             stage_weights: false,
-            loop_layers: false,
+            loop_layers: true,
             weight_dtype: tessera_plan::WeightDtype::F16,
             experimental: Experimental::default(),
         }

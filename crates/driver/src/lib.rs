@@ -49,7 +49,7 @@ pub use validate::{
 pub use tessera_compile::error_chain;
 pub use tessera_compile::finalists::FinalistReport;
 pub use tessera_compile::{
-    CodeSummary, CompileError, CompileReport, Compiled, HostReport, PlacementSummary,
+    CodeBytes, CodeSummary, CompileError, CompileReport, Compiled, HostReport, PlacementSummary,
 };
 pub use tessera_graph::{EncoderLayerConfig, Graph, Inputs, MlpConfig, Weights};
 pub use tessera_kernels::{KernelMutation, MUTABLE, MutableKernel};

@@ -304,6 +304,9 @@ pub struct TilePlan {
     /// scale its weight parameter is rounded at (what the tile then holds, in
     /// the graph's terms), for a reference that rounds as the program does.
     pub fp8_weights: Vec<(String, i8)>,
+    /// A plan lowered for its shape only: its later layers' weight bindings hold
+    /// the first layer's bytes. Never compiled.
+    pub layer_weights_pending: bool,
     pub tiles: u32,
     pub steps: Vec<StepKind>,
     /// The graph operation each step belongs to (empty for host transfers), for

@@ -15,7 +15,13 @@
 //! - the uses of one buffer do not ask for incompatible memory classes, and the
 //!   buffer is at least as aligned, with at least the tail, as every use declares;
 //! - no two copies of one exchange write the same bytes;
-//! - every output binding's bytes are covered by exactly one slice.
+//! - every output binding's bytes are covered by exactly one slice;
+//! - a layer loop's body (`TilePlan::layer_loop`) is a range of steps the
+//!   program has; a buffer with one instance a layer is a weight store that the
+//!   body's exchanges read and only weight bindings write, each binding slice
+//!   naming an instance the buffer has; a buffer live before the body and used in
+//!   it lives to the body's end (the next iteration reads it again), and only
+//!   such a buffer or one of the body's own is used in the body.
 //!
 //! A kernel's `InOut` operand is scratch the kernel writes before it reads (the
 //! matmul's ping-pong partials): it counts as written by the call and needs no
@@ -152,6 +158,8 @@ pub enum VerifyError {
         start: u32,
         end: u32,
     },
+    #[error("layer loop: {0}")]
+    Loop(String),
     #[error("output binding `{binding}`: bytes {start}..{end} are covered {times} times, not once")]
     OutputCoverage {
         binding: String,
@@ -192,6 +200,7 @@ pub fn verify(plan: &TilePlan) -> Vec<VerifyError> {
     c.exchanges();
     c.bindings();
     c.read_after_write();
+    c.layer_loop();
     c.errors
 }
 
@@ -437,6 +446,128 @@ impl Checker<'_> {
                             end: w[0].1.min(w[1].1),
                         });
                     }
+                }
+            }
+        }
+    }
+
+    fn layer_loop(&mut self) {
+        let plan = self.plan;
+        let mut err = |m: String| self.errors.push(VerifyError::Loop(m));
+        let Some(lp) = &plan.layer_loop else {
+            if let Some(b) = plan.buffers.iter().find(|b| b.instances > 1) {
+                err(format!(
+                    "{} `{}` has {} instances, but the plan has no loop",
+                    b.id, b.name, b.instances
+                ));
+            }
+            return;
+        };
+        if lp.count < 2 || lp.first > lp.last || lp.last as usize >= plan.steps.len() {
+            err(format!(
+                "steps {}..={} run {} times, in a plan of {} steps",
+                lp.first,
+                lp.last,
+                lp.count,
+                plan.steps.len()
+            ));
+            return;
+        }
+        let in_body = |s: Step| lp.contains(s);
+        // Where each buffer is used inside the body.
+        let mut used_in_body = vec![false; plan.buffers.len()];
+        for c in plan.calls.iter().filter(|c| in_body(c.step)) {
+            for loc in c.operands.values().chain(std::iter::once(&Loc {
+                buf: c.state,
+                offset: 0,
+            })) {
+                if let Some(u) = used_in_body.get_mut(loc.buf.0 as usize) {
+                    *u = true;
+                }
+            }
+        }
+        for x in plan.exchanges.iter().filter(|x| in_body(x.step)) {
+            for c in &x.copies {
+                for loc in std::iter::once(&c.src).chain(&c.dsts) {
+                    if let Some(u) = used_in_body.get_mut(loc.buf.0 as usize) {
+                        *u = true;
+                    }
+                }
+            }
+        }
+        for b in &plan.buffers {
+            let used = used_in_body[b.id.0 as usize];
+            if b.instances > 1 {
+                if b.instances != lp.count {
+                    err(format!(
+                        "{} `{}` has {} instances for {} iterations",
+                        b.id, b.name, b.instances, lp.count
+                    ));
+                }
+                if b.category != crate::ir::Category::WeightStore {
+                    err(format!(
+                        "{} `{}` has instances but is not a weight store",
+                        b.id, b.name
+                    ));
+                }
+            } else if used && b.first < lp.first && b.last < lp.last {
+                err(format!(
+                    "{} `{}` lives from before the body to step {}, inside it: the next iteration reads it freed",
+                    b.id, b.name, b.last
+                ));
+            }
+        }
+        // Instanced stores: read by the body's exchanges only, written by weight
+        // bindings only, each slice naming an instance.
+        for c in &plan.calls {
+            for (name, loc) in &c.operands {
+                if plan
+                    .buffers
+                    .get(loc.buf.0 as usize)
+                    .is_some_and(|b| b.instances > 1)
+                {
+                    err(format!(
+                        "call {} operand `{name}` uses weight store {}",
+                        c.kernel.kernel().symbol(),
+                        loc.buf
+                    ));
+                }
+            }
+        }
+        for x in &plan.exchanges {
+            for c in &x.copies {
+                let store = |l: &Loc| {
+                    plan.buffers
+                        .get(l.buf.0 as usize)
+                        .is_some_and(|b| b.instances > 1)
+                };
+                if store(&c.src) && !in_body(x.step) {
+                    err(format!(
+                        "exchange #{} outside the body reads weight store {}",
+                        x.id, c.src.buf
+                    ));
+                }
+                if c.dsts.iter().any(store) {
+                    err(format!("exchange #{} writes a weight store", x.id));
+                }
+            }
+        }
+        for bind in &plan.bindings {
+            for (k, s) in bind.slices.iter().enumerate() {
+                let Some(b) = plan.buffers.get(s.loc.buf.0 as usize) else {
+                    continue;
+                };
+                if s.instance >= b.instances {
+                    err(format!(
+                        "binding `{}` slice {k}: instance {} of {} `{}`, which has {}",
+                        bind.name, s.instance, b.id, b.name, b.instances
+                    ));
+                }
+                if b.instances > 1 && bind.dir != BindingDir::Weight {
+                    err(format!(
+                        "binding `{}` is not a weight but lands in a weight store",
+                        bind.name
+                    ));
                 }
             }
         }

@@ -189,3 +189,73 @@ fn every_error_is_reported_in_one_run() {
             .any(|e| matches!(e, VerifyError::OverlappingCopies { .. }))
     );
 }
+
+/// The tiny tower of three layers lowered as a loop on the `small` machine.
+fn looped() -> TilePlan {
+    let cfg = tessera_graph::EncoderLayerConfig {
+        layers: 3,
+        ..tessera_graph::EncoderLayerConfig::tiny(1)
+    };
+    let graph = tessera_graph::encoder_layer(&cfg).unwrap();
+    let weights = init_weights(&graph, 1);
+    let opts = LowerOptions {
+        loop_layers: true,
+        ..LowerOptions::default()
+    };
+    lower(&Machine::small(), &graph, &weights, &opts).unwrap()
+}
+
+fn loop_errors(p: &TilePlan) -> Vec<String> {
+    only(verify(p), |e| match e {
+        VerifyError::Loop(m) => Some(m.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_layer_loop_keeps_every_rule() {
+    let p = looped();
+    let lp = p.layer_loop.as_ref().expect("three identical layers loop");
+    assert_eq!(lp.count, 3);
+    assert!(p.buffers.iter().any(|b| b.instances == 3));
+    assert_eq!(verify(&p), vec![]);
+}
+
+#[test]
+fn a_store_with_too_few_instances() {
+    let mut p = looped();
+    let b = p.buffers.iter_mut().find(|b| b.instances > 1).unwrap();
+    b.instances = 2;
+    let hits = loop_errors(&p);
+    assert!(
+        hits.iter()
+            .any(|m| m.contains("2 instances for 3 iterations")),
+        "{hits:?}"
+    );
+}
+
+#[test]
+fn a_binding_naming_an_instance_the_store_lacks() {
+    let mut p = looped();
+    let s = p
+        .bindings
+        .iter_mut()
+        .flat_map(|b| b.slices.iter_mut())
+        .find(|s| s.instance == 2)
+        .unwrap();
+    s.instance = 3;
+    let hits = loop_errors(&p);
+    assert!(hits.iter().any(|m| m.contains("instance 3")), "{hits:?}");
+}
+
+#[test]
+fn a_buffer_from_before_the_body_freed_inside_it() {
+    let mut p = looped();
+    let lp = p.layer_loop.clone().unwrap();
+    // The layer's input: live before the body and written by its carry.
+    let carry = p.exchanges.iter().find(|x| x.step == lp.last).unwrap();
+    let x = carry.copies[0].dsts[0].buf;
+    p.buffers[x.0 as usize].last = lp.first + 1;
+    let hits = loop_errors(&p);
+    assert!(hits.iter().any(|m| m.contains("freed")), "{hits:?}");
+}

@@ -114,10 +114,11 @@ pub struct ModelArgs {
     /// resident (what a whole model needs)
     #[arg(long)]
     pub stage_weights: bool,
-    /// Lower the model's identical layers once and run them in a loop: the
-    /// layer's code exists once whatever the depth (stages the weights)
+    /// Lower every encoder layer on its own (unrolled, each with its own code
+    /// and resident weights) instead of once as a loop the program runs once a
+    /// layer, which is the default for two layers or more
     #[arg(long)]
-    pub loop_layers: bool,
+    pub unrolled_layers: bool,
     /// How linears' weights are stored on the tiles: f16, or fp8 (IPU21's F143
     /// at a power-of-two scale a weight, widened to f16 on the tile; biases,
     /// LayerNorm parameters and activations stay f16)
@@ -253,7 +254,7 @@ impl ModelArgs {
             capacity: self.capacity,
             keep_layouts,
             stage_weights: self.stage_weights,
-            loop_layers: self.loop_layers,
+            loop_layers: !self.unrolled_layers,
             weight_dtype: match self.weight_dtype {
                 WeightDtypeArg::F16 => WeightDtype::F16,
                 WeightDtypeArg::Fp8 => WeightDtype::Fp8,

@@ -94,6 +94,9 @@ pub fn compile_time(c: &Compiled, whole_ms: f64) -> String {
 #[derive(Serialize)]
 struct CompileJson<'a> {
     output: String,
+    /// Code bytes per tile, category by category (the most on one tile): what a
+    /// layer loop keeps as it was at one layer (`code.max_per_tile`).
+    code_bytes_per_tile: &'a tessera_driver::CodeBytes,
     /// The report carries `package_bytes`: a field here too would print the key twice.
     #[serde(flatten)]
     report: &'a CompileReport,
@@ -118,6 +121,7 @@ pub fn compile(a: CompileArgs) -> anyhow::Result<Outcome> {
     if a.model.json {
         super::print_json(&CompileJson {
             output: a.output.display().to_string(),
+            code_bytes_per_tile: &c.report.code.max_per_tile,
             report: &c.report,
         })?;
     } else {

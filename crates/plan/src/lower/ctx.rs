@@ -700,6 +700,8 @@ impl<'a> Lowering<'a> {
             for layer in 1..body.count {
                 for &b0 in &names {
                     let w = &self.weights[b0];
+                    // Without a replay (a plan for its shape only), the first
+                    // layer's bytes stand in.
                     let data = self
                         .layer_images
                         .remove(&(layer, b0.clone()))

@@ -84,9 +84,10 @@ pub struct LowerOptions {
     pub stage_weights: bool,
     /// Lower a model's identical layers once, as a loop the program runs once a
     /// layer (`TilePlan::layer_loop`): the layer's code, vertex states and
-    /// exchange code exist once whatever the depth. Stages every weight (see
-    /// `stage_weights`), since an iteration finds its layer's weights in that
-    /// layer's instance of the store.
+    /// exchange code exist once whatever the depth. Where the graph has such
+    /// layers, stages every weight (see `stage_weights`), since an iteration
+    /// finds its layer's weights in that layer's instance of the store; a graph
+    /// without lowers as if this were off. On by default.
     pub loop_layers: bool,
     /// How linears' weights are stored on the tiles.
     pub weight_dtype: WeightDtype,
@@ -151,7 +152,7 @@ impl Default for LowerOptions {
             choices: BTreeMap::new(),
             capacity: None,
             stage_weights: false,
-            loop_layers: false,
+            loop_layers: true,
             weight_dtype: WeightDtype::F16,
             experimental: Experimental::default(),
         }
@@ -1264,7 +1265,13 @@ pub fn lower_fitted(
     opts: &LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
     let (plan, o) = fit(machine, graph, weights, opts)?;
-    grow(machine, graph, weights, plan, o)
+    let (plan, o) = grow(machine, graph, weights, plan, o)?;
+    // The fit loop and growth judge plans by their shape alone, so they skip
+    // the later layers' weights; the plan returned has them.
+    if plan.layer_loop.is_some() {
+        return Ok((lower_exact(machine, graph, weights, &o)?, o));
+    }
+    Ok((plan, o))
 }
 
 /// Live bytes a step may take on a tile: [`FIT_SHARE`] of its SRAM.
@@ -1290,7 +1297,7 @@ fn fit(
     let limit = fit_limit_within(machine, opts.capacity);
     let mut o = opts.clone();
     loop {
-        let plan = lower_with(machine, graph, weights, &o)?;
+        let plan = lower_shape(machine, graph, weights, &o)?;
         let live = max_live_bytes(&plan);
         if live <= limit {
             return Ok((plan, o));
@@ -1415,7 +1422,7 @@ fn grow_trial(
     for batch in trials.chunks(rayon::current_num_threads().max(1)) {
         let plans: Vec<Result<TilePlan, PlanError>> = batch
             .par_iter()
-            .map(|t| lower_with(machine, graph, weights, t))
+            .map(|t| lower_shape(machine, graph, weights, t))
             .collect();
         for (t, p) in batch.iter().zip(plans) {
             let p = p?;
@@ -1549,7 +1556,19 @@ pub fn lower_exact(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
-    lower_with(machine, graph, weights, opts)
+    lower_with(machine, graph, weights, opts, true)
+}
+
+/// A lowering for its shape only: a layer loop's later layers are not replayed
+/// for their weights (their bindings hold the first layer's), which is all the
+/// fit loop and growth need and a small part of the time.
+fn lower_shape(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &LowerOptions,
+) -> Result<TilePlan, PlanError> {
+    lower_with(machine, graph, weights, opts, false)
 }
 
 /// Lowers operation `i` by its rule and records the plan's op for it.
@@ -1604,6 +1623,10 @@ struct LoopState {
     /// The body's steps (its carry aside), for the replays to match.
     steps: Vec<StepKind>,
     replay: Option<ctx::Snapshot>,
+    /// Replay later layers for their weights; otherwise skip their operations.
+    replays: bool,
+    /// The layer whose operations are being skipped.
+    skipping: Option<usize>,
 }
 
 impl LoopState {
@@ -1628,8 +1651,10 @@ impl LoopState {
         if l == 0 {
             self.first = Some(lw.plan.steps.len() as Step);
             lw.begin_body(ls.count());
-        } else {
+        } else if self.replays {
             self.replay = Some(lw.begin_replay(l as u32));
+        } else {
+            self.skipping = Some(l);
         }
         Ok(())
     }
@@ -1685,9 +1710,11 @@ impl LoopState {
                 count: ls.count(),
                 prefix: layers::PREFIX.to_string(),
             });
-        } else {
-            let snap = self.replay.take().expect("the replay began");
+        } else if let Some(snap) = self.replay.take() {
             lw.end_replay(snap, &self.steps).map_err(unsupported)?;
+        } else {
+            self.skipping = None;
+            lw.plan.layer_weights_pending = true;
         }
         if let Some(e) = lw.replay_error.take() {
             return Err(unsupported(e));
@@ -1702,7 +1729,25 @@ fn lower_with(
     graph: &Graph,
     weights: &TensorMap,
     opts: &LowerOptions,
+    layer_weights: bool,
 ) -> Result<TilePlan, PlanError> {
+    // The loop (and the staging it needs) only where the graph has identical
+    // layers: a one-layer model lowers as it always did.
+    let layers = if opts.loop_layers {
+        layers::find(graph)
+    } else {
+        None
+    };
+    let effective;
+    let opts = if opts.loop_layers && layers.is_none() {
+        effective = LowerOptions {
+            loop_layers: false,
+            ..opts.clone()
+        };
+        &effective
+    } else {
+        opts
+    };
     let uses = Uses::new(graph, weights);
     let fusion = fuse::fuse(&uses, machine, opts);
     let mut w = Walker {
@@ -1747,20 +1792,18 @@ fn lower_with(
             .is_some_and(|r| !w.vals.contains_key(&r))
     };
     let mut waiting: Vec<usize> = Vec::new();
-    let layers = if opts.loop_layers {
-        layers::find(graph)
-    } else {
-        None
-    };
     if layers.is_some() {
         w.layer_params = Some(layers::params_by_tail(graph));
     }
-    let mut body = LoopState::default();
+    let mut body = LoopState {
+        replays: layer_weights,
+        ..LoopState::default()
+    };
     for i in 0..graph.ops().len() {
         if let Some(ls) = &layers {
             body.before(&mut lw, ls, i, &waiting)?;
         }
-        if !w.fusion.inside(i) {
+        if !w.fusion.inside(i) && body.skipping.is_none() {
             if waits(&w, i) {
                 waiting.push(i);
             } else {
