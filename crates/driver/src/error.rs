@@ -64,6 +64,12 @@ impl Error {
     /// A compile that did not fit (no finalist did, with the search): a result of
     /// the model and machine rather than a failure of the tool.
     pub fn does_not_fit(&self) -> bool {
-        matches!(self, Error::Compile(CompileError::DoesNotFit(_)))
+        matches!(
+            self,
+            Error::Compile(
+                CompileError::DoesNotFit(_)
+                    | CompileError::Plan(tessera_plan::PlanError::Resident { .. })
+            )
+        )
     }
 }

@@ -50,6 +50,23 @@ pub enum PlanError {
         available: u64,
         scope: String,
     },
+    /// What a tile holds for the whole program (weights, their store, vertex
+    /// states, exchange code) exceeds its SRAM whatever the budgets: no
+    /// lowering can fit, so none is placed.
+    #[error(
+        "the model cannot fit: tile {tile} holds {needed} bytes for the whole program ({}), above its {available}; {missing} bytes missing on that tile, {total_missing} over the {tiles} tiles short of room",
+        .categories.iter().map(|(c, b)| format!("{c} {b}")).collect::<Vec<_>>().join(", ")
+    )]
+    Resident {
+        tile: u32,
+        needed: u64,
+        available: u64,
+        missing: u64,
+        total_missing: u64,
+        tiles: u32,
+        /// Bytes on that tile by category, largest first.
+        categories: Vec<(String, u64)>,
+    },
     #[error("matmul has an empty dimension ({rows}x{k}x{n})")]
     Empty { rows: u32, k: u32, n: u32 },
 }

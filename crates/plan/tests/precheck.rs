@@ -62,3 +62,35 @@ fn an_attention_head_whose_keys_no_tile_can_hold_is_refused() {
     assert!(what.contains("keys and one 16-query block"), "{what}");
     assert_eq!(needed, 4096 * 80 * 2 + 4096 * 32);
 }
+
+/// A tower whose weights, stored once, exceed a tile's SRAM is refused after one
+/// lowering, with the bytes missing and what takes them.
+#[test]
+fn resident_bytes_beyond_a_tile_are_refused_with_their_categories() {
+    let cfg = tessera_graph::EncoderLayerConfig {
+        layers: 27,
+        ..tessera_graph::EncoderLayerConfig::tiny(1)
+    };
+    let graph = tessera_graph::encoder_layer(&cfg).unwrap();
+    let weights = tessera_graph::init_weights(&graph, 1);
+    let machine = tessera_machine::Machine::small().with_tiles(1);
+    match tessera_plan::lower(
+        &machine,
+        &graph,
+        &weights,
+        &tessera_plan::LowerOptions::default(),
+    ) {
+        Err(tessera_plan::PlanError::Resident {
+            needed,
+            available,
+            missing,
+            categories,
+            ..
+        }) => {
+            assert_eq!(missing, needed - available);
+            assert_eq!(categories[0].0, "weight store");
+            assert_eq!(categories.iter().map(|c| c.1).sum::<u64>(), needed);
+        }
+        other => panic!("expected Resident, got {other:?}"),
+    }
+}

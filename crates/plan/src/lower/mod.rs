@@ -1296,8 +1296,12 @@ fn fit(
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
     let limit = fit_limit_within(machine, opts.capacity);
     let mut o = opts.clone();
+    let mut first = true;
     loop {
         let plan = lower_shape(machine, graph, weights, &o)?;
+        if std::mem::take(&mut first) {
+            resident_fits(machine, &plan, opts.capacity)?;
+        }
         let live = max_live_bytes(&plan);
         if live <= limit {
             return Ok((plan, o));
@@ -1321,6 +1325,70 @@ fn fit(
             None => return Ok((plan, o)),
         }
     }
+}
+
+/// Refuses a plan whose tiles cannot hold what lives for the whole program: the
+/// weight store and resident weights, vertex states and exchange code do not
+/// shrink with the budgets the fit loop tries (the store is every weight once),
+/// so when they alone exceed a tile's SRAM no lowering fits, and the report
+/// says by how much, in the time of one lowering rather than of every budget
+/// and a placement.
+fn resident_fits(
+    machine: &Machine,
+    plan: &TilePlan,
+    capacity: Option<u64>,
+) -> Result<(), PlanError> {
+    let available = capacity.unwrap_or(u64::from(machine.sram_bytes()));
+    let last = plan.last_step();
+    let mut per_tile: Vec<BTreeMap<&'static str, u64>> = vec![BTreeMap::new(); plan.tiles as usize];
+    for b in plan
+        .buffers
+        .iter()
+        .filter(|b| b.first == 0 && b.last >= last)
+    {
+        let what = match b.category {
+            Category::WeightStore => "weight store",
+            Category::Weight => "resident weights",
+            Category::VertexState => "vertex state",
+            _ => continue,
+        };
+        *per_tile[b.tile as usize].entry(what).or_default() += b.total_bytes();
+    }
+    for (t, code) in crate::exchange_code::code_bytes_per_tile(plan)
+        .into_iter()
+        .enumerate()
+    {
+        if code > 0 {
+            *per_tile[t].entry("exchange code").or_default() += code;
+        }
+    }
+    let total = |m: &BTreeMap<&str, u64>| m.values().sum::<u64>();
+    let short: Vec<(usize, u64)> = per_tile
+        .iter()
+        .enumerate()
+        .map(|(t, m)| (t, total(m)))
+        .filter(|&(_, n)| n > available)
+        .collect();
+    let Some(&(tile, needed)) = short
+        .iter()
+        .max_by_key(|&&(t, n)| (n, std::cmp::Reverse(t)))
+    else {
+        return Ok(());
+    };
+    let mut categories: Vec<(String, u64)> = per_tile[tile]
+        .iter()
+        .map(|(c, b)| (c.to_string(), *b))
+        .collect();
+    categories.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Err(PlanError::Resident {
+        tile: tile as u32,
+        needed,
+        available,
+        missing: needed - available,
+        total_missing: short.iter().map(|&(_, n)| n - available).sum(),
+        tiles: short.len() as u32,
+        categories,
+    })
 }
 
 /// The growth phase after the fit loop. A linear's default strategy keeps within
