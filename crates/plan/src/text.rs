@@ -27,6 +27,16 @@ impl fmt::Display for TilePlan {
             self.exchanges.len(),
             self.bindings.len()
         )?;
+        if let Some(lp) = &self.layer_loop {
+            writeln!(
+                f,
+                "loop: steps {}..={} run {} times, as `{}<i>.`",
+                lp.first, lp.last, lp.count, lp.prefix
+            )?;
+        }
+        for (name, scale) in &self.fp8_weights {
+            writeln!(f, "fp8: `{name}` at 2^{scale}")?;
+        }
         for d in &self.decisions {
             writeln!(f, "decision: {d}")?;
         }
@@ -70,6 +80,9 @@ impl fmt::Display for TilePlan {
                 b.last,
                 b.category.name()
             )?;
+            if b.instances > 1 {
+                writeln!(f, "  x{} instances, stride {}", b.instances, b.stride())?;
+            }
         }
         for (a, b) in &self.separations {
             writeln!(f, "separate {a} {b}")?;
@@ -115,13 +128,17 @@ impl fmt::Display for TilePlan {
                 b.slices.len()
             )?;
             for s in &b.slices {
-                writeln!(
+                write!(
                     f,
                     "  host {}..{} at {}",
                     s.offset,
                     s.offset + s.bytes,
                     At(s.loc)
                 )?;
+                if s.instance > 0 {
+                    write!(f, " instance {}", s.instance)?;
+                }
+                writeln!(f)?;
             }
         }
         Ok(())
