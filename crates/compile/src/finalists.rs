@@ -28,8 +28,8 @@ use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
 use tessera_plan::{
-    Candidate, LowerOptions, OpCandidates, TilePlan, busiest, fit_limit_within, lower_exact,
-    lower_fitted, placement_retry_budget,
+    Candidate, LowerOptions, OpCandidates, TilePlan, busiest, fit_limit_within, lower_fitted,
+    lower_shape, placement_retry_budget,
 };
 
 use crate::{CompileError, CompileOptions, Compiled, compile_lowered};
@@ -322,10 +322,18 @@ fn select_once(
             let result = if choices.is_empty() {
                 compile_lowered(machine, &base, opts)
             } else {
-                lower_exact(machine, graph, weights, &o)
+                // For its shape: the later layers' weights of the one selected
+                // are filled in after (`complete_layer_weights`).
+                lower_shape(machine, graph, weights, &o)
                     .map_err(CompileError::from)
                     .and_then(|plan| within_fit_limit(machine, o.capacity, plan))
-                    .and_then(|plan| compile_lowered(machine, &plan, opts))
+                    .and_then(|plan| {
+                        let pending = plan.layer_weights_pending;
+                        compile_lowered(machine, &plan, opts).map(|mut c| {
+                            c.layer_weights_pending = pending.then(|| o.clone());
+                            c
+                        })
+                    })
             };
             let build_ms = t.elapsed().as_secs_f64() * 1e3;
             let result = result.map(|mut c| {

@@ -433,6 +433,46 @@ pub struct Compiled {
     /// Products whose weights the tiles hold as FP8, and the scale each weight
     /// is rounded at (`TilePlan::fp8_weights`).
     pub fp8_weights: Vec<(String, i8)>,
+    /// Compiled from a plan lowered for its shape only: the later layers'
+    /// weight bindings hold the first layer's bytes until
+    /// [`complete_layer_weights`] lowers the plan again with these options.
+    pub layer_weights_pending: Option<LowerOptions>,
+}
+
+/// Fills in the later layers' weights of a finalist compiled for its shape
+/// (`Compiled::layer_weights_pending`): the plan is lowered again with every
+/// layer's weights, and the package's weight bindings take its images. The
+/// placement, code and host plan depend on the bindings' sizes and slices only,
+/// and those are checked to be the same.
+pub fn complete_layer_weights(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    c: &mut Compiled,
+) -> Result<(), CompileError> {
+    let Some(o) = c.layer_weights_pending.take() else {
+        return Ok(());
+    };
+    let full = tessera_plan::lower_exact(machine, graph, weights, &o)?;
+    let images: std::collections::BTreeMap<&str, &tessera_plan::Binding> =
+        full.bindings.iter().map(|b| (b.name.as_str(), b)).collect();
+    for b in &mut c.package.bindings {
+        if b.kind != tessera_package::BindingKind::Weight {
+            continue;
+        }
+        let f = images
+            .get(b.name.as_str())
+            .unwrap_or_else(|| panic!("weight binding `{}` in the full lowering", b.name));
+        assert_eq!(
+            f.data.len(),
+            b.data.len(),
+            "weight binding `{}`'s size",
+            b.name
+        );
+        b.data = f.data.clone();
+    }
+    c.fp8_weights = full.fp8_weights;
+    Ok(())
 }
 
 /// What one lowered operation moves and where it runs, read off the plan.
@@ -589,10 +629,6 @@ fn compile_plan_with(
     keep_layouts: bool,
     stage: &dyn Fn(Stage),
 ) -> Result<Compiled, CompileError> {
-    assert!(
-        !plan.layer_weights_pending,
-        "a plan lowered for its shape only has no later layers' weights"
-    );
     stage(Stage::Prepare);
     let start = Instant::now();
     let host_err = CompileError::Host;
@@ -779,6 +815,7 @@ fn compile_plan_with(
         exchange_steps: unrolled.exchange_steps,
         results: probe::probes(plan, &|b| addrs.0[b.0 as usize]),
         fp8_weights: plan.fp8_weights.clone(),
+        layer_weights_pending: None,
         layouts: keep_layouts.then(|| {
             problems
                 .problems

@@ -125,7 +125,11 @@ pub fn compile(
     let mut sel = r?;
     simulate_finalists(model, &mut sel, opts.simulate_finalists, progress)?;
     let i = sel.selected;
-    Ok(sel.take(i))
+    let mut c = sel.take(i);
+    // Finalists are built for their shape; the selected one gets every layer's
+    // weights.
+    tessera_compile::complete_layer_weights(machine, &model.graph, &model.weights, &mut c)?;
+    Ok(c)
 }
 
 /// Simulates the `n` best-estimated feasible finalists, records each one's

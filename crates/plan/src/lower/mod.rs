@@ -1628,9 +1628,11 @@ pub fn lower_exact(
 }
 
 /// A lowering for its shape only: a layer loop's later layers are not replayed
-/// for their weights (their bindings hold the first layer's), which is all the
-/// fit loop and growth need and a small part of the time.
-fn lower_shape(
+/// for their weights (their bindings hold the first layer's, and the plan says
+/// so: `TilePlan::layer_weights_pending`), which is all the fit loop, growth
+/// and a finalist's placement need, in a small part of the time. Without a loop
+/// it is [`lower_exact`].
+pub fn lower_shape(
     machine: &Machine,
     graph: &Graph,
     weights: &TensorMap,
