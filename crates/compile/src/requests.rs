@@ -30,6 +30,24 @@ pub fn buffer_request_name(plan: &TilePlan, id: BufId) -> String {
     format!("{}@{id}", plan.buffer(id).name)
 }
 
+fn buffer_request(b: &tessera_plan::Buffer, name: String) -> Request {
+    // Vertex state is the loader's; weights arrive through host transfers.
+    let loaded = b.category == tessera_plan::Category::VertexState;
+    Request {
+        name,
+        // A layer loop's store holds every layer's instance, `stride` apart.
+        size: b.total_bytes(),
+        align: u64::from(b.align),
+        end_round: 4,
+        first: u64::from(b.first),
+        last: u64::from(b.last),
+        class: b.class,
+        tail: u64::from(b.tail),
+        loaded,
+        category: Some(b.category.name().to_string()),
+    }
+}
+
 /// One placement problem per tile that holds anything.
 pub fn tile_problems(plan: &TilePlan, sized: &SizedCode) -> Problems {
     let last = u64::from(plan.last_step());
@@ -40,23 +58,15 @@ pub fn tile_problems(plan: &TilePlan, sized: &SizedCode) -> Problems {
         })
         .collect();
     let mut items: Vec<BTreeMap<String, Item>> = vec![BTreeMap::new(); plan.tiles as usize];
-    for b in &plan.buffers {
+    // Weight stores come after the code: they live as long, so lifetime order
+    // places them in input order, and a store of many layers placed first would
+    // fill the executable region the code needs (any other region serves it).
+    let store = |b: &&tessera_plan::Buffer| b.category == tessera_plan::Category::WeightStore;
+    for b in plan.buffers.iter().filter(|b| !store(b)) {
         let name = buffer_request_name(plan, b.id);
-        // Vertex state is the loader's; weights arrive through host transfers.
-        let loaded = b.category == tessera_plan::Category::VertexState;
-        problems[b.tile as usize].requests.push(Request {
-            name: name.clone(),
-            // A layer loop's store holds every layer's instance, `stride` apart.
-            size: b.total_bytes(),
-            align: u64::from(b.align),
-            end_round: 4,
-            first: u64::from(b.first),
-            last: u64::from(b.last),
-            class: b.class,
-            tail: u64::from(b.tail),
-            loaded,
-            category: Some(b.category.name().to_string()),
-        });
+        problems[b.tile as usize]
+            .requests
+            .push(buffer_request(b, name.clone()));
         items[b.tile as usize].insert(name, Item::Buffer(b.id));
     }
     for (tile, code) in sized.tiles.iter().enumerate() {
@@ -93,6 +103,13 @@ pub fn tile_problems(plan: &TilePlan, sized: &SizedCode) -> Problems {
                 .push(code_request(name.clone(), *bytes));
             items[tile].insert(name, Item::Kernel(symbol.clone()));
         }
+    }
+    for b in plan.buffers.iter().filter(store) {
+        let name = buffer_request_name(plan, b.id);
+        problems[b.tile as usize]
+            .requests
+            .push(buffer_request(b, name.clone()));
+        items[b.tile as usize].insert(name, Item::Buffer(b.id));
     }
     for &(a, b) in &plan.separations {
         let tile = plan.buffer(a).tile as usize;

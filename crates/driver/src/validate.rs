@@ -191,10 +191,11 @@ pub fn validate(
     progress.start(Step::Reference, None);
     let t = Instant::now();
     // Every tensor an operation leaves on the tiles is kept for its check.
-    let keep = match &run.requests {
+    let mut keep = match &run.requests {
         Some(_) => wanted(g, c)?,
         None => Vec::new(),
     };
+    let softmax_products = softmax_products(g, &mut keep);
     let (want32, kept32) = tessera_reference::evaluate_keeping(
         g,
         &model.weights,
@@ -277,8 +278,9 @@ pub fn validate(
                 &keep,
                 &given,
             )?;
-            let mut ops = check(c, req, captured, &own16, &kept32);
-            let inherited = check(c, req, captured, &kept16, &kept32);
+            let floors = score_floors(&softmax_products, &own16);
+            let mut ops = check(c, req, captured, &own16, &kept32, &floors);
+            let inherited = check(c, req, captured, &kept16, &kept32, &floors);
             for (op, from) in ops.iter_mut().zip(&inherited) {
                 for (t, f) in op.tensors.iter_mut().zip(&from.tensors) {
                     t.max_abs_error_inherited = f.max_abs_error;
@@ -436,6 +438,100 @@ pub(crate) fn requests(
 }
 
 /// The graph tensors the checks compare with: those of every readable result.
+/// The kept tensors that are a softmax's probabilities times values, with the
+/// softmax's input and the values appended to `keep`: (index of the product in
+/// `keep`, index of the scores, index of the values).
+fn softmax_products(g: &Graph, keep: &mut Vec<TensorId>) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let at = |t: TensorId, keep: &mut Vec<TensorId>| match keep.iter().position(|&k| k == t) {
+        Some(i) => i,
+        None => {
+            keep.push(t);
+            keep.len() - 1
+        }
+    };
+    for i in 0..keep.len() {
+        let OpKind::MatMul {
+            a,
+            b,
+            transpose_b: false,
+            ..
+        } = g.producer(keep[i]).kind
+        else {
+            continue;
+        };
+        let OpKind::Softmax { x } = g.producer(a).kind else {
+            continue;
+        };
+        let (s, v) = (at(x, keep), at(b, keep));
+        out.push((i, s, v));
+    }
+    out
+}
+
+/// The least tolerance of each softmax product (by its index in `keep`): the
+/// first-order change of the product when every score moves by one f16 ulp of
+/// itself, the most the program's and the reference's roundings of a score
+/// differ. A probability-weighted sum moves with its scores' roundings, not with
+/// its own magnitude: a score off by `e` moves its probability by `p e`
+/// relative, and the sum by `p e |v - out|`. Deep in a tower the scores grow
+/// while the outputs do not, and a rule at the output's magnitude alone would
+/// call that rounding an error. Bounded per query row with each value row's
+/// largest magnitude, the row's bound then the worst over the rows.
+fn score_floors(
+    products: &[(usize, usize, usize)],
+    want16: &[HostTensor],
+) -> std::collections::HashMap<usize, f32> {
+    products
+        .iter()
+        .filter_map(|&(p, s, v)| Some((p, softmax_floor(want16.get(s)?, want16.get(v)?)?)))
+        .collect()
+}
+
+/// See [`score_floors`]: scores `[.., q, k]`, values `[.., k, d]`.
+fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
+    let (sd, vd) = (s.shape().dims(), v.shape().dims());
+    let (&tk, &d) = (sd.last()?, vd.last()?);
+    let tq = *sd.get(sd.len().checked_sub(2)?)?;
+    if vd.get(vd.len().checked_sub(2)?) != Some(&tk) || tk == 0 || tq == 0 || d == 0 {
+        return None;
+    }
+    let groups = s.data().len() / (tq * tk);
+    if v.data().len() != groups * tk * d {
+        return None;
+    }
+    let mut worst = 0.0f64;
+    let mut vmax = vec![0.0f64; tk];
+    let mut e = vec![0.0f64; tk];
+    for g in 0..groups {
+        let vg = &v.data()[g * tk * d..(g + 1) * tk * d];
+        for (j, m) in vmax.iter_mut().enumerate() {
+            *m = vg[j * d..(j + 1) * d]
+                .iter()
+                .fold(0.0f64, |a, x| a.max(f64::from(x.abs())));
+        }
+        for i in 0..tq {
+            let row = &s.data()[(g * tq + i) * tk..(g * tq + i + 1) * tk];
+            let m = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            let mut z = 0.0f64;
+            for (x, &r) in e.iter_mut().zip(row) {
+                *x = f64::from(r - m).exp();
+                z += *x;
+            }
+            let out: f64 = e.iter().zip(&vmax).map(|(p, v)| p * v).sum::<f64>() / z;
+            let bound: f64 = e
+                .iter()
+                .zip(&vmax)
+                .zip(row)
+                .map(|((p, v), &r)| p * (v + out) * f64::from(tessera_reference::f16_ulp(r.abs())))
+                .sum::<f64>()
+                / z;
+            worst = worst.max(bound);
+        }
+    }
+    Some(worst as f32)
+}
+
 fn wanted(g: &Graph, c: &Compiled) -> Result<Vec<TensorId>, Error> {
     c.results
         .iter()
@@ -490,6 +586,7 @@ fn check(
     captured: &[Option<Vec<u8>>],
     want16: &[HostTensor],
     want32: &[HostTensor],
+    floors: &std::collections::HashMap<usize, f32>,
 ) -> Vec<OpCheck> {
     let mut ops = vec![OpCheck::default(); c.plan_ops.len()];
     let mut k = 0;
@@ -500,7 +597,8 @@ fn check(
                 k += 1;
                 match (captured.get(*first..), want16.get(i), want32.get(i)) {
                     (Some(captured), Some(w16), Some(w32)) => {
-                        Some(compare(r, at, captured, w16, w32))
+                        let floor = floors.get(&i).copied().unwrap_or(0.0);
+                        Some(compare(r, at, captured, (w16, w32), floor))
                     }
                     _ => None,
                 }
@@ -546,12 +644,12 @@ fn compare(
     r: &ResultProbe,
     at: &ProbeAt,
     captured: &[Option<Vec<u8>>],
-    want16: &HostTensor,
-    want32: &HostTensor,
+    (want16, want32): (&HostTensor, &HostTensor),
+    floor: f32,
 ) -> TensorCheck {
     let scale = at.stored.scale;
     let magnitude = want32.data().iter().fold(0.0f32, |m, v| m.max(v.abs())) * scale.abs();
-    let tol = tolerance(magnitude);
+    let tol = tolerance(magnitude).max(floor * scale.abs());
     let dims = want16.shape().dims().to_vec();
     let mut worst: Option<(f32, u32)> = None;
     let mut unread = false;
