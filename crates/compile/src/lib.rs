@@ -432,7 +432,7 @@ pub struct Compiled {
     pub results: Vec<probe::ResultProbe>,
     /// Products whose weights the tiles hold as FP8, and the scale each weight
     /// is rounded at (`TilePlan::fp8_weights`).
-    pub fp8_weights: Vec<(String, i8)>,
+    pub fp8_weights: Vec<(String, i8, f32)>,
     /// Compiled from a plan lowered for its shape only: the later layers'
     /// weight bindings hold the first layer's bytes until
     /// [`complete_layer_weights`] lowers the plan again with these options.

@@ -52,19 +52,19 @@ pub fn encoder_layers(g: &Graph) -> usize {
     seen.len().max(1)
 }
 
-/// `weights` with each product's weight in `fp8` rounded to FP8 at its scale
-/// and back, as the tiles hold it (`None` when there is none).
+/// `weights` with each product's weight in `fp8` (times its factor) rounded to
+/// FP8 at its scale and back, as the tiles hold it (`None` when there is none).
 fn fp8_rounded(
     g: &Graph,
     weights: &tessera_graph::TensorMap,
-    fp8: &[(String, i8)],
+    fp8: &[(String, i8, f32)],
 ) -> Option<tessera_graph::TensorMap> {
     use tessera_machine::fp8::{decode, encode};
     if fp8.is_empty() {
         return None;
     }
     let mut w = weights.clone();
-    for (name, scale) in fp8 {
+    for (name, scale, factor) in fp8 {
         let Some(op) = g.ops().iter().find(|o| &o.name == name) else {
             continue;
         };
@@ -76,7 +76,12 @@ fn fp8_rounded(
         };
         if let Some(t) = w.get_mut(param) {
             for v in t.data_mut() {
-                *v = decode(encode(*v, *scale), *scale);
+                // The tile holds the weight times `factor` (a folded attention
+                // scale, a GELU's halving) in FP8; the graph's weight is that
+                // over the factor.
+                // The lowering packs it in f16 before encoding it.
+                let stored = f16::from_f32(*v * factor).to_f32();
+                *v = decode(encode(stored, *scale), *scale) / factor;
             }
         }
     }
@@ -470,9 +475,9 @@ fn softmax_products(g: &Graph, keep: &mut Vec<TensorId>) -> Vec<(usize, usize, u
 }
 
 /// The least tolerance of each softmax product (by its index in `keep`): the
-/// first-order change of the product when every score moves by one f16 ulp of
-/// itself, the most the program's and the reference's roundings of a score
-/// differ. A probability-weighted sum moves with its scores' roundings, not with
+/// first-order change of the product when every score moves by
+/// [`SCORE_ULPS`] f16 ulps of itself, what the program's and the reference's
+/// roundings of a score may differ by. A probability-weighted sum moves with its scores' roundings, not with
 /// its own magnitude: a score off by `e` moves its probability by `p e`
 /// relative, and the sum by `p e |v - out|`. Deep in a tower the scores grow
 /// while the outputs do not, and a rule at the output's magnitude alone would
@@ -487,6 +492,11 @@ fn score_floors(
         .filter_map(|&(p, s, v)| Some((p, softmax_floor(want16.get(s)?, want16.get(v)?)?)))
         .collect()
 }
+
+/// Ulps of a score the program and the reference may disagree by: each rounds
+/// it once to f16 (half an ulp), at different points (the program's query
+/// projection carries the scale, the reference scales the scores).
+const SCORE_ULPS: f64 = 1.0;
 
 /// See [`score_floors`]: scores `[.., q, k]`, values `[.., k, d]`.
 fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
@@ -526,7 +536,7 @@ fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
                 .map(|((p, v), &r)| p * (v + out) * f64::from(tessera_reference::f16_ulp(r.abs())))
                 .sum::<f64>()
                 / z;
-            worst = worst.max(bound);
+            worst = worst.max(SCORE_ULPS * bound);
         }
     }
     Some(worst as f32)

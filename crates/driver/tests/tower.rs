@@ -70,7 +70,7 @@ fn three_layers_run_as_a_loop_with_fp8_weights() {
     // Every linear of every layer has its weight rounded for the reference.
     for layer in 0..3 {
         let fc1 = format!("layers.{layer}.mlp.fc1");
-        assert!(c.fp8_weights.iter().any(|(n, _)| *n == fc1), "{fc1}");
+        assert!(c.fp8_weights.iter().any(|(n, _, _)| *n == fc1), "{fc1}");
     }
 }
 

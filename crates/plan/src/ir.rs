@@ -300,10 +300,10 @@ impl LayerLoop {
 pub struct TilePlan {
     /// The layer loop, when the plan has one.
     pub layer_loop: Option<LayerLoop>,
-    /// Products whose weights are stored as FP8: the graph operation and the
-    /// scale its weight parameter is rounded at (what the tile then holds, in
-    /// the graph's terms), for a reference that rounds as the program does.
-    pub fp8_weights: Vec<(String, i8)>,
+    /// Products whose weights are stored as FP8: the graph operation, the scale
+    /// and the factor the stored weight is the graph's times (a folded attention
+    /// scale, a GELU's halving), for a reference that rounds as the program does.
+    pub fp8_weights: Vec<(String, i8, f32)>,
     /// A plan lowered for its shape only: its later layers' weight bindings hold
     /// the first layer's bytes. Never compiled.
     pub layer_weights_pending: bool,

@@ -34,8 +34,8 @@ impl fmt::Display for TilePlan {
                 lp.first, lp.last, lp.count, lp.prefix
             )?;
         }
-        for (name, scale) in &self.fp8_weights {
-            writeln!(f, "fp8: `{name}` at 2^{scale}")?;
+        for (name, scale, factor) in &self.fp8_weights {
+            writeln!(f, "fp8: `{name}` times {factor} at 2^{scale}")?;
         }
         for d in &self.decisions {
             writeln!(f, "decision: {d}")?;

@@ -307,8 +307,8 @@ impl<'g> Uses<'g> {
 
     /// `scores` as an attention's scores product `q k^T` with its softmax chain.
     /// The scale folds into the query projection when it scales down (`0 < s <
-    /// 1`: the weights times it cannot overflow f16), is a power of two with FP8
-    /// weights, and the queries' tensor has no other reader; the heads pack where the attention takes the transposed
+    /// 1`: the weights times it cannot overflow f16) and the queries' tensor has
+    /// no other reader; the heads pack where the attention takes the transposed
     /// path, its heads fit ([`attention::packs_heads`]) and each of q, k and v is
     /// read by its split alone, each split by this attention alone. Neither
     /// applies to `q q^T`.

@@ -315,10 +315,11 @@ impl<'g> Walker<'g> {
     }
 
     /// The FP8 scale of a product's stored weights: one for its members
-    /// together (`factors[m]` times member `m`'s weight is what is stored), from
-    /// their largest magnitude over every layer the loop runs (the body's widening
-    /// call holds one scale for all of them). Records each member's weight and
-    /// the scale it is rounded at in the graph's terms, for the reference.
+    /// together (`factors[m] * pre` times member `m`'s weight is what is stored),
+    /// from their largest magnitude over every layer the loop runs (the body's
+    /// widening call holds one scale for all of them). Records each member's
+    /// weight, the scale and its factor, for a reference that rounds the weight
+    /// times the factor as the tile holds it.
     fn fp8_scale(
         &self,
         lw: &mut Lowering<'_>,
@@ -328,32 +329,25 @@ impl<'g> Walker<'g> {
         pre: f32,
     ) -> Result<i8, PlanError> {
         let mut max = 0.0f32;
-        let mut shifts = Vec::new();
         for (m, &param) in params.iter().enumerate() {
             let f = (factors[m] * pre).abs();
-            let shift = f.log2();
-            if f == 0.0 || shift.fract() != 0.0 {
-                return Err(unsupported(format!(
-                    "{}: FP8 weights stored times {f}, not a power of two",
-                    members[m].0.name
-                )));
-            }
-            shifts.push(shift as i32);
             for t in self.layer_copies(param) {
                 let data = self.g.param_data(t, self.g.graph.shape(t).numel())?;
                 max = max.max(data.iter().fold(0.0f32, |a, v| a.max(v.abs())) * f);
             }
         }
         let scale = tessera_machine::fp8::scale_for(max);
-        for (m, shift) in shifts.into_iter().enumerate() {
-            let s = i32::from(scale) - shift;
-            let s = i8::try_from(s).map_err(|_| {
-                unsupported(format!(
-                    "{}: FP8 scale 2^{s} out of range",
+        for (m, _) in params.iter().enumerate() {
+            let f = factors[m] * pre;
+            if f == 0.0 || !f.is_finite() {
+                return Err(unsupported(format!(
+                    "{}: FP8 weights stored times {f}",
                     members[m].0.name
-                ))
-            })?;
-            lw.plan.fp8_weights.push((members[m].0.name.clone(), s));
+                )));
+            }
+            lw.plan
+                .fp8_weights
+                .push((members[m].0.name.clone(), scale, f));
         }
         Ok(scale)
     }
