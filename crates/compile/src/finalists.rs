@@ -28,7 +28,7 @@ use serde::Serialize;
 use tessera_graph::{Graph, TensorMap};
 use tessera_machine::Machine;
 use tessera_plan::{
-    Candidate, LowerOptions, OpCandidates, TilePlan, busiest, fit_limit_within, lower_fitted,
+    Candidate, LowerOptions, OpCandidates, TilePlan, busiest, fit_limit_within, lower_fitted_shape,
     lower_shape, placement_retry_budget,
 };
 
@@ -307,7 +307,9 @@ fn select_once(
     let start = Instant::now();
     // The defaults, lowered with the fit loop; every finalist keeps the budgets it
     // settled on, so that the recorded strategies are the ones a choice picks.
-    let (base, fitted) = lower_fitted(machine, graph, weights, lower)?;
+    // For its shape: the later layers' weights of the finalist selected are
+    // filled in after (`complete_layer_weights`).
+    let (base, fitted) = lower_fitted_shape(machine, graph, weights, lower)?;
     let assignments = beam(&base.candidates, k, machine.timing.exchange_bytes_per_cycle);
     let total = assignments.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
@@ -320,10 +322,11 @@ fn select_once(
             let mut o = fitted.clone();
             o.choices.extend(choices.clone());
             let result = if choices.is_empty() {
-                compile_lowered(machine, &base, opts)
+                compile_lowered(machine, &base, opts).map(|mut c| {
+                    c.layer_weights_pending = base.layer_weights_pending.then(|| o.clone());
+                    c
+                })
             } else {
-                // For its shape: the later layers' weights of the one selected
-                // are filled in after (`complete_layer_weights`).
                 lower_shape(machine, graph, weights, &o)
                     .map_err(CompileError::from)
                     .and_then(|plan| within_fit_limit(machine, o.capacity, plan))

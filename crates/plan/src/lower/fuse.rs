@@ -339,12 +339,9 @@ impl<'g> Uses<'g> {
             packs: None,
         };
         if q != k {
-            // FP8 weights are rounded at a power-of-two scale: a factor that is
-            // not one would round differently from the graph's weights.
-            let exact = opts.weight_dtype == super::WeightDtype::F16 || scale.log2().fract() == 0.0;
             fa.query_scale = self
                 .sole_split(q, scores)
-                .filter(|_| scale > 0.0 && scale < 1.0 && exact);
+                .filter(|_| scale > 0.0 && scale < 1.0);
             fa.packs = self.packs(&fa, machine, opts);
         }
         Some(fa)

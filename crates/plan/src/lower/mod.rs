@@ -1258,14 +1258,26 @@ pub fn lower_fitted(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
-    let (plan, o) = fit(machine, graph, weights, opts)?;
-    let (plan, o) = grow(machine, graph, weights, plan, o)?;
+    let (plan, o) = lower_fitted_shape(machine, graph, weights, opts)?;
     // The fit loop and growth judge plans by their shape alone, so they skip
     // the later layers' weights; the plan returned has them.
-    if plan.layer_loop.is_some() {
+    if plan.layer_weights_pending {
         return Ok((lower_exact(machine, graph, weights, &o)?, o));
     }
     Ok((plan, o))
+}
+
+/// [`lower_fitted`] for the plan's shape only ([`lower_shape`]): what the
+/// finalist search starts from, filling in the later layers' weights of the
+/// one it selects alone.
+pub fn lower_fitted_shape(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &LowerOptions,
+) -> Result<(TilePlan, LowerOptions), PlanError> {
+    let (plan, o) = fit(machine, graph, weights, opts)?;
+    grow(machine, graph, weights, plan, o)
 }
 
 /// Live bytes a step may take on a tile: [`FIT_SHARE`] of its SRAM.
