@@ -200,13 +200,17 @@ pub fn validate(
         Some(_) => wanted(g, c)?,
         None => Vec::new(),
     };
+    // The results first; the softmax products' scores and values after them,
+    // kept only by the evaluation their floors are read from (at 27 layers the
+    // scores are gigabytes).
+    let results = keep.len();
     let softmax_products = softmax_products(g, &mut keep);
     let (want32, kept32) = tessera_reference::evaluate_keeping(
         g,
         &model.weights,
         &model.inputs,
         &tessera_reference::EvalOptions::default(),
-        &keep,
+        &keep[..results],
     )?;
     // The reference that stores f16 where the program does (chunk partials, the
     // plan's inner groups, every f16 tensor): the program may differ from it only
@@ -231,8 +235,13 @@ pub fn validate(
     // error and cosine say what FP8 costs.
     let weights16 = fp8_rounded(g, &model.weights, &c.fp8_weights);
     let weights16 = weights16.as_ref().unwrap_or(&model.weights);
-    let (want16, kept16) =
-        tessera_reference::evaluate_keeping(g, weights16, &model.inputs, &f16_opts, &keep)?;
+    let (want16, kept16) = tessera_reference::evaluate_keeping(
+        g,
+        weights16,
+        &model.inputs,
+        &f16_opts,
+        &keep[..results],
+    )?;
     let reference_ms = t.elapsed().as_secs_f64() * 1e3;
     progress.finish();
     let completed = run.report.status == Status::Ok;
@@ -274,7 +283,7 @@ pub fn validate(
             // gave it, so that its check measures its own error; the error it
             // inherits from the operations before is reported beside it.
             let captured = run.sim.captured();
-            let given = program_values(c, req, captured, &keep, &kept16);
+            let given = program_values(c, req, captured, &keep[..results], &kept16);
             let own16 = tessera_reference::evaluate_keeping_from(
                 g,
                 weights16,
@@ -481,8 +490,7 @@ fn softmax_products(g: &Graph, keep: &mut Vec<TensorId>) -> Vec<(usize, usize, u
 /// its own magnitude: a score off by `e` moves its probability by `p e`
 /// relative, and the sum by `p e |v - out|`. Deep in a tower the scores grow
 /// while the outputs do not, and a rule at the output's magnitude alone would
-/// call that rounding an error. Bounded per query row with each value row's
-/// largest magnitude, the row's bound then the worst over the rows.
+/// call that rounding an error.
 fn score_floors(
     products: &[(usize, usize, usize)],
     want16: &[HostTensor],
@@ -494,12 +502,17 @@ fn score_floors(
 }
 
 /// Ulps of a score the program and the reference may disagree by: each rounds
-/// it once to f16 (half an ulp), at different points (the program's query
-/// projection carries the scale, the reference scales the scores).
-const SCORE_ULPS: f64 = 1.0;
+/// the f16 partial sum after every 16-wide chunk of the contraction (a head of
+/// 72 dimensions: four roundings before the last, each up to half an ulp of the
+/// score), and they do so at different points (the program's query projection
+/// carries the scale, the reference scales the scores after).
+const SCORE_ULPS: f64 = 2.0;
 
-/// See [`score_floors`]: scores `[.., q, k]`, values `[.., k, d]`.
+/// See [`score_floors`]: scores `[.., q, k]`, values `[.., k, d]`. Per query
+/// row and value column `c`, `SCORE_ULPS * sum_j p_j ulp(s_j) |v_jc - out_c|`,
+/// the worst over rows and columns; rows in parallel.
 fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
+    use rayon::prelude::*;
     let (sd, vd) = (s.shape().dims(), v.shape().dims());
     let (&tk, &d) = (sd.last()?, vd.last()?);
     let tq = *sd.get(sd.len().checked_sub(2)?)?;
@@ -510,36 +523,34 @@ fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
     if v.data().len() != groups * tk * d {
         return None;
     }
-    let mut worst = 0.0f64;
-    let mut vmax = vec![0.0f64; tk];
-    let mut e = vec![0.0f64; tk];
-    for g in 0..groups {
+    let row_bound = |r: usize| -> f64 {
+        let g = r / tq;
         let vg = &v.data()[g * tk * d..(g + 1) * tk * d];
-        for (j, m) in vmax.iter_mut().enumerate() {
-            *m = vg[j * d..(j + 1) * d]
-                .iter()
-                .fold(0.0f64, |a, x| a.max(f64::from(x.abs())));
-        }
-        for i in 0..tq {
-            let row = &s.data()[(g * tq + i) * tk..(g * tq + i + 1) * tk];
-            let m = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-            let mut z = 0.0f64;
-            for (x, &r) in e.iter_mut().zip(row) {
-                *x = f64::from(r - m).exp();
-                z += *x;
+        let row = &s.data()[r * tk..(r + 1) * tk];
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+        let mut p: Vec<f64> = row.iter().map(|&x| f64::from(x - m).exp()).collect();
+        let z: f64 = p.iter().sum();
+        p.iter_mut().for_each(|x| *x /= z);
+        let mut out = vec![0.0f64; d];
+        for (j, &pj) in p.iter().enumerate() {
+            for (o, &x) in out.iter_mut().zip(&vg[j * d..(j + 1) * d]) {
+                *o += pj * f64::from(x);
             }
-            let out: f64 = e.iter().zip(&vmax).map(|(p, v)| p * v).sum::<f64>() / z;
-            let bound: f64 = e
-                .iter()
-                .zip(&vmax)
-                .zip(row)
-                .map(|((p, v), &r)| p * (v + out) * f64::from(tessera_reference::f16_ulp(r.abs())))
-                .sum::<f64>()
-                / z;
-            worst = worst.max(SCORE_ULPS * bound);
         }
-    }
-    Some(worst as f32)
+        let mut bound = vec![0.0f64; d];
+        for (j, (&pj, &sj)) in p.iter().zip(row).enumerate() {
+            let w = pj * f64::from(tessera_reference::f16_ulp(sj.abs()));
+            for ((b, &x), &o) in bound.iter_mut().zip(&vg[j * d..(j + 1) * d]).zip(&out) {
+                *b += w * (f64::from(x) - o).abs();
+            }
+        }
+        bound.into_iter().fold(0.0, f64::max)
+    };
+    let worst = (0..groups * tq)
+        .into_par_iter()
+        .map(row_bound)
+        .reduce(|| 0.0, f64::max);
+    Some((SCORE_ULPS * worst) as f32)
 }
 
 fn wanted(g: &Graph, c: &Compiled) -> Result<Vec<TensorId>, Error> {
