@@ -147,6 +147,21 @@ impl<'a> Lowering<'a> {
         }
     }
 
+    /// `name` as the body's operation it stands for: during layer `l`'s replay,
+    /// `layers.<l>.x` is the body's `layers.0.x`.
+    pub fn body_name<'n>(&self, name: &'n str) -> std::borrow::Cow<'n, str> {
+        match &self.replay {
+            Some(r) => {
+                let from = format!("{}{}.", super::layers::PREFIX, r.layer);
+                match name.strip_prefix(&from) {
+                    Some(rest) => format!("{}0.{rest}", super::layers::PREFIX).into(),
+                    None => name.into(),
+                }
+            }
+            None => name.into(),
+        }
+    }
+
     /// Starts the layer loop's body: the steps from here to
     /// [`Self::end_body`] run `count` times.
     pub fn begin_body(&mut self, count: u32) {

@@ -734,7 +734,14 @@ impl<'g> Walker<'g> {
                     * f64::from(x.rows)
                     / self.weight_demand.max(1.0)) as u64
         };
-        let choice = lw.opts.choices.get(name).copied().unwrap_or(0);
+        // A replayed layer takes the body's choice: its operations are the
+        // body's, named for their layer.
+        let choice = lw
+            .opts
+            .choices
+            .get(lw.body_name(name).as_ref())
+            .copied()
+            .unwrap_or(0);
         let (map, candidates) = map_linear(
             lw.machine,
             shape,
