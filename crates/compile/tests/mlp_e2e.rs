@@ -408,7 +408,8 @@ fn out_of_memory_counts_the_host_reservation() {
 
 /// A plan that places reports no retries and the weight budget it was lowered
 /// with; one that cannot place at any budget (a squeezed capacity) ends in
-/// `DoesNotFit` rather than retrying without end. (That the retries happen is
+/// `DoesNotFit` (or, when its whole-program bytes alone exceed the capacity,
+/// `Resident` after one lowering) rather than retrying without end. (That the retries happen is
 /// seen on the So400m layer at batch 2, `placement_retries` 3: no small model
 /// misses by elements alone.)
 #[test]
@@ -428,6 +429,11 @@ fn placement_retries_are_bounded() {
     let t = std::time::Instant::now();
     match compile_model(&machine, &graph, &weights, &squeezed) {
         Err(CompileError::DoesNotFit(tiles)) => assert!(!tiles.is_empty()),
+        // What lives for the whole program already exceeds the capacity: refused
+        // after one lowering.
+        Err(CompileError::Plan(tessera_plan::PlanError::Resident { missing, .. })) => {
+            assert!(missing > 0)
+        }
         other => panic!("expected DoesNotFit, got {:?}", other.map(|c| c.report)),
     }
     eprintln!(
