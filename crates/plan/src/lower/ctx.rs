@@ -57,9 +57,8 @@ pub(crate) struct Lowering<'a> {
 #[derive(Default)]
 struct Body {
     count: u32,
-    /// Each tile's store of the body's weights: up to [`STORE_PARTS`] buffers,
-    /// an instance a layer, all with one stride (see [`Lowering::end_body`]).
-    stores: BTreeMap<u32, Vec<BufId>>,
+    /// Each tile's store of the body's weights: one buffer, an instance a layer.
+    stores: BTreeMap<u32, BufId>,
     /// Every constant the body made, in order: (binding, offset in its image,
     /// bytes). A replay's `k`-th constant lands where the body's `k`-th did.
     constants: Vec<(String, u32, u32)>,
@@ -104,12 +103,6 @@ struct Staging {
     /// Compute buffers to fill: (buffer, weight binding, offset in its image, bytes).
     fills: Vec<(BufId, String, u32, u32)>,
 }
-
-/// Buffers a tile's store of a layer loop's weights is cut into: placement can
-/// then put parts of it in different regions (the executable region's room
-/// beside the code, the interleaved one's beside the AMP's weights) where one
-/// block of every layer's weights would fit in neither.
-const STORE_PARTS: usize = 4;
 
 /// The smallest piece of a weight image one tile stores: smaller pieces would
 /// only add messages.
@@ -179,21 +172,7 @@ impl<'a> Lowering<'a> {
     }
 
     /// Ends the body's lowering (its steps are all handed out).
-    /// Each tile's store parts padded to one size, so that one offset, the
-    /// layer times that stride, finds a layer's instance in every part.
     pub fn end_body(&mut self) {
-        if let Some(body) = &self.body {
-            for parts in body.stores.values() {
-                let most = parts
-                    .iter()
-                    .map(|b| self.plan.buffers[b.0 as usize].bytes)
-                    .max()
-                    .unwrap_or(0);
-                for b in parts {
-                    self.plan.buffers[b.0 as usize].bytes = most;
-                }
-            }
-        }
         self.lowered_body = self.body.take();
     }
 
@@ -365,34 +344,18 @@ impl<'a> Lowering<'a> {
                     // The body's chunks on a tile share one store, an instance
                     // a layer: an iteration reads its layer's at one offset.
                     Some(body) => {
-                        let parts = body.stores.entry(tile).or_default();
-                        // The part with the fewest bytes, a new one while
-                        // there are fewer than `STORE_PARTS`.
-                        let least = parts
-                            .iter()
-                            .copied()
-                            .min_by_key(|b| (self.plan.buffers[b.0 as usize].bytes, *b));
-                        let buf = match least {
-                            Some(b)
-                                if parts.len() == STORE_PARTS
-                                    || self.plan.buffers[b.0 as usize].bytes == 0 =>
-                            {
-                                b
-                            }
-                            _ => {
-                                let id = self.plan.add_buffer(
-                                    tile,
-                                    format!("layers.store{}", parts.len()),
-                                    0,
-                                    Category::WeightStore,
-                                );
-                                self.plan.buffers[id.0 as usize].instances = body.count;
-                                self.plan.touch(id, 0);
-                                self.forever.push(id);
-                                parts.push(id);
-                                id
-                            }
-                        };
+                        let buf = *body.stores.entry(tile).or_insert_with(|| {
+                            let id = self.plan.add_buffer(
+                                tile,
+                                "layers.store".to_string(),
+                                0,
+                                Category::WeightStore,
+                            );
+                            self.plan.buffers[id.0 as usize].instances = body.count;
+                            self.plan.touch(id, 0);
+                            self.forever.push(id);
+                            id
+                        });
                         let b = &mut self.plan.buffers[buf.0 as usize];
                         let offset = b.bytes.next_multiple_of(8);
                         b.bytes = offset + bytes;
