@@ -1335,6 +1335,11 @@ fn fit(
                 o.even_rows = opts.even_rows;
             }
             None if o.slab_bias_bytes > 0 => o.slab_bias_bytes = 0,
+            // Last, the activation budget: a whole tower's weight store takes
+            // room no weight budget gives back.
+            None if o.transient_bytes > MIN_TRANSIENT_BYTES => {
+                o.transient_bytes = (o.transient_bytes * 3 / 4).max(MIN_TRANSIENT_BYTES);
+            }
             None => return Ok((plan, o)),
         }
     }
@@ -1596,6 +1601,8 @@ pub fn placement_retry_budget(o: &LowerOptions) -> Option<LowerOptions> {
 pub const FIT_SHARE: (u64, u64) = (85, 100);
 /// The smallest weight budget [`lower`] tries.
 const MIN_WEIGHT_BYTES: u64 = 96 * 1024;
+/// The smallest activation budget the fit loop tries.
+const MIN_TRANSIENT_BYTES: u64 = 32 * 1024;
 
 /// The most bytes of buffers live on one tile at one step: a lower bound of what
 /// placement needs there.
@@ -1608,10 +1615,16 @@ pub fn max_live_bytes(plan: &TilePlan) -> u64 {
 pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
     let steps = plan.steps.len();
     let mut live = vec![0u64; plan.tiles as usize * steps];
-    for (t, code) in crate::exchange_code::code_bytes_per_tile(plan)
-        .into_iter()
-        .enumerate()
-    {
+    let mut code = crate::exchange_code::code_bytes_per_tile(plan);
+    // A layer loop's store leaves little room, so there the kernels' code
+    // counts too (elsewhere the fit limit's margin holds it, and the plans
+    // settled on before the loop existed stay as they are).
+    if plan.layer_loop.is_some() {
+        for (t, k) in kernel_code_bytes_per_tile(plan).into_iter().enumerate() {
+            code[t] += k;
+        }
+    }
+    for (t, code) in code.into_iter().enumerate() {
         for v in &mut live[t * steps..(t + 1) * steps] {
             *v += code;
         }
@@ -1627,6 +1640,24 @@ pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
         .map_or((0, 0, 0), |(i, bytes)| {
             ((i / steps) as u32, (i % steps) as Step, bytes)
         })
+}
+
+/// Bytes of each tile's kernel code: every distinct kernel it calls, once.
+fn kernel_code_bytes_per_tile(plan: &TilePlan) -> Vec<u64> {
+    let mut of_symbol: HashMap<String, u64> = HashMap::new();
+    let mut seen: HashSet<(u32, String)> = HashSet::new();
+    let mut bytes = vec![0u64; plan.tiles as usize];
+    for c in &plan.calls {
+        let k = c.kernel.kernel();
+        let symbol = k.symbol();
+        if seen.insert((c.tile, symbol.clone())) {
+            let b = *of_symbol
+                .entry(symbol)
+                .or_insert_with(|| u64::from(k.code_bytes().unwrap_or(0)));
+            bytes[c.tile as usize] += b;
+        }
+    }
+    bytes
 }
 
 /// One lowering with exactly `opts` (no fit loop): the plan may not fit, and
