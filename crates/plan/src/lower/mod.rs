@@ -1615,15 +1615,7 @@ pub fn max_live_bytes(plan: &TilePlan) -> u64 {
 pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
     let steps = plan.steps.len();
     let mut live = vec![0u64; plan.tiles as usize * steps];
-    let mut code = crate::exchange_code::code_bytes_per_tile(plan);
-    // A layer loop's store leaves little room, so there the kernels' code
-    // counts too (elsewhere the fit limit's margin holds it, and the plans
-    // settled on before the loop existed stay as they are).
-    if plan.layer_loop.is_some() {
-        for (t, k) in kernel_code_bytes_per_tile(plan).into_iter().enumerate() {
-            code[t] += k;
-        }
-    }
+    let code = crate::exchange_code::code_bytes_per_tile(plan);
     for (t, code) in code.into_iter().enumerate() {
         for v in &mut live[t * steps..(t + 1) * steps] {
             *v += code;
@@ -1640,24 +1632,6 @@ pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
         .map_or((0, 0, 0), |(i, bytes)| {
             ((i / steps) as u32, (i % steps) as Step, bytes)
         })
-}
-
-/// Bytes of each tile's kernel code: every distinct kernel it calls, once.
-fn kernel_code_bytes_per_tile(plan: &TilePlan) -> Vec<u64> {
-    let mut of_symbol: HashMap<String, u64> = HashMap::new();
-    let mut seen: HashSet<(u32, String)> = HashSet::new();
-    let mut bytes = vec![0u64; plan.tiles as usize];
-    for c in &plan.calls {
-        let k = c.kernel.kernel();
-        let symbol = k.symbol();
-        if seen.insert((c.tile, symbol.clone())) {
-            let b = *of_symbol
-                .entry(symbol)
-                .or_insert_with(|| u64::from(k.code_bytes().unwrap_or(0)));
-            bytes[c.tile as usize] += b;
-        }
-    }
-    bytes
 }
 
 /// One lowering with exactly `opts` (no fit loop): the plan may not fit, and
