@@ -114,6 +114,15 @@ pub fn attribute(machine: &Machine, graph: &Graph, compiled: &Compiled, run: &Ru
     }
 }
 
+/// Each operation's position in `c.plan_ops`, by name.
+fn op_index(c: &Compiled) -> HashMap<&str, usize> {
+    c.plan_ops
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.name.as_str(), i))
+        .collect()
+}
+
 /// FLOP of one graph operation (matrix products only: two per multiply-add).
 pub fn op_flop(g: &Graph, op: &tessera_graph::Op) -> u64 {
     match &op.kind {
@@ -144,12 +153,7 @@ fn op_table(
     Vec<LayerRow>,
     Vec<Option<String>>,
 ) {
-    let index: HashMap<&str, usize> = c
-        .plan_ops
-        .iter()
-        .enumerate()
-        .map(|(i, o)| (o.name.as_str(), i))
-        .collect();
+    let index = op_index(c);
     let mut rows: Vec<OpRow> = c
         .plan_ops
         .iter()
@@ -396,12 +400,7 @@ impl<'a> Charges<'a> {
 /// superstep `n` (counting from 0) follows the `n`-th of those. A superstep's
 /// layer is that of the operation [`attribute`] charges it to.
 pub fn superstep_layers(c: &Compiled) -> Vec<Option<u32>> {
-    let index: HashMap<&str, usize> = c
-        .plan_ops
-        .iter()
-        .enumerate()
-        .map(|(i, o)| (o.name.as_str(), i))
-        .collect();
+    let index = op_index(c);
     let charges = Charges::new(c, &index);
     let h = &c.report.host;
     let layer = |i: Option<usize>| i.and_then(|i| layer_of(&c.plan_ops[i].name).map(|l| l.0));
