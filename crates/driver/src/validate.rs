@@ -508,9 +508,14 @@ fn score_floors(
 /// carries the scale, the reference scales the scores after).
 const SCORE_ULPS: f64 = 2.0;
 
+/// Keys a chunk of the probabilities-times-values product: the AMP's width.
+const CHUNK: usize = 16;
+
 /// See [`score_floors`]: scores `[.., q, k]`, values `[.., k, d]`. Per query
-/// row and value column `c`, `SCORE_ULPS * sum_j p_j ulp(s_j) |v_jc - out_c|`,
-/// the worst over rows and columns; rows in parallel.
+/// row and value column `c`, `SCORE_ULPS * sum_j p_j ulp(s_j) |v_jc - out_c|`
+/// plus, for the product's f16 chunk partials, the square root of the chunks
+/// times an ulp of the largest running sum (which, where the values cancel, is far above the
+/// output's own magnitude); the worst over rows and columns; rows in parallel.
 fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
     use rayon::prelude::*;
     let (sd, vd) = (s.shape().dims(), v.shape().dims());
@@ -531,12 +536,21 @@ fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
         let mut p: Vec<f64> = row.iter().map(|&x| f64::from(x - m).exp()).collect();
         let z: f64 = p.iter().sum();
         p.iter_mut().for_each(|x| *x /= z);
+        // The product's running sums at each 16-key chunk boundary, where the
+        // engine rounds them to f16: their largest magnitude per column.
         let mut out = vec![0.0f64; d];
+        let mut partial = vec![0.0f64; d];
         for (j, &pj) in p.iter().enumerate() {
             for (o, &x) in out.iter_mut().zip(&vg[j * d..(j + 1) * d]) {
                 *o += pj * f64::from(x);
             }
+            if (j + 1) % CHUNK == 0 || j + 1 == tk {
+                for (m, &o) in partial.iter_mut().zip(&out) {
+                    *m = m.max(o.abs());
+                }
+            }
         }
+        let chunks = (tk.div_ceil(CHUNK) as f64).sqrt();
         let mut bound = vec![0.0f64; d];
         for (j, (&pj, &sj)) in p.iter().zip(row).enumerate() {
             let w = pj * f64::from(tessera_reference::f16_ulp(sj.abs()));
@@ -544,13 +558,24 @@ fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
                 *b += w * (f64::from(x) - o).abs();
             }
         }
-        bound.into_iter().fold(0.0, f64::max)
+        // Plus the chunks' roundings of the running sum, half an ulp of its
+        // magnitude each, once for the program and once for the reference
+        // (they group the keys differently where the keys are cut over tiles):
+        // independent, so they add like a random walk, the square root of the
+        // chunks.
+        bound
+            .into_iter()
+            .zip(&partial)
+            .map(|(b, &m)| {
+                SCORE_ULPS * b + chunks * f64::from(tessera_reference::f16_ulp(m as f32))
+            })
+            .fold(0.0, f64::max)
     };
     let worst = (0..groups * tq)
         .into_par_iter()
         .map(row_bound)
         .reduce(|| 0.0, f64::max);
-    Some((SCORE_ULPS * worst) as f32)
+    Some(worst as f32)
 }
 
 fn wanted(g: &Graph, c: &Compiled) -> Result<Vec<TensorId>, Error> {
