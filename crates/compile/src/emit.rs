@@ -51,6 +51,8 @@ pub struct TileCode {
     /// bytes.
     pub exchange_blocks: Vec<Option<u32>>,
     pub exchange_bytes: u32,
+    /// Bytes the layer loop's offset advances by an iteration on this tile.
+    pub layer_stride: u32,
 }
 
 fn kernel_err(tile: u32, kernel: String, source: tessera_kernels::KernelError) -> CompileError {
@@ -114,7 +116,6 @@ fn supervisor_words(
     let mut pc = base;
     let mut next_call = 0;
     let looped = plan.layer_loop.as_ref();
-    let layer_stride = layer_stride(plan, tile);
     let mut body_start = 0;
     for (step, kind) in plan.steps.iter().enumerate() {
         if let Some(lp) = looped
@@ -175,7 +176,7 @@ fn supervisor_words(
         if let Some(lp) = looped
             && lp.last as usize == step
         {
-            let tail = loop_tail(layer_stride, lp.count, body_start);
+            let tail = loop_tail(code.layer_stride, lp.count, body_start);
             pc += code_bytes(&tail);
             words.extend(tail);
         }
@@ -184,14 +185,15 @@ fn supervisor_words(
     Ok(words)
 }
 
-/// Bytes [`LAYER`] advances by each iteration on `tile`: the stride of the
-/// tile's weight store (one per tile at most), or 8 where the tile stores
-/// none and the register only counts.
-fn layer_stride(plan: &TilePlan, tile: u32) -> u32 {
-    plan.buffers
-        .iter()
-        .find(|b| b.tile == tile && b.instances > 1)
-        .map_or(8, |b| b.stride())
+/// Bytes [`LAYER`] advances by each iteration, by tile: the stride of the tile's
+/// weight store (one per tile at most), or 8 where the tile stores none and the
+/// register only counts. One pass over the buffers for every tile.
+fn layer_strides(plan: &TilePlan) -> Vec<u32> {
+    let mut strides = vec![8; plan.tiles as usize];
+    for b in plan.buffers.iter().filter(|b| b.instances > 1) {
+        strides[b.tile as usize] = b.stride();
+    }
+    strides
 }
 
 /// The end of a loop body: the layer offset advanced by a stride, and back to
@@ -266,6 +268,9 @@ pub fn size_code(plan: &TilePlan, host: &HostPlan) -> Result<SizedCode, CompileE
     }
     for (ci, call) in plan.calls.iter().enumerate() {
         tiles[call.tile as usize].calls.push(ci);
+    }
+    for (code, stride) in tiles.iter_mut().zip(layer_strides(plan)) {
+        code.layer_stride = stride;
     }
     for (tile, code) in tiles.iter_mut().enumerate() {
         code.calls.sort_by_key(|&ci| plan.calls[ci].step);

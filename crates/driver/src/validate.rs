@@ -37,19 +37,12 @@ pub fn output_tolerance(scale: f32, layers: usize) -> f32 {
     tolerance(scale) * (layers.max(1) as f32).sqrt()
 }
 
-/// Encoder layers in `g`: distinct `layers.<i>.` operation-name prefixes (at
-/// least one), the depth the output rule scales with.
+/// Encoder layers in `g` (at least one), the depth the output rule scales
+/// with: the layers its operations' names say ([`crate::layers_in`]).
 pub fn encoder_layers(g: &Graph) -> usize {
-    let mut seen = std::collections::BTreeSet::new();
-    for op in g.ops() {
-        if let Some(rest) = op.name.strip_prefix("layers.")
-            && let Some((i, _)) = rest.split_once('.')
-            && let Ok(i) = i.parse::<usize>()
-        {
-            seen.insert(i);
-        }
-    }
-    seen.len().max(1)
+    crate::layers_in(g.ops().iter().map(|o| o.name.as_str()))
+        .len()
+        .max(1)
 }
 
 /// `weights` with each product's weight in `fp8` (times its factor) rounded to
@@ -64,8 +57,10 @@ fn fp8_rounded(
         return None;
     }
     let mut w = weights.clone();
+    let by_name: std::collections::HashMap<&str, &tessera_graph::Op> =
+        g.ops().iter().map(|o| (o.name.as_str(), o)).collect();
     for (name, scale, factor) in fp8 {
-        let Some(op) = g.ops().iter().find(|o| &o.name == name) else {
+        let Some(op) = by_name.get(name.as_str()) else {
             continue;
         };
         let OpKind::MatMul { b, .. } = op.kind else {
@@ -77,9 +72,8 @@ fn fp8_rounded(
         if let Some(t) = w.get_mut(param) {
             for v in t.data_mut() {
                 // The tile holds the weight times `factor` (a folded attention
-                // scale, a GELU's halving) in FP8; the graph's weight is that
-                // over the factor.
-                // The lowering packs it in f16 before encoding it.
+                // scale, a GELU's halving), packed in f16 and then encoded in
+                // FP8; the graph's weight is that over the factor.
                 let stored = f16::from_f32(*v * factor).to_f32();
                 *v = decode(encode(stored, *scale), *scale) / factor;
             }

@@ -305,7 +305,8 @@ pub struct TilePlan {
     /// scale, a GELU's halving), for a reference that rounds as the program does.
     pub fp8_weights: Vec<(String, i8, f32)>,
     /// A plan lowered for its shape only: its later layers' weight bindings hold
-    /// the first layer's bytes. Never compiled.
+    /// the first layer's bytes. A finalist compiled from it has its weights
+    /// filled in before it is used (`tessera_compile::complete_layer_weights`).
     pub layer_weights_pending: bool,
     pub tiles: u32,
     pub steps: Vec<StepKind>,
