@@ -199,12 +199,14 @@ pub fn validate(
     // scores are gigabytes).
     let results = keep.len();
     let softmax_products = softmax_products(g, &mut keep);
-    let (want32, kept32) = tessera_reference::evaluate_keeping(
+    // The f32 reference gives the outputs' f32 error and cosine only: every
+    // check is held to the f16-storage one, at its magnitudes.
+    let (want32, _) = tessera_reference::evaluate_keeping(
         g,
         &model.weights,
         &model.inputs,
         &tessera_reference::EvalOptions::default(),
-        &keep[..results],
+        &[],
     )?;
     // The reference that stores f16 where the program does (chunk partials, the
     // plan's inner groups, every f16 tensor): the program may differ from it only
@@ -244,7 +246,7 @@ pub fn validate(
         let missing = || Error::MissingOutput(out.name.clone());
         let want = want16.get(&out.name).ok_or_else(missing)?;
         let want32 = want32.get(&out.name).ok_or_else(missing)?;
-        let scale = want32.data().iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = want.data().iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let tol = output_tolerance(scale, encoder_layers(g));
         let (max_err, max_err32, cosine) = if completed {
             let got = run.output(&out.name).ok_or_else(missing)?;
@@ -287,8 +289,8 @@ pub fn validate(
                 &given,
             )?;
             let floors = score_floors(&softmax_products, &own16);
-            let mut ops = check(c, req, captured, &own16, &kept32, &floors);
-            let inherited = check(c, req, captured, &kept16, &kept32, &floors);
+            let mut ops = check(c, req, captured, &own16, &floors);
+            let inherited = check(c, req, captured, &kept16, &floors);
             for (op, from) in ops.iter_mut().zip(&inherited) {
                 for (t, f) in op.tensors.iter_mut().zip(&from.tensors) {
                     t.max_abs_error_inherited = f.max_abs_error;
@@ -330,7 +332,7 @@ pub struct TensorCheck {
     /// the operation inherits from those before it.
     pub max_abs_error_inherited: Option<f32>,
     /// [`ULPS`] f16 ulps at the tensor's largest magnitude in the
-    /// f32 reference (floor 1), as for the outputs.
+    /// f16-storage reference it is compared with (floor 1), as for the outputs.
     pub tolerance: Option<f32>,
     /// The tile holding the element with the largest error.
     pub worst_tile: Option<u32>,
@@ -616,7 +618,7 @@ fn element(at: &ProbeAt, dims: &[usize], row: u32, col: u32) -> Option<usize> {
     }
 }
 
-/// Compares every readable result with the reference (`want16`, `want32`: the
+/// Compares every readable result with the reference (`want16`: the
 /// values of [`wanted`]'s tensors, in its order) and groups the checks by plan
 /// operation; `captured` is the simulator's copy of [`Requests::captures`] (a
 /// tensor the run did not reach, having faulted before, is reported unread).
@@ -625,7 +627,6 @@ fn check(
     req: &Requests,
     captured: &[Option<Vec<u8>>],
     want16: &[HostTensor],
-    want32: &[HostTensor],
     floors: &std::collections::HashMap<usize, f32>,
 ) -> Vec<OpCheck> {
     let mut ops = vec![OpCheck::default(); c.plan_ops.len()];
@@ -635,10 +636,10 @@ fn check(
             (Some(at), Some(first)) => {
                 let i = k;
                 k += 1;
-                match (captured.get(*first..), want16.get(i), want32.get(i)) {
-                    (Some(captured), Some(w16), Some(w32)) => {
+                match (captured.get(*first..), want16.get(i)) {
+                    (Some(captured), Some(w16)) => {
                         let floor = floors.get(&i).copied().unwrap_or(0.0);
-                        Some(compare(r, at, captured, (w16, w32), floor))
+                        Some(compare(r, at, captured, w16, floor))
                     }
                     _ => None,
                 }
@@ -684,11 +685,15 @@ fn compare(
     r: &ResultProbe,
     at: &ProbeAt,
     captured: &[Option<Vec<u8>>],
-    (want16, want32): (&HostTensor, &HostTensor),
+    want16: &HostTensor,
     floor: f32,
 ) -> TensorCheck {
     let scale = at.stored.scale;
-    let magnitude = want32.data().iter().fold(0.0f32, |m, v| m.max(v.abs())) * scale.abs();
+    // Ulps at the magnitude of the values compared. The f32 reference runs the
+    // model's own weights from the first layer on: with FP8 weights, deep in a
+    // tower its magnitudes drift from those the program computes (by several
+    // percent at 27 layers), and a rule read off them would not be the program's.
+    let magnitude = want16.data().iter().fold(0.0f32, |m, v| m.max(v.abs())) * scale.abs();
     let tol = tolerance(magnitude).max(floor * scale.abs());
     let dims = want16.shape().dims().to_vec();
     let mut worst: Option<(f32, u32)> = None;

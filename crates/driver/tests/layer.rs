@@ -315,6 +315,29 @@ fn attention_with_its_keys_cut_in_two_runs_validates() {
     }
 }
 
+/// 81 tokens, one image of two heads on eight tiles: four tiles a head, whole bus
+/// pairs, so whole keys by default; cut for memory (what the fit loop does when
+/// budgets alone leave the attention over the limit), each half of a head holds
+/// its run's keys and values, and the tokens validate.
+#[test]
+fn attention_with_its_keys_cut_for_memory_validates() {
+    for (cut_all_keys, cut) in [(true, true), (false, false)] {
+        let x = Experimental {
+            cut_all_keys,
+            ..Experimental::default()
+        };
+        let decisions = small_layer_decisions("keycut-memory", 126, 1, 8, x);
+        assert_eq!(
+            decisions.contains(
+                "(for memory: half a head's keys and values a tile): keys cut in two runs"
+            ),
+            cut,
+            "{decisions}"
+        );
+        assert_eq!(decisions.contains("scores transposed"), !cut, "{decisions}");
+    }
+}
+
 /// Nine tokens: fewer keys than the column softmax's six workers need (two rows
 /// each), so the attention takes the row path by itself, and validates.
 #[test]

@@ -497,13 +497,19 @@ fn transposed_path(
                 tiles,
                 (op.batch, op.heads, op.tq, op.t),
                 (op.d, op.scale),
+                lw.opts.cut_keys || lw.opts.experimental.cut_all_keys,
             )
         })
         .flatten();
     if let Some(sg) = split {
         let [h1, h2] = sg.halves;
+        let why = if sg.group == group {
+            "for memory: half a head's keys and values a tile".to_string()
+        } else {
+            format!("whole bus pairs; {group} would share one with the next head")
+        };
         lw.plan.decisions.push(format!(
-            "{name}: {} x {}, {} each (whole bus pairs; {group} would share one with the next head): keys cut in two runs, {} with {} over keys {}..{}, {} with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
+            "{name}: {} x {}, {} each ({why}): keys cut in two runs, {} with {} over keys {}..{}, {} with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",
             count(op.batch, "image"),
             count(op.heads, "head"),
             count(sg.group, "tile"),

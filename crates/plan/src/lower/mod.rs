@@ -91,13 +91,19 @@ pub struct LowerOptions {
     pub loop_layers: bool,
     /// How linears' weights are stored on the tiles.
     pub weight_dtype: WeightDtype,
+    /// Cut every transposed attention's keys in two runs, each half of a group
+    /// holding one run, also where whole keys would be faster: each tile then
+    /// holds half a head's keys and values. The fit loop turns it on when
+    /// budgets alone leave the attention's step over the limit (a whole tower
+    /// at batch 2, whose weight store takes half of every tile).
+    pub cut_keys: bool,
     /// Knobs for tests and demonstrations; all off by default.
     pub experimental: Experimental,
 }
 
 /// Every knob that exists for tests and demonstrations rather than for a normal
 /// compile, in one place: each changes the package or breaks it on purpose. The
-/// lowering reads the first five, the compile after it the rest.
+/// lowering reads the first six, the compile after it the rest.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Experimental {
     /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
@@ -114,6 +120,11 @@ pub struct Experimental {
     /// are an odd number of tiles and the key cut would apply (for tests and
     /// measurements that compare the two).
     pub whole_keys: bool,
+    /// Cut every transposed attention's keys in two runs from the first
+    /// lowering on, as the fit loop does where memory is short
+    /// (`LowerOptions::cut_keys`), for tests of that path at sizes that fit
+    /// anyway.
+    pub cut_all_keys: bool,
     /// Lower attentions with a constant query with their projections as they are
     /// (for tests that compare the absorbed lowering with it).
     pub unabsorbed: bool,
@@ -154,6 +165,7 @@ impl Default for LowerOptions {
             stage_weights: false,
             loop_layers: true,
             weight_dtype: WeightDtype::F16,
+            cut_keys: false,
             experimental: Experimental::default(),
         }
     }
@@ -1335,6 +1347,10 @@ fn fit(
                 o.even_rows = opts.even_rows;
             }
             None if o.slab_bias_bytes > 0 => o.slab_bias_bytes = 0,
+            // Then half of every attention's keys and values a tile, for a merge
+            // exchange more: at its peak the attention holds a head's keys
+            // whole, which no weight budget touches.
+            None if !o.cut_keys && !o.experimental.whole_keys => o.cut_keys = true,
             // Last, the activation budget: a whole tower's weight store takes
             // room no weight budget gives back.
             None if o.transient_bytes > MIN_TRANSIENT_BYTES => {

@@ -71,19 +71,22 @@ const MIN_KEYS: u32 = 12;
 
 /// The key cut for these shapes, when the whole-key transposed path's groups are
 /// an odd number of tiles (more than one pair, so that groups share bus pairs) and
-/// the cut's cost ([`cut_cost`]) is below the whole-key path's ([`whole_cost`]).
+/// the cut's cost ([`cut_cost`]) is below the whole-key path's ([`whole_cost`]);
+/// or, `for_memory`, wherever the groups have two bus pairs or more, whatever it
+/// costs (`LowerOptions::cut_keys`: half the keys and values a tile).
 pub(crate) fn split_geometry(
     timing: &Timing,
     tiles: u32,
     (batch, heads, tq, t): (u32, u32, u32, u32),
     (d, scale): (u32, f32),
+    for_memory: bool,
 ) -> Option<SplitGeometry> {
     let pairs = batch * heads;
     let (path, whole, rows_per, ..) = geometry(tiles, false, (batch, heads, tq, t), scale);
-    if path != super::Path::Transposed || pairs < 2 || whole % 2 == 0 {
+    if path != super::Path::Transposed || pairs < 2 || (whole % 2 == 0 && !for_memory) {
         return None;
     }
-    let group = whole - 1;
+    let group = whole - whole % 2;
     let bus_pairs = group / 2;
     if bus_pairs < 2 {
         return None;
@@ -116,6 +119,9 @@ pub(crate) fn split_geometry(
             },
         ],
     };
+    if for_memory {
+        return Some(sg);
+    }
     let whole = whole_cost(timing, (t, d, scale), rows_per.div_ceil(AMP_WIDTH));
     (cut_cost(timing, (tq, t, d, scale), &sg) < whole).then_some(sg)
 }
@@ -700,10 +706,10 @@ mod tests {
     }
 
     #[test]
-    fn so400m_at_batch_4_cuts_its_keys_and_batch_2_does_not() {
+    fn so400m_at_batch_4_cuts_its_keys_and_batch_2_only_for_memory() {
         // 23 tiles a head at batch 4: 22 of them, 12 on keys 0..416 with four
         // query blocks each, 10 on keys 416..729 with five.
-        let sg = split_geometry(&c600(), 1472, (4, 16, 729, 729), (72, 1.0)).expect("cut");
+        let sg = split_geometry(&c600(), 1472, (4, 16, 729, 729), (72, 1.0), false).expect("cut");
         assert_eq!(sg.group, 22);
         assert_eq!(
             sg.halves,
@@ -726,12 +732,20 @@ mod tests {
         );
         // 46 tiles a head: whole bus pairs already.
         assert_eq!(
-            split_geometry(&c600(), 1472, (2, 16, 729, 729), (72, 1.0)),
+            split_geometry(&c600(), 1472, (2, 16, 729, 729), (72, 1.0), false),
             None
+        );
+        // For memory, whole bus pairs are cut too: 24 tiles with two query
+        // blocks each on keys 0..448, 22 with three on keys 448..729.
+        let sg = split_geometry(&c600(), 1472, (2, 16, 729, 729), (72, 1.0), true).expect("cut");
+        assert_eq!(sg.group, 46);
+        assert_eq!(
+            sg.halves.map(|h| (h.tiles, h.kb0, h.kbn, h.qb)),
+            [(24, 0, 28, 2), (22, 28, 18, 3)]
         );
         // One pair shares its bus pairs with nobody.
         assert_eq!(
-            split_geometry(&c600(), 23, (1, 1, 729, 729), (72, 1.0)),
+            split_geometry(&c600(), 23, (1, 1, 729, 729), (72, 1.0), false),
             None
         );
     }
@@ -745,7 +759,8 @@ mod tests {
             (1472u32, 4u32, 16u32, 729u32, 3u32, 3u32),
             (10, 1, 2, 81, 2, 2),
         ] {
-            let sg = split_geometry(&c600(), tiles, (batch, heads, t, t), (72, 1.0)).expect("cut");
+            let sg = split_geometry(&c600(), tiles, (batch, heads, t, t), (72, 1.0), false)
+                .expect("cut");
             let nb = t.div_ceil(AMP_WIDTH);
             let runs = merge_runs(&sg, nb);
             let mut next = 0;
@@ -788,26 +803,29 @@ mod tests {
         let mut cuts = 0;
         for tiles in [10u32, 14, 18, 22, 46, 70, 94, 1472] {
             for (batch, heads, t) in [(1u32, 2u32, 81u32), (2, 2, 81), (1, 2, 49), (4, 16, 729)] {
-                let Some(sg) = split_geometry(&c600(), tiles, (batch, heads, t, t), (32, 1.0))
-                else {
-                    continue;
-                };
-                assert!(sg.group % 2 == 0 && sg.group * batch * heads <= tiles);
-                let nb = t.div_ceil(AMP_WIDTH);
-                let tb = nb;
-                let [a, b] = sg.halves;
-                assert_eq!(
-                    (a.tile0, b.tile0, a.tiles + b.tiles),
-                    (0, a.tiles, sg.group)
-                );
-                assert_eq!((a.kb0, b.kb0, a.kbn + b.kbn), (0, a.kbn, tb));
-                assert!(a.tiles % 2 == 0 && b.tiles % 2 == 0);
-                for h in [a, b] {
-                    assert!(h.qb * h.tiles >= nb);
-                    let real = (h.kbn * AMP_WIDTH).min(t - h.kb0 * AMP_WIDTH);
-                    assert!(real >= MIN_KEYS, "{tiles} {batch} {heads} {t}: {h:?}");
+                for for_memory in [false, true] {
+                    let Some(sg) =
+                        split_geometry(&c600(), tiles, (batch, heads, t, t), (32, 1.0), for_memory)
+                    else {
+                        continue;
+                    };
+                    assert!(sg.group % 2 == 0 && sg.group * batch * heads <= tiles);
+                    let nb = t.div_ceil(AMP_WIDTH);
+                    let tb = nb;
+                    let [a, b] = sg.halves;
+                    assert_eq!(
+                        (a.tile0, b.tile0, a.tiles + b.tiles),
+                        (0, a.tiles, sg.group)
+                    );
+                    assert_eq!((a.kb0, b.kb0, a.kbn + b.kbn), (0, a.kbn, tb));
+                    assert!(a.tiles % 2 == 0 && b.tiles % 2 == 0);
+                    for h in [a, b] {
+                        assert!(h.qb * h.tiles >= nb);
+                        let real = (h.kbn * AMP_WIDTH).min(t - h.kb0 * AMP_WIDTH);
+                        assert!(real >= MIN_KEYS, "{tiles} {batch} {heads} {t}: {h:?}");
+                    }
+                    cuts += 1;
                 }
-                cuts += 1;
             }
         }
         assert!(cuts >= 4, "{cuts}");
