@@ -274,3 +274,51 @@ fn refusals_name_what_is_wrong() {
     .to_string();
     assert!(e.contains("hidden_act") && e.contains("relu"), "{e}");
 }
+
+/// `vision_use_head: false`: the tower without the pooling head, whose only
+/// output is the tokens, transformers' `last_hidden_state` all the same.
+#[test]
+fn without_the_head_the_tokens_still_match() {
+    let machine = Machine::load("c600").unwrap();
+    let ckpt = Checkpoint::open(fixtures().join("vision")).unwrap();
+    let mut map = TensorMap::new();
+    for n in ckpt.names().into_iter().filter(|n| !n.starts_with("head.")) {
+        map.insert(n.clone(), ckpt.tensor(&n).unwrap().unwrap());
+    }
+    let mut cfg = ckpt.config().clone();
+    cfg.vision_use_head = false;
+    let mut model = Model::import(
+        &Import {
+            config: &cfg,
+            source: &map,
+            images: &[],
+            batch: 2,
+            tokens: false,
+            layers: None,
+            seed: 1,
+        },
+        &machine,
+    )
+    .unwrap();
+    let px = expected().get("pixel_values").unwrap().clone();
+    let mut p = tessera_import::patches(&px, &cfg).unwrap();
+    p.round_to_f16();
+    model.inputs.insert("patches", p);
+    let o = Options {
+        finalists: 1,
+        ..Options::default()
+    };
+    let c = tessera_driver::compile(&machine, &model, &o, &NoProgress).expect("compile");
+    let r = tessera_driver::simulate(&model, &c, &Default::default(), &NoProgress).unwrap();
+    let (pooled, tokens) = model.embeddings(&r, 2).unwrap();
+    assert!(pooled.is_none());
+    let want = expected();
+    check(
+        "no head, tokens",
+        &tokens.unwrap(),
+        want.get("tokens").unwrap(),
+        &[0, 1],
+        0.01,
+        0.9999,
+    );
+}
