@@ -201,7 +201,7 @@ fn whole_model_from_images_matches_transformers() {
 #[test]
 fn refusals_name_what_is_wrong() {
     let machine = Machine::load("c600").unwrap();
-    let build = |s: &ModelSpec| Model::build(s, &machine).err().expect("refused");
+    let build = |s: &ModelSpec| Model::build(s, &machine).expect_err("refused");
     let e = build(&spec("vision", images(), 3, None));
     assert!(
         matches!(
@@ -243,14 +243,14 @@ fn refusals_name_what_is_wrong() {
     import(&map).unwrap();
     let mut missing = map.clone();
     missing.remove("head.probe");
-    let e = import(&missing).err().expect("refused").to_string();
+    let e = import(&missing).expect_err("refused").to_string();
     assert!(e.contains("head.probe"), "{e}");
     let mut wrong = map.clone();
     wrong.insert(
         "encoder.layers.0.mlp.fc1.weight",
         HostTensor::zeros(vec![64, 128]),
     );
-    let e = import(&wrong).err().expect("refused").to_string();
+    let e = import(&wrong).expect_err("refused").to_string();
     assert!(
         e.contains("encoder.layers.0.mlp.fc1.weight") && e.contains("[128, 64]"),
         "{e}"
@@ -269,8 +269,7 @@ fn refusals_name_what_is_wrong() {
         },
         &machine,
     )
-    .err()
-    .expect("refused")
+    .expect_err("refused")
     .to_string();
     assert!(e.contains("hidden_act") && e.contains("relu"), "{e}");
 }
