@@ -104,16 +104,15 @@ impl VisionConfig {
                 ),
             ));
         }
-        if !self.image_size.is_multiple_of(self.patch_size) {
-            // transformers' Conv2d would drop the remainder; Tessera's patches
-            // tile the image exactly.
+        // transformers' patch Conv (stride = patch) drops the pixels past the
+        // last whole patch: google/siglip-so400m-patch14-384 sees 27 x 27
+        // patches, 378 of its 384 pixels a side. Only an image smaller than one
+        // patch has none.
+        if self.image_size < self.patch_size {
             return Err(field(
                 "image_size",
                 self.image_size.to_string(),
-                format!(
-                    "not a whole number of patches of patch_size = {}",
-                    self.patch_size
-                ),
+                format!("smaller than one patch of patch_size = {}", self.patch_size),
             ));
         }
         if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
@@ -244,14 +243,15 @@ pub fn parse_config(text: &str, origin: &str) -> Result<VisionConfig, ImportErro
     Ok(cfg)
 }
 
-/// Tessera's vision tower for `cfg` at `batch` images: every encoder layer of
+/// Tessera's vision tower for `cfg` at `batch` images, its image the whole
+/// patches of `cfg`'s (`patches` cuts the rest off, as the Conv does): every encoder layer of
 /// the config, f16, the attention-pooling head when `vision_use_head`, no token
 /// output (the caller sets `token_output` and may cut `layers`). The graph
 /// builder validates it again.
 pub fn encoder_config(cfg: &VisionConfig, batch: usize) -> EncoderLayerConfig {
     EncoderLayerConfig {
         batch,
-        image_size: cfg.image_size,
+        image_size: cfg.side() * cfg.patch_size,
         channels: cfg.num_channels,
         patch: cfg.patch_size,
         width: cfg.hidden_size,
@@ -280,6 +280,13 @@ mod tests {
     }
 
     #[test]
+    fn pixels_past_the_last_patch_are_dropped() {
+        let c = parse_config(r#"{"image_size": 384, "patch_size": 14}"#, "c").unwrap();
+        assert_eq!(c.tokens(), 729);
+        assert_eq!(encoder_config(&c, 1).image_size, 378);
+    }
+
+    #[test]
     fn defaults_are_transformers() {
         let c = parse_config("{}", "c").unwrap();
         assert_eq!(c, VisionConfig::default());
@@ -294,7 +301,7 @@ mod tests {
                 r#"{"hidden_size": 100, "num_attention_heads": 3}"#,
                 "hidden_size",
             ),
-            (r#"{"image_size": 30}"#, "image_size"),
+            (r#"{"image_size": 8}"#, "image_size"),
             (r#"{"patch_size": -1}"#, "patch_size"),
             (r#"{"layer_norm_eps": 0}"#, "layer_norm_eps"),
             (r#"{"num_hidden_layers": 100000}"#, "num_hidden_layers"),

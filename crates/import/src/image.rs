@@ -202,7 +202,9 @@ pub fn resize_bicubic(
 /// `pixel_values` `[batch, C, H, W]` as Tessera's `patches` input
 /// `[batch * tokens, patch * patch * C]`: one row per patch in raster order, the
 /// values of a patch in (row, column, channel) order, the order the patch
-/// projection's rows were converted to from the Conv weight.
+/// projection's rows were converted to from the Conv weight. Pixels past the
+/// last whole patch (an `image_size` not a multiple of `patch_size`) are
+/// dropped, as the Conv's stride drops them.
 pub fn patches(pixel_values: &HostTensor, cfg: &VisionConfig) -> Result<HostTensor, ImportError> {
     let (c, side, p) = (cfg.num_channels, cfg.image_size, cfg.patch_size);
     let dims = &pixel_values.shape().0;
