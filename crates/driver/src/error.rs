@@ -38,6 +38,15 @@ pub enum Error {
     Tensor(#[from] tessera_graph::TensorError),
     #[error(transparent)]
     Html(#[from] tessera_profile::html::HtmlError),
+    /// A checkpoint, config, image or output file refused by the importer.
+    #[error(transparent)]
+    Import(#[from] tessera_import::ImportError),
+    /// Images given with a batch that is not their number.
+    #[error("{images} images make a batch of {images}, but the batch asked for is {batch}")]
+    ImageBatch { images: usize, batch: usize },
+    /// More encoder layers asked for than the checkpoint has.
+    #[error("{asked} encoder layers asked for, but the checkpoint has {has}")]
+    CheckpointLayers { asked: usize, has: usize },
     #[error("batch must be at least 1")]
     ZeroBatch,
     #[error("a vision tower needs at least one encoder layer")]

@@ -9,6 +9,10 @@
 //! profile, the trace, the timing-sensitivity sweep). The command line is a shell
 //! over it; tests and programs call it directly.
 //!
+//! A model comes built in ([`ModelSpec`]) or from outside: a Hugging Face
+//! checkpoint ([`ModelKind::HuggingFace`]), or any Hugging Face tensors with
+//! their config ([`Model::import`], the path the ONNX importer takes).
+//!
 //! It must never print, read the environment or exit: progress goes to the
 //! caller's [`Progress`], failures are typed [`Error`]s that keep their sources.
 //! It must never decide a mapping, an address or an instruction's timing itself
@@ -32,7 +36,7 @@ pub use compile::{MAX_FINALISTS, Options, compile, median_estimate_error};
 pub use error::Error;
 pub use html::{chrome_trace, profile_html};
 pub use layers::{LayerRow, SummedOp, layer_of, layers_in, sum_over_layers};
-pub use model::{LayerDims, Model, ModelKind, ModelSpec, Size};
+pub use model::{Import, LayerDims, Model, ModelKind, ModelSpec, Size};
 pub use progress::{NoProgress, Progress, Step};
 pub use sensitivity::{
     ASSUMPTIONS, Assumption, BoundRow, EXCHANGE_CODE_BOUNDS, EXCHANGE_RULE_BOUNDS,
@@ -51,7 +55,10 @@ pub use tessera_compile::finalists::FinalistReport;
 pub use tessera_compile::{
     CodeBytes, CodeSummary, CompileError, CompileReport, Compiled, HostReport, PlacementSummary,
 };
-pub use tessera_graph::{EncoderLayerConfig, Graph, Inputs, MlpConfig, Weights};
+pub use tessera_graph::{EncoderLayerConfig, Graph, HostTensor, Inputs, MlpConfig, Weights};
+pub use tessera_import::{
+    Checkpoint, ImportError, TensorSource, VisionConfig, parse_config, write_output,
+};
 pub use tessera_kernels::{KernelMutation, MUTABLE, MutableKernel};
 pub use tessera_machine::Machine;
 pub use tessera_plan::{Experimental, PlanEstimate, WeightDtype};

@@ -4,9 +4,10 @@
 use std::path::PathBuf;
 
 use tessera_graph::{
-    EncoderLayerConfig, Graph, Inputs, MlpConfig, Weights, encoder_layer, init_weights, mlp,
-    random_inputs,
+    EncoderLayerConfig, Graph, HostTensor, Inputs, MlpConfig, Weights, encoder_layer, init_weights,
+    mlp, random_inputs,
 };
+use tessera_import::{Checkpoint, TensorSource, VisionConfig};
 use tessera_machine::Machine;
 
 use crate::Error;
@@ -55,6 +56,17 @@ pub enum ModelKind {
         dims: LayerDims,
         tokens: bool,
         layers: Option<usize>,
+    },
+    /// The vision tower of a Hugging Face SigLIP checkpoint directory
+    /// (`tessera_import::Checkpoint`): dimensions from its `config.json`,
+    /// weights from its safetensors. `layers` keeps the first N encoder layers
+    /// (at most the checkpoint's); `images` are the inputs, one a batch entry,
+    /// preprocessed as transformers does (seeded random inputs when empty).
+    HuggingFace {
+        dir: PathBuf,
+        tokens: bool,
+        layers: Option<usize>,
+        images: Vec<PathBuf>,
     },
 }
 
@@ -105,6 +117,13 @@ impl ModelSpec {
                 layers,
                 ..
             } => (tower(layers), size.label().to_string()),
+            ModelKind::HuggingFace { dir, layers, .. } => (
+                match layers {
+                    Some(n) => format!("Hugging Face vision tower, first {n} encoder layers"),
+                    None => "Hugging Face vision tower".to_string(),
+                },
+                dir.display().to_string(),
+            ),
         }
     }
 
@@ -147,8 +166,78 @@ impl ModelSpec {
                 }
                 encoder_layer(&cfg)?
             }
+            ModelKind::HuggingFace {
+                dir,
+                tokens,
+                layers,
+                images,
+            } => {
+                check_image_batch(images, batch)?;
+                let path = dir.join("config.json");
+                let text = std::fs::read_to_string(&path).map_err(|source| Error::ReadConfig {
+                    path: path.clone(),
+                    source,
+                })?;
+                let cfg = tessera_import::parse_config(&text, &path.display().to_string())?;
+                imported_graph(&cfg, batch, *tokens, *layers)?
+            }
         })
     }
+}
+
+/// Images, when given, are the batch.
+fn check_image_batch(images: &[PathBuf], batch: usize) -> Result<(), Error> {
+    if !images.is_empty() && images.len() != batch {
+        return Err(Error::ImageBatch {
+            images: images.len(),
+            batch,
+        });
+    }
+    Ok(())
+}
+
+/// The vision tower `cfg` describes at `batch`, with the token output if asked
+/// and the first `layers` encoder layers (at most the config's).
+fn imported_graph(
+    cfg: &VisionConfig,
+    batch: usize,
+    tokens: bool,
+    layers: Option<usize>,
+) -> Result<Graph, Error> {
+    let mut ecfg = tessera_import::encoder_config(cfg, batch);
+    ecfg.token_output |= tokens;
+    if let Some(n) = layers {
+        if n == 0 {
+            return Err(Error::ZeroLayers);
+        }
+        if n > cfg.num_hidden_layers {
+            return Err(Error::CheckpointLayers {
+                asked: n,
+                has: cfg.num_hidden_layers,
+            });
+        }
+        ecfg.layers = n;
+    }
+    Ok(encoder_layer(&ecfg)?)
+}
+
+/// A vision tower from tensors in Hugging Face names and layouts: what
+/// [`Model::import`] builds. The `--weights` path fills it from a
+/// [`Checkpoint`]; the ONNX importer from its initializers (a `TensorMap`,
+/// which is a [`TensorSource`]) and the dimensions it read.
+pub struct Import<'a> {
+    pub config: &'a VisionConfig,
+    pub source: &'a dyn TensorSource,
+    /// Input images, one a batch entry; empty for seeded random inputs.
+    pub images: &'a [PathBuf],
+    /// The batch: the number of images when there are any.
+    pub batch: usize,
+    /// Also output the post-LayerNorm tokens.
+    pub tokens: bool,
+    /// Keep only the first N encoder layers (at most the config's).
+    pub layers: Option<usize>,
+    /// Seed of the random inputs when there are no images.
+    pub seed: u64,
 }
 
 /// A model ready to compile and run: its graph, weights and inputs.
@@ -163,6 +252,31 @@ impl Model {
     /// Builds `spec` for `machine`: a model that cannot fit the machine is refused
     /// before its weights are generated (gigabytes at large batches).
     pub fn build(spec: &ModelSpec, machine: &Machine) -> Result<Model, Error> {
+        if let ModelKind::HuggingFace {
+            dir,
+            tokens,
+            layers,
+            images,
+        } = &spec.kind
+        {
+            if spec.batch == 0 {
+                return Err(Error::ZeroBatch);
+            }
+            check_image_batch(images, spec.batch)?;
+            let ckpt = Checkpoint::open(dir)?;
+            return Model::import(
+                &Import {
+                    config: ckpt.config(),
+                    source: &ckpt,
+                    images,
+                    batch: spec.batch,
+                    tokens: *tokens,
+                    layers: *layers,
+                    seed: spec.seed,
+                },
+                machine,
+            );
+        }
         let graph = spec.graph()?;
         tessera_plan::precheck(machine, &graph)?;
         let weights = init_weights(&graph, spec.seed);
@@ -173,5 +287,70 @@ impl Model {
             weights,
             inputs,
         })
+    }
+
+    /// A vision tower from Hugging Face tensors (`import`'s fields): the graph
+    /// from the config, refused before any weight is converted when it cannot
+    /// fit `machine`; every parameter from the source (`tessera_import::weights`:
+    /// a missing or misshapen tensor is refused by name); the input from the
+    /// images as `SiglipImageProcessor` prepares them, or seeded random values.
+    /// Weights are f16 as the built-in models' are; a compile with FP8 weights
+    /// rounds them further as it does for those.
+    pub fn import(import: &Import<'_>, machine: &Machine) -> Result<Model, Error> {
+        if import.batch == 0 {
+            return Err(Error::ZeroBatch);
+        }
+        check_image_batch(import.images, import.batch)?;
+        let cfg = import.config;
+        cfg.validate("the model's config")?;
+        let graph = imported_graph(cfg, import.batch, import.tokens, import.layers)?;
+        tessera_plan::precheck(machine, &graph)?;
+        let weights = tessera_import::weights(cfg, import.source, &graph)?;
+        let inputs = if import.images.is_empty() {
+            random_inputs(&graph, import.seed.wrapping_add(1))
+        } else {
+            let pixels = tessera_import::preprocess(import.images, cfg)?;
+            let mut patches = tessera_import::patches(&pixels, cfg)?;
+            // The input is f16 on the tiles; the references see what the tiles see.
+            patches.round_to_f16();
+            let mut inputs = Inputs::new();
+            inputs.insert("patches", patches);
+            inputs
+        };
+        inputs.check_inputs(&graph)?;
+        Ok(Model {
+            graph,
+            weights,
+            inputs,
+        })
+    }
+
+    /// The run's embeddings shaped for a file, the model run at `batch`:
+    /// `pooled` `[batch, width]` and `tokens` `[batch, tokens, width]`, each
+    /// when the model outputs it.
+    pub fn embeddings(
+        &self,
+        run: &crate::Run,
+        batch: usize,
+    ) -> Result<(Option<HostTensor>, Option<HostTensor>), Error> {
+        let get = |name: &str| -> Result<Option<HostTensor>, Error> {
+            let Some(id) = self.graph.output(name) else {
+                return Ok(None);
+            };
+            let data = run
+                .output(name)
+                .ok_or_else(|| Error::MissingOutput(name.to_string()))?;
+            Ok(Some(HostTensor::new(self.graph.shape(id).clone(), data)?))
+        };
+        let pooled = get("pooled")?;
+        let tokens = match get("tokens")? {
+            // The graph's tokens are `[batch * tokens, width]`.
+            Some(t) => {
+                let d = t.shape().dims().to_vec();
+                Some(t.reshaped(vec![batch, d[0] / batch.max(1), d[1]])?)
+            }
+            None => None,
+        };
+        Ok((pooled, tokens))
     }
 }

@@ -67,8 +67,20 @@ pub struct ModelArgs {
     /// Override the machine's tile count.
     #[arg(long)]
     pub tiles: Option<u32>,
-    #[arg(long, default_value_t = 2)]
-    pub batch: usize,
+    /// Images per inference [default: 2; with --weights, the number of
+    /// --image files, or 1 without images]
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// A Hugging Face SigLIP checkpoint directory (`config.json` and
+    /// `model.safetensors`, or the sharded form with its index), of a
+    /// SiglipVisionModel or a whole SiglipModel: the model's dimensions and
+    /// weights, in place of --size/--config (docs/import.md)
+    #[arg(long, value_name = "DIR")]
+    pub weights: Option<PathBuf>,
+    /// An input image, PNG or JPEG (repeatable: the batch is the number of
+    /// images), preprocessed as transformers' SiglipImageProcessor; with --weights
+    #[arg(long = "image", value_name = "FILE")]
+    pub images: Vec<PathBuf>,
     /// Also send the post-LayerNorm tokens `[batch*tokens, width]` to the host and
     /// check them (`--model layer`; the layer's result is `pooled`, `[batch, width]`).
     /// At So400m they are 1.7 MB an image, about 80,000 cycles of host link.
@@ -168,9 +180,10 @@ impl ModelArgs {
     /// Refuses options that conflict or that this model does not use, before any
     /// work.
     pub fn check(&self) -> anyhow::Result<()> {
-        if self.batch == 0 {
+        if self.batch == Some(0) {
             bail!("--batch must be at least 1");
         }
+        self.check_weights()?;
         if self.layers == Some(0) {
             bail!("--layers must be at least 1");
         }
@@ -205,11 +218,58 @@ impl ModelArgs {
         Ok(())
     }
 
+    /// `--weights` and `--image`: a checkpoint replaces the built-in dimensions,
+    /// and images are its batch.
+    fn check_weights(&self) -> anyhow::Result<()> {
+        if self.weights.is_none() {
+            if !self.images.is_empty() {
+                bail!("--image is an input of a checkpoint's model: give --weights DIR");
+            }
+            return Ok(());
+        }
+        let conflicts = [
+            (self.size.is_some(), "--size"),
+            (self.config.is_some(), "--config"),
+            (self.model == ModelKind::Mlp, "--model mlp"),
+        ];
+        if let Some((_, flag)) = conflicts.iter().find(|(set, _)| *set) {
+            bail!(
+                "--weights gives the model's dimensions and weights: {flag} cannot be given with it"
+            );
+        }
+        if let Some(b) = self.batch
+            && !self.images.is_empty()
+            && b != self.images.len()
+        {
+            bail!(
+                "--batch {b} conflicts with the {} --image files given (the batch is the number of images)",
+                self.images.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// The batch: as given, else the number of images, else the built-in
+    /// models' 2 (one with --weights and no images).
+    pub fn batch(&self) -> usize {
+        match (self.batch, &self.weights) {
+            (Some(b), _) => b,
+            (None, Some(_)) => self.images.len().max(1),
+            (None, None) => 2,
+        }
+    }
+
     /// The model the options name ([`ModelArgs::check`] refuses the conflicts).
     pub fn spec(&self) -> anyhow::Result<ModelSpec> {
         self.check()?;
         let size = self.size.unwrap_or(Size::So400m);
         let kind = match self.model {
+            ModelKind::Layer if self.weights.is_some() => tessera_driver::ModelKind::HuggingFace {
+                dir: self.weights.clone().unwrap_or_default(),
+                tokens: self.tokens,
+                layers: self.layers,
+                images: self.images.clone(),
+            },
             ModelKind::Mlp => tessera_driver::ModelKind::Mlp(size.into()),
             ModelKind::Layer => tessera_driver::ModelKind::Layer {
                 dims: match &self.config {
@@ -222,7 +282,7 @@ impl ModelArgs {
         };
         Ok(ModelSpec {
             kind,
-            batch: self.batch,
+            batch: self.batch(),
             seed: self.seed,
         })
     }

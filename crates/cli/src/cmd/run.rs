@@ -31,6 +31,11 @@ pub struct RunArgs {
     /// per-tile heat maps, SRAM viewer, faults (docs/profile.md)
     #[arg(long)]
     pub profile: Option<PathBuf>,
+    /// Write the embeddings: FILE.npy the pooled `[batch, width]` as f32,
+    /// FILE.safetensors `pooled` and, with --tokens, `tokens` `[batch, tokens,
+    /// width]` (docs/import.md)
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
     /// Validation test hook: scale one tile's part of this plan operation's output
     /// by 1.01 in tile memory where the operation ends (the simulator's
     /// `Perturb`); the run must then report a mismatch at that operation.
@@ -52,6 +57,9 @@ struct OpJson<'a> {
 #[derive(Serialize)]
 struct RunJson<'a> {
     status: &'static str,
+    /// The embeddings file written (`--output`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<String>,
     /// One inference: from the end of weight streaming to the end of the run.
     cycles: u64,
     milliseconds: f64,
@@ -131,6 +139,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<Outcome> {
     if let Some(path) = &args.profile {
         outputs.push(("--profile", path));
     }
+    if let Some(path) = &args.output {
+        check_output_extension(path)?;
+        outputs.push(("--output", path));
+    }
     let p = prepare(a, args.profile.is_some(), &outputs)?;
     let (c, whole_ms) = match compile_or_report(a, &p)? {
         Ok(c) => c,
@@ -161,10 +173,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         let html = tessera_driver::profile_html(&p.machine, &p.spec, &c, &run, &at, v.status)?;
         std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))?;
     }
+    if let Some(path) = &args.output {
+        // A faulted run produced nothing worth writing; its report says why.
+        if run.status() == Status::Ok {
+            let (pooled, tokens) = p.model.embeddings(&run, p.spec.batch)?;
+            tessera_driver::write_output(path, pooled.as_ref(), tokens.as_ref())?;
+        }
+    }
     let report = &run.report;
     if a.json {
         super::print_json(&RunJson {
             status: v.status.as_str(),
+            output: args.output.as_ref().map(|p| p.display().to_string()),
             cycles: run.run_cycles,
             milliseconds: p.machine.cycles_to_seconds(run.run_cycles) * 1e3,
             init_cycles: run.init_cycles,
@@ -214,12 +234,28 @@ pub fn run(args: RunArgs) -> anyhow::Result<Outcome> {
         })?;
     } else {
         print_text(&p.machine, &c, &run, &v, &at);
+        if let Some(path) = &args.output
+            && run.status() == Status::Ok
+        {
+            println!("embeddings written to {}", path.display());
+        }
     }
     Ok(if v.passed() {
         Outcome::Ok
     } else {
         Outcome::Failed
     })
+}
+
+/// `--output` names a format by its extension: refused before any work otherwise.
+fn check_output_extension(path: &Path) -> anyhow::Result<()> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("npy" | "safetensors") => Ok(()),
+        _ => anyhow::bail!(
+            "--output {}: the embeddings are written as .npy or .safetensors",
+            path.display()
+        ),
+    }
 }
 
 fn print_text(
