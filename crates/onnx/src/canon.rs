@@ -524,7 +524,7 @@ impl<'a> Canon<'a> {
     fn one_plus(&mut self, v: &str, op: &str) -> Option<String> {
         let add = self.node_if(v, "Add")?;
         let [(a, b), (a2, b2)] = self.commuted(add)?;
-        let (one, t) = if self.scalar(&a) == Some(1.0) { (a, b) } else { (b2, a2) };
+        let (one, t) = if self.scalar(&a) == Some(1.0) { (a, b) } else { (a2, b2) };
         (self.scalar(&one) == Some(1.0)).then_some(())?;
         let f = self.node_if(&t, op)?;
         self.used.extend([add, f]);
