@@ -27,7 +27,6 @@ pub mod proto {
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use prost::Message;
 use tessera_graph::{HostTensor, TensorMap};
 
 pub use error::OnnxError;
@@ -86,11 +85,6 @@ pub fn import(path: &Path) -> Result<OnnxVision, OnnxError> {
 /// Imports a model held in memory; external data files are looked up in `dir`.
 pub fn import_bytes(bytes: &[u8], dir: &Path) -> Result<OnnxVision, OnnxError> {
     import_from(bytes, dir, Path::new("<bytes>"))
-}
-
-/// Encodes a (possibly edited) model, for tools and tests.
-pub fn encode(model: &proto::ModelProto) -> Vec<u8> {
-    model.encode_to_vec()
 }
 
 fn import_from(bytes: &[u8], dir: &Path, path: &Path) -> Result<OnnxVision, OnnxError> {
