@@ -116,7 +116,11 @@ fn mul_rows(t: &Tensor<f32>, r: f32) -> Tensor<f32> {
 
 impl<'a> Canon<'a> {
     pub fn new(g: &'a Folded, batch: Option<usize>) -> Self {
-        Canon { g, used: Vec::new(), batch: batch.unwrap_or(CHECK_BATCH) }
+        Canon {
+            g,
+            used: Vec::new(),
+            batch: batch.unwrap_or(CHECK_BATCH),
+        }
     }
 
     /// Runs a match; on failure the nodes it took are given back.
@@ -131,7 +135,9 @@ impl<'a> Canon<'a> {
 
     /// The node computing runtime value `v`, if `v` is one.
     fn producer(&self, v: &str) -> Option<usize> {
-        matches!(self.g.val(v), Some(Val::Dyn(_))).then(|| self.g.producer.get(v).copied()).flatten()
+        matches!(self.g.val(v), Some(Val::Dyn(_)))
+            .then(|| self.g.producer.get(v).copied())
+            .flatten()
     }
     fn node_if(&self, v: &str, op: &str) -> Option<usize> {
         self.producer(v).filter(|&n| self.g.nodes[n].op == op)
@@ -158,7 +164,8 @@ impl<'a> Canon<'a> {
         self.dims(v)?.iter().map(|d| d.at(self.batch)).collect()
     }
     fn is_batch(&self, d: Dim) -> bool {
-        d == Dim::BATCH || (self.g.input_shape[0].concrete().is_some() && d == self.g.input_shape[0])
+        d == Dim::BATCH
+            || (self.g.input_shape[0].concrete().is_some() && d == self.g.input_shape[0])
     }
     fn readers(&self, v: &str) -> usize {
         self.g.readers.get(v).copied().unwrap_or(0)
@@ -171,7 +178,8 @@ impl<'a> Canon<'a> {
             let Some(n) = self.producer(&v) else { break };
             let node = &self.g.nodes[n];
             let keep = node.op == "Identity"
-                || (node.op == "Cast" && node.int("to") == Some(crate::proto::tensor_proto::DataType::Float as i64));
+                || (node.op == "Cast"
+                    && node.int("to") == Some(crate::proto::tensor_proto::DataType::Float as i64));
             if !keep {
                 break;
             }
@@ -193,7 +201,8 @@ impl<'a> Canon<'a> {
             let Some(n) = self.producer(&v) else { break };
             let op = self.g.nodes[n].op.as_str();
             let next = match op {
-                "Reshape" | "Transpose" | "Squeeze" | "Unsqueeze" | "Flatten" | "Gather" | "Slice" => {
+                "Reshape" | "Transpose" | "Squeeze" | "Unsqueeze" | "Flatten" | "Gather"
+                | "Slice" => {
                     chain.push(n);
                     self.inp(n, 0)
                 }
@@ -232,7 +241,10 @@ impl<'a> Canon<'a> {
             t = match node.op.as_str() {
                 "Transpose" => {
                     let perm: Vec<usize> = match node.ints("perm") {
-                        Some(p) => p.iter().map(|&a| usize::try_from(a).ok()).collect::<Option<_>>()?,
+                        Some(p) => p
+                            .iter()
+                            .map(|&a| usize::try_from(a).ok())
+                            .collect::<Option<_>>()?,
                         None => (0..t.shape.len()).rev().collect(),
                     };
                     t.transpose(&perm)?
@@ -242,14 +254,22 @@ impl<'a> Canon<'a> {
                     t.gather(axis(node.int("axis").unwrap_or(0), t.shape.len())?, &idx)?
                 }
                 "Slice" => {
-                    let p = |i: usize| node.input(i).and_then(|v| self.g.val(v)).and_then(|v| v.plain_ints());
+                    let p = |i: usize| {
+                        node.input(i)
+                            .and_then(|v| self.g.val(v))
+                            .and_then(|v| v.plain_ints())
+                    };
                     let (starts, ends) = (p(1)?.data, p(2)?.data);
-                    let axes = p(3).map(|t| t.data).unwrap_or_else(|| (0..starts.len() as i64).collect());
-                    let steps = p(4).map(|t| t.data).unwrap_or_else(|| vec![1; starts.len()]);
+                    let axes = p(3)
+                        .map(|t| t.data)
+                        .unwrap_or_else(|| (0..starts.len() as i64).collect());
+                    let steps = p(4)
+                        .map(|t| t.data)
+                        .unwrap_or_else(|| vec![1; starts.len()]);
                     let mut ranges = Vec::new();
-                    for j in 0..starts.len() {
+                    for (j, &start) in starts.iter().enumerate() {
                         let a = axis(*axes.get(j)?, t.shape.len())?;
-                        ranges.push((a, starts[j], *ends.get(j)?, *steps.get(j)?));
+                        ranges.push((a, start, *ends.get(j)?, *steps.get(j)?));
                     }
                     // Reject before copying: a slice keeping nothing is no layout.
                     for &(a, s, e, st) in &ranges {
@@ -269,10 +289,20 @@ impl<'a> Canon<'a> {
     /// Checks that `chain` moves `src`'s elements, laid out as `from`, into the
     /// layout `to`. Features of `from` (`F`) are `off + h * hd + d` in `to`'s
     /// heads and head dimension; an axis `to` lacks is at index 0.
-    fn check(&self, src: &str, chain: &[usize], from: &[(Ax, usize)], to: &[(Ax, usize)], off: usize, hd: usize) -> bool {
-        let Some(got) = self.run_chain(src, chain) else { return false };
-        let total: usize = to.iter().map(|a| a.1).product();
-        if got.data.len() != total || hd == 0 {
+    fn check(
+        &self,
+        src: &str,
+        chain: &[usize],
+        from: &[(Ax, usize)],
+        to: &[(Ax, usize)],
+        off: usize,
+        hd: usize,
+    ) -> bool {
+        let Some(got) = self.run_chain(src, chain) else {
+            return false;
+        };
+        let total = to.iter().try_fold(1usize, |a, x| a.checked_mul(x.1));
+        if total != Some(got.data.len()) || hd == 0 {
             return false;
         }
         let mut coord = vec![0usize; to.len()];
@@ -302,7 +332,10 @@ impl<'a> Canon<'a> {
                 if i >= size {
                     return false;
                 }
-                want = want * size + i;
+                let Some(next) = want.checked_mul(size).and_then(|v| v.checked_add(i)) else {
+                    return false;
+                };
+                want = next;
             }
             if want != id as usize {
                 return false;
@@ -334,28 +367,47 @@ impl<'a> Canon<'a> {
                 if w.shape.len() != 2 {
                     return None;
                 }
-                let w = if node.int("transB").unwrap_or(0) != 0 { (*w).clone() } else { w.transpose(&[1, 0])? };
+                let w = if node.int("transB").unwrap_or(0) != 0 {
+                    (*w).clone()
+                } else {
+                    w.transpose(&[1, 0])?
+                };
                 let b = s.floats(&s.inp(n, 2)?)?;
                 if b.data.len() != w.shape[0] {
                     return None;
                 }
                 s.used.push(n);
-                return Some(Lin { x: s.inp(n, 0)?, w, b: b.data.clone() });
+                return Some(Lin {
+                    x: s.inp(n, 0)?,
+                    w,
+                    b: b.data.clone(),
+                });
             }
             let n = s.node_if(&v, "Add")?;
             let (a, b) = (s.inp(n, 0)?, s.inp(n, 1)?);
-            let (mm, bias) = if s.floats(&b).is_some() { (a, b) } else { (b, a) };
+            let (mm, bias) = if s.floats(&b).is_some() {
+                (a, b)
+            } else {
+                (b, a)
+            };
             let bias = s.floats(&bias)?;
             let m = s.node_if(&mm, "MatMul")?;
             if s.readers(&mm) != 1 {
                 return None;
             }
             let w = s.floats(&s.inp(m, 1)?)?;
-            if w.shape.len() != 2 || bias.data.len() != w.shape[1] || bias.shape.iter().rev().skip(1).any(|&d| d != 1) {
+            if w.shape.len() != 2
+                || bias.data.len() != w.shape[1]
+                || bias.shape.iter().rev().skip(1).any(|&d| d != 1)
+            {
                 return None;
             }
             s.used.extend([n, m]);
-            Some(Lin { x: s.inp(m, 0)?, w: w.transpose(&[1, 0])?, b: bias.data.clone() })
+            Some(Lin {
+                x: s.inp(m, 0)?,
+                w: w.transpose(&[1, 0])?,
+                b: bias.data.clone(),
+            })
         })
     }
 
@@ -375,12 +427,23 @@ impl<'a> Canon<'a> {
                     Some(b) => s.floats(&b)?.data.clone(),
                     None => vec![0.0; w],
                 };
-                if beta.len() != w || s.g.nodes[n].outputs.iter().skip(1).any(|o| s.readers(o) > 0) {
+                if beta.len() != w
+                    || s.g.nodes[n]
+                        .outputs
+                        .iter()
+                        .skip(1)
+                        .any(|o| s.readers(o) > 0)
+                {
                     return None;
                 }
                 s.used.push(n);
                 let eps = s.g.nodes[n].float("epsilon").unwrap_or(1e-5);
-                return Some(Ln { x, gamma: g.data.clone(), beta, eps });
+                return Some(Ln {
+                    x,
+                    gamma: g.data.clone(),
+                    beta,
+                    eps,
+                });
             }
             s.decomposed_ln(&v)
         })
@@ -399,7 +462,10 @@ impl<'a> Canon<'a> {
             Some(a) => self.g.val(&a)?.plain_ints()?.data,
             None => self.g.nodes[n].ints("axes")?,
         };
-        if axes.len() != 1 || axis(axes[0], rank)? != rank - 1 || self.g.nodes[n].int("keepdims").unwrap_or(1) == 0 {
+        if axes.len() != 1
+            || axis(axes[0], rank)? != rank - 1
+            || self.g.nodes[n].int("keepdims").unwrap_or(1) == 0
+        {
             return None;
         }
         self.used.push(n);
@@ -427,7 +493,12 @@ impl<'a> Canon<'a> {
                         let (x, eps) = s.normalised(&normed)?;
                         (gamma.len() == beta.len()).then_some(())?;
                         s.used.extend([add, mul]);
-                        Some(Ln { x, gamma, beta: beta.clone(), eps })
+                        Some(Ln {
+                            x,
+                            gamma,
+                            beta: beta.clone(),
+                            eps,
+                        })
                     });
                     if r.is_some() {
                         return r;
@@ -450,7 +521,11 @@ impl<'a> Canon<'a> {
             "Div" => (self.inp(n, 0)?, self.inp(n, 1)?),
             "Mul" => {
                 let [(a, b), _] = self.commuted(n)?;
-                if self.node_if(&b, "Reciprocal").is_some() { (a, b) } else { (b, a) }
+                if self.node_if(&b, "Reciprocal").is_some() {
+                    (a, b)
+                } else {
+                    (b, a)
+                }
             }
             _ => return None,
         };
@@ -464,7 +539,11 @@ impl<'a> Canon<'a> {
         let sq = self.node_if(&d, "Sqrt")?;
         let plus = self.node_if(&self.inp(sq, 0)?, "Add")?;
         let [(var, eps), (var2, eps2)] = self.commuted(plus)?;
-        let (var, eps) = if self.scalar(&eps).is_some() { (var, eps) } else { (var2, eps2) };
+        let (var, eps) = if self.scalar(&eps).is_some() {
+            (var, eps)
+        } else {
+            (var2, eps2)
+        };
         let eps = self.scalar(&eps)?;
         let sq_in = self.mean_last(&var)?;
         let pow = self.producer(&sq_in)?;
@@ -492,7 +571,9 @@ impl<'a> Canon<'a> {
         }
         let v = self.transparent(v);
         let single = self.readers(&v) == 1 && depth > 0;
-        let Some(n) = self.producer(&v).filter(|_| single || depth == 0) else { return Some((1.0, vec![v])) };
+        let Some(n) = self.producer(&v).filter(|_| single || depth == 0) else {
+            return Some((1.0, vec![v]));
+        };
         let op = self.g.nodes[n].op.clone();
         match op.as_str() {
             "Mul" => {
@@ -511,7 +592,13 @@ impl<'a> Canon<'a> {
             }
             "Pow" => {
                 let e = self.scalar(&self.inp(n, 1)?)?;
-                let reps = if e == 2.0 { 2 } else if e == 3.0 { 3 } else { return Some((1.0, vec![v])) };
+                let reps = if e == 2.0 {
+                    2
+                } else if e == 3.0 {
+                    3
+                } else {
+                    return Some((1.0, vec![v]));
+                };
                 let base = self.transparent(&self.inp(n, 0)?);
                 self.used.push(n);
                 Some((1.0, vec![base; reps]))
@@ -524,7 +611,11 @@ impl<'a> Canon<'a> {
     fn one_plus(&mut self, v: &str, op: &str) -> Option<String> {
         let add = self.node_if(v, "Add")?;
         let [(a, b), (a2, b2)] = self.commuted(add)?;
-        let (one, t) = if self.scalar(&a) == Some(1.0) { (a, b) } else { (a2, b2) };
+        let (one, t) = if self.scalar(&a) == Some(1.0) {
+            (a, b)
+        } else {
+            (a2, b2)
+        };
         (self.scalar(&one) == Some(1.0)).then_some(())?;
         let f = self.node_if(&t, op)?;
         self.used.extend([add, f]);
@@ -555,8 +646,11 @@ impl<'a> Canon<'a> {
                             let ok = s.attempt(|s| {
                                 let (c3, xs) = s.factors(&cubic, 1)?;
                                 let lin = s.transparent(&lin);
-                                (Self::close(c3, 0.044715) && lin == *x && xs.len() == 3 && xs.iter().all(|y| y == x))
-                                    .then_some(())
+                                (Self::close(c3, 0.044715)
+                                    && lin == *x
+                                    && xs.len() == 3
+                                    && xs.iter().all(|y| y == x))
+                                .then_some(())
                             });
                             if ok.is_some() {
                                 s.used.push(add);
@@ -567,7 +661,9 @@ impl<'a> Canon<'a> {
                     }
                     let u = s.one_plus(other, "Erf")?;
                     let (c, inner) = s.factors(&u, 1)?;
-                    (Self::close(c, std::f32::consts::FRAC_1_SQRT_2) && inner.as_slice() == [x.clone()]).then_some(Act::Erf)
+                    (Self::close(c, std::f32::consts::FRAC_1_SQRT_2)
+                        && inner.as_slice() == [x.clone()])
+                    .then_some(Act::Erf)
                 });
                 if let Some(act) = r {
                     return Some((x.clone(), act));
@@ -582,7 +678,12 @@ impl<'a> Canon<'a> {
             let fc2 = s.linear(v)?;
             let (h, act) = s.gelu(&fc2.x)?;
             let fc1 = s.linear(&h)?;
-            Some(Mlp { x: fc1.x.clone(), fc1, fc2, act })
+            Some(Mlp {
+                x: fc1.x.clone(),
+                fc1,
+                fc2,
+                act,
+            })
         })
     }
 
@@ -601,15 +702,17 @@ impl<'a> Canon<'a> {
         if matches!(self.g.nodes[n].op.as_str(), "Tile" | "Expand") {
             let p = self.floats(&self.inp(n, 0)?)?;
             let out = self.shape_at(&src)?;
-            let numel: usize = out.iter().product();
-            if p.data.len() != w || numel != b * w || out.last() != Some(&w) {
+            let numel = out.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            if p.data.len() != w || numel != b.checked_mul(w) || out.last() != Some(&w) {
                 return None;
             }
             self.used.push(n);
             return Some((Source::Probe(p.data.clone()), Order::BatchFirst, 1));
         }
         let d = self.dims(&src)?;
-        let [bd, t, f] = d.as_slice() else { return None };
+        let [bd, t, f] = d.as_slice() else {
+            return None;
+        };
         let (t, f) = (t.usize()?, f.usize()?);
         if !self.is_batch(*bd) || f != w {
             return None;
@@ -618,7 +721,14 @@ impl<'a> Canon<'a> {
         if self.check(&src, &chain, &from, &from, 0, f) {
             return Some((Source::Value(src), Order::BatchFirst, t));
         }
-        if self.check(&src, &chain, &from, &[(Ax::T, t), (Ax::B, b), (Ax::F, f)], 0, f) {
+        if self.check(
+            &src,
+            &chain,
+            &from,
+            &[(Ax::T, t), (Ax::B, b), (Ax::F, f)],
+            0,
+            f,
+        ) {
             return Some((Source::Value(src), Order::SeqFirst, t));
         }
         None
@@ -626,11 +736,13 @@ impl<'a> Canon<'a> {
 
     /// A constant holding one token per image, all the same: the probe.
     fn probe(&self, data: &[f32], w: usize) -> Option<(Source, Order, usize)> {
-        if data.len() != self.batch * w || w == 0 {
+        if w == 0 || Some(data.len()) != self.batch.checked_mul(w) {
             return None;
         }
         let first = &data[..w];
-        data.chunks_exact(w).all(|c| c == first).then(|| (Source::Probe(first.to_vec()), Order::BatchFirst, 1))
+        data.chunks_exact(w)
+            .all(|c| c == first)
+            .then(|| (Source::Probe(first.to_vec()), Order::BatchFirst, 1))
     }
 
     fn layout(order: Order, b: usize, t: usize, f: usize) -> [(Ax, usize); 3] {
@@ -643,7 +755,13 @@ impl<'a> Canon<'a> {
     /// One projection of an attention: the linear, where its input comes from,
     /// and which `w` of its output features the chain to `at` picks, laid out as
     /// `to`.
-    fn projection(&mut self, at: &str, to: &[(Ax, usize)], hd: usize, w: usize) -> Option<(Proj, f32)> {
+    fn projection(
+        &mut self,
+        at: &str,
+        to: &[(Ax, usize)],
+        hd: usize,
+        w: usize,
+    ) -> Option<(Proj, f32)> {
         let (src, chain, f) = self.walk(at);
         let lin = self.linear(&src)?;
         let (source, order, t) = self.input_of(&lin.x, lin.w.shape[1])?;
@@ -652,9 +770,18 @@ impl<'a> Canon<'a> {
             return None;
         }
         let from = Self::layout(order, self.batch, t, out);
-        let off = (0..out / w).map(|k| k * w).find(|&off| self.check(&src, &chain, &from, to, off, hd))?;
+        let off = (0..out / w)
+            .map(|k| k * w)
+            .find(|&off| self.check(&src, &chain, &from, to, off, hd))?;
         let rows = lin.w.slice(&[(0, off as i64, (off + w) as i64, 1)])?;
-        Some((Proj { src: source, w: rows, b: lin.b[off..off + w].to_vec() }, f))
+        Some((
+            Proj {
+                src: source,
+                w: rows,
+                b: lin.b[off..off + w].to_vec(),
+            },
+            f,
+        ))
     }
 
     /// Multi-head attention whose output projection computes `v`.
@@ -662,6 +789,9 @@ impl<'a> Canon<'a> {
         self.attempt(|s| {
             let o = s.linear(v)?;
             let w = o.w.shape[0];
+            if w == 0 {
+                return None;
+            }
             let (ctx, merge, f) = s.walk(&o.x);
             if f != 1.0 {
                 return None;
@@ -681,9 +811,15 @@ impl<'a> Canon<'a> {
             s.used.extend([pv, sm, qk]);
             // Heads: the scores' leading axes hold batch times heads.
             let sd = s.dims(&scores)?;
-            let [lead @ .., tq, tk] = sd.as_slice() else { return None };
+            let [lead @ .., tq, tk] = sd.as_slice() else {
+                return None;
+            };
             let lead = lead.iter().try_fold(Dim::int(1), |a, d| a.mul(*d))?;
-            let batch = if s.g.input_shape[0].concrete().is_some() { s.g.input_shape[0] } else { Dim::BATCH };
+            let batch = if s.g.input_shape[0].concrete().is_some() {
+                s.g.input_shape[0]
+            } else {
+                Dim::BATCH
+            };
             let heads = lead.div(batch)?.usize()?;
             let (tq, tk) = (tq.usize()?, tk.usize()?);
             if heads == 0 || w % heads != 0 {
@@ -715,7 +851,13 @@ impl<'a> Canon<'a> {
                 q.w = mul_rows(&q.w, r);
                 q.b.iter_mut().for_each(|x| *x *= r);
             }
-            Some(Attn { q, k, v: vp, o, heads })
+            Some(Attn {
+                q,
+                k,
+                v: vp,
+                o,
+                heads,
+            })
         })
     }
 
@@ -735,7 +877,9 @@ impl<'a> Canon<'a> {
                         let r = s.attempt(|s| {
                             let x = s.transparent(&x);
                             let attn = s.attention(&a)?;
-                            let Source::Value(src) = &attn.q.src else { return None };
+                            let Source::Value(src) = &attn.q.src else {
+                                return None;
+                            };
                             let src = src.clone();
                             if attn.k.src != attn.q.src {
                                 return None;
@@ -746,7 +890,13 @@ impl<'a> Canon<'a> {
                             Some((x, ln1, attn))
                         });
                         if let Some((x, ln1, attn)) = r {
-                            return Some(Layer { x, ln1, attn, ln2, mlp });
+                            return Some(Layer {
+                                x,
+                                ln1,
+                                attn,
+                                ln2,
+                                mlp,
+                            });
                         }
                     }
                     None
@@ -773,20 +923,29 @@ impl<'a> Canon<'a> {
                     let pixels = s.transparent(&s.inp(conv, 0)?);
                     let w = s.floats(&s.inp(conv, 1)?)?;
                     let b = s.floats(&s.inp(conv, 2)?)?;
-                    let [width, _, p, p2] = w.shape.as_slice() else { return None };
+                    let [width, _, p, p2] = w.shape.as_slice() else {
+                        return None;
+                    };
                     let node = &s.g.nodes[conv];
                     let strides = node.ints("strides").unwrap_or_default();
-                    if pixels != s.g.input || f != 1.0 || p != p2 || strides != [*p as i64, *p as i64] || b.data.len() != *width {
+                    if pixels != s.g.input
+                        || f != 1.0
+                        || p != p2
+                        || strides != [*p as i64, *p as i64]
+                        || b.data.len() != *width
+                    {
                         return None;
                     }
                     let cd = concrete(&s.dims(&src)?[1..])?;
-                    let tokens = cd[1] * cd[2];
+                    let tokens = cd[1].checked_mul(cd[2])?;
                     let from = [(Ax::B, s.batch), (Ax::F, *width), (Ax::T, tokens)];
                     let to = [(Ax::B, s.batch), (Ax::T, tokens), (Ax::F, *width)];
                     if !s.check(&src, &chain, &from, &to, 0, *width) {
                         return None;
                     }
-                    if pos.data.len() != tokens * width || pos.shape.iter().rev().skip(2).any(|&d| d != 1) {
+                    if Some(pos.data.len()) != tokens.checked_mul(*width)
+                        || pos.shape.iter().rev().skip(2).any(|&d| d != 1)
+                    {
                         return None;
                     }
                     s.used.extend([add, conv]);
@@ -833,7 +992,9 @@ impl<'a> Canon<'a> {
                     {
                         return None;
                     }
-                    let Source::Value(kv) = attn.k.src.clone() else { return None };
+                    let Source::Value(kv) = attn.k.src.clone() else {
+                        return None;
+                    };
                     s.used.push(add);
                     Some((Head { attn, ln, mlp }, kv))
                 });

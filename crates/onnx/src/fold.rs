@@ -10,7 +10,8 @@ use crate::error::OnnxError;
 use crate::load::tensor_val;
 use crate::proto::{AttributeProto, GraphProto, NodeProto, tensor_proto::DataType};
 use crate::value::{
-    Dim, MAX_ELEMENTS, Tensor, Val, axis, binary, broadcast_shapes, concrete, dims, numel, show, slice_len,
+    Dim, MAX_ELEMENTS, Tensor, Val, axis, binary, broadcast_shapes, concrete, dims, numel, show,
+    slice_len,
 };
 
 pub struct Node {
@@ -55,11 +56,15 @@ impl Node {
         self.attr(name).map(|a| a.ints.clone())
     }
     pub fn string(&self, name: &str) -> Option<String> {
-        self.attr(name).map(|a| String::from_utf8_lossy(&a.s).into_owned())
+        self.attr(name)
+            .map(|a| String::from_utf8_lossy(&a.s).into_owned())
     }
     /// The `i`-th input's name, `None` when absent or left empty (optional).
     pub fn input(&self, i: usize) -> Option<&str> {
-        self.inputs.get(i).map(String::as_str).filter(|s| !s.is_empty())
+        self.inputs
+            .get(i)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
     }
 }
 
@@ -83,15 +88,50 @@ impl Folded {
     }
     /// A node that made no runtime value: shape arithmetic or weight preparation.
     pub fn is_folded(&self, n: usize) -> bool {
-        self.nodes[n].outputs.iter().all(|o| o.is_empty() || self.vals.get(o).is_some_and(Val::is_const))
+        self.nodes[n]
+            .outputs
+            .iter()
+            .all(|o| o.is_empty() || self.vals.get(o).is_some_and(Val::is_const))
     }
 }
 
 const KNOWN: &[&str] = &[
-    "Constant", "Identity", "Cast", "Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape",
-    "Transpose", "Flatten", "Expand", "Tile", "ConstantOfShape", "Range", "Equal", "Where", "Add", "Sub",
-    "Mul", "Div", "Pow", "Mod", "Neg", "Sqrt", "Reciprocal", "Tanh", "Erf", "Softmax", "MatMul", "Gemm",
-    "Conv", "LayerNormalization", "ReduceMean", "Split",
+    "Constant",
+    "Identity",
+    "Cast",
+    "Shape",
+    "Gather",
+    "Slice",
+    "Concat",
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Transpose",
+    "Flatten",
+    "Expand",
+    "Tile",
+    "ConstantOfShape",
+    "Range",
+    "Equal",
+    "Where",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Mod",
+    "Neg",
+    "Sqrt",
+    "Reciprocal",
+    "Tanh",
+    "Erf",
+    "Softmax",
+    "MatMul",
+    "Gemm",
+    "Conv",
+    "LayerNormalization",
+    "ReduceMean",
+    "Split",
 ];
 
 pub fn fold(graph: &GraphProto, dir: &Path) -> Result<Folded, OnnxError> {
@@ -99,21 +139,35 @@ pub fn fold(graph: &GraphProto, dir: &Path) -> Result<Folded, OnnxError> {
     for t in &graph.initializer {
         vals.insert(t.name.clone(), tensor_val(t, dir)?);
     }
-    let inputs: Vec<_> = graph.input.iter().filter(|i| !vals.contains_key(&i.name)).collect();
+    let inputs: Vec<_> = graph
+        .input
+        .iter()
+        .filter(|i| !vals.contains_key(&i.name))
+        .collect();
     let [input] = inputs.as_slice() else {
         return Err(OnnxError::Graph {
-            reason: format!("expected one image input, found {} runtime inputs", inputs.len()),
+            reason: format!(
+                "expected one image input, found {} runtime inputs",
+                inputs.len()
+            ),
         });
     };
     let input_shape = image_shape(input)?;
     vals.insert(input.name.clone(), Val::Dyn(input_shape.clone()));
 
-    let nodes: Vec<Node> = graph.node.iter().enumerate().map(|(i, n)| Node::from_proto(n, i)).collect();
+    let nodes: Vec<Node> = graph
+        .node
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Node::from_proto(n, i))
+        .collect();
     let mut producer = HashMap::new();
     for (i, n) in nodes.iter().enumerate() {
         for o in n.outputs.iter().filter(|o| !o.is_empty()) {
             if vals.contains_key(o) || producer.insert(o.clone(), i).is_some() {
-                return Err(OnnxError::Graph { reason: format!("value `{o}` is defined twice") });
+                return Err(OnnxError::Graph {
+                    reason: format!("value `{o}` is defined twice"),
+                });
             }
         }
     }
@@ -133,7 +187,9 @@ pub fn fold(graph: &GraphProto, dir: &Path) -> Result<Folded, OnnxError> {
     let outputs: Vec<String> = graph.output.iter().map(|o| o.name.clone()).collect();
     for o in &outputs {
         if !vals.contains_key(o) && !producer.contains_key(o) {
-            return Err(OnnxError::Graph { reason: format!("output `{o}` is not computed by the graph") });
+            return Err(OnnxError::Graph {
+                reason: format!("output `{o}` is not computed by the graph"),
+            });
         }
         *readers.entry(o.clone()).or_default() += 1;
     }
@@ -142,7 +198,8 @@ pub fn fold(graph: &GraphProto, dir: &Path) -> Result<Folded, OnnxError> {
     let mut unknown = Vec::new();
     for &i in &order {
         let n = &nodes[i];
-        let known = (n.domain.is_empty() || n.domain == "ai.onnx") && KNOWN.contains(&n.op.as_str());
+        let known =
+            (n.domain.is_empty() || n.domain == "ai.onnx") && KNOWN.contains(&n.op.as_str());
         let ins: Vec<Option<&Val>> = n.inputs.iter().map(|s| vals.get(s)).collect();
         let outs = if !known {
             unknown.push(i);
@@ -150,7 +207,11 @@ pub fn fold(graph: &GraphProto, dir: &Path) -> Result<Folded, OnnxError> {
         } else if ins.iter().any(|v| matches!(v, Some(Val::Unknown))) {
             vec![Val::Unknown; n.outputs.len()]
         } else {
-            eval(n, &ins, dir).map_err(|reason| OnnxError::Node { op: n.op.clone(), node: n.name.clone(), reason })?
+            eval(n, &ins, dir).map_err(|reason| OnnxError::Node {
+                op: n.op.clone(),
+                node: n.name.clone(),
+                reason,
+            })?
         };
         for (o, v) in n.outputs.iter().zip(outs) {
             if !o.is_empty() {
@@ -159,21 +220,42 @@ pub fn fold(graph: &GraphProto, dir: &Path) -> Result<Folded, OnnxError> {
         }
     }
     unknown.sort_unstable();
-    Ok(Folded { nodes, vals, producer, readers, unknown, input: input.name.clone(), input_shape, outputs })
+    Ok(Folded {
+        nodes,
+        vals,
+        producer,
+        readers,
+        unknown,
+        input: input.name.clone(),
+        input_shape,
+        outputs,
+    })
 }
 
 fn image_shape(input: &crate::proto::ValueInfoProto) -> Result<Vec<Dim>, OnnxError> {
     use crate::proto::{tensor_shape_proto::dimension::Value as D, type_proto::Value as T};
-    let bad = |reason: String| OnnxError::Graph { reason: format!("input `{}`: {reason}", input.name) };
+    let bad = |reason: String| OnnxError::Graph {
+        reason: format!("input `{}`: {reason}", input.name),
+    };
     let Some(T::TensorType(tt)) = input.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
         return Err(bad("not a tensor".into()));
     };
     if tt.elem_type != DataType::Float as i32 {
-        return Err(OnnxError::Dtype { tensor: input.name.clone(), dtype: tt.elem_type });
+        return Err(OnnxError::Dtype {
+            tensor: input.name.clone(),
+            dtype: tt.elem_type,
+        });
     }
-    let dims = tt.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or_default();
+    let dims = tt
+        .shape
+        .as_ref()
+        .map(|s| s.dim.as_slice())
+        .unwrap_or_default();
     if dims.len() != 4 {
-        return Err(bad(format!("rank {} where images are [batch, channels, height, width]", dims.len())));
+        return Err(bad(format!(
+            "rank {} where images are [batch, channels, height, width]",
+            dims.len()
+        )));
     }
     let mut shape = Vec::new();
     for (a, d) in dims.iter().enumerate() {
@@ -199,7 +281,8 @@ fn topo_order(nodes: &[Node], producer: &HashMap<String, usize>) -> Result<Vec<u
             }
         }
     }
-    let mut ready: std::collections::BTreeSet<usize> = (0..nodes.len()).filter(|&i| pending[i] == 0).collect();
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..nodes.len()).filter(|&i| pending[i] == 0).collect();
     let mut order = Vec::with_capacity(nodes.len());
     while let Some(i) = ready.pop_first() {
         order.push(i);
@@ -211,8 +294,13 @@ fn topo_order(nodes: &[Node], producer: &HashMap<String, usize>) -> Result<Vec<u
         }
     }
     if order.len() != nodes.len() {
-        let stuck = (0..nodes.len()).find(|&i| pending[i] > 0).map(|i| nodes[i].name.clone()).unwrap_or_default();
-        return Err(OnnxError::Graph { reason: format!("the graph has a cycle through node `{stuck}`") });
+        let stuck = (0..nodes.len())
+            .find(|&i| pending[i] > 0)
+            .map(|i| nodes[i].name.clone())
+            .unwrap_or_default();
+        return Err(OnnxError::Graph {
+            reason: format!("the graph has a cycle through node `{stuck}`"),
+        });
     }
     Ok(order)
 }
@@ -220,19 +308,27 @@ fn topo_order(nodes: &[Node], producer: &HashMap<String, usize>) -> Result<Vec<u
 type R<T> = Result<T, String>;
 
 fn need<'a>(ins: &[Option<&'a Val>], i: usize) -> R<&'a Val> {
-    ins.get(i).copied().flatten().ok_or_else(|| format!("input {i} is missing"))
+    ins.get(i)
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("input {i} is missing"))
 }
 fn opt<'a>(n: &Node, ins: &[Option<&'a Val>], i: usize) -> Option<&'a Val> {
     n.input(i).and(ins.get(i).copied().flatten())
 }
 fn plain(v: &Val, what: &str) -> R<Vec<i64>> {
-    v.plain_ints().map(|t| t.data).ok_or_else(|| format!("{what} is not a constant integer list"))
+    v.plain_ints()
+        .map(|t| t.data)
+        .ok_or_else(|| format!("{what} is not a constant integer list"))
 }
 fn sym(v: &Val, what: &str) -> R<Vec<Dim>> {
-    v.ints().map(|t| t.data.clone()).ok_or_else(|| format!("{what} is not a constant integer list"))
+    v.ints()
+        .map(|t| t.data.clone())
+        .ok_or_else(|| format!("{what} is not a constant integer list"))
 }
 fn shape_of(v: &Val) -> R<Vec<Dim>> {
-    v.shape().ok_or_else(|| "input of unknown shape".to_string())
+    v.shape()
+        .ok_or_else(|| "input of unknown shape".to_string())
 }
 fn ax(a: i64, rank: usize) -> R<usize> {
     axis(a, rank).ok_or_else(|| format!("axis {a} out of range for rank {rank}"))
@@ -254,10 +350,18 @@ fn fail<T>(what: &str) -> R<T> {
 }
 
 /// Applies a data-movement operation to whichever kind of constant `v` is.
-fn movement(v: &Val, op: impl Fn(&Tensor<f32>) -> Option<Tensor<f32>>, op_i: impl Fn(&Tensor<Dim>) -> Option<Tensor<Dim>>) -> R<Val> {
+fn movement(
+    v: &Val,
+    op: impl Fn(&Tensor<f32>) -> Option<Tensor<f32>>,
+    op_i: impl Fn(&Tensor<Dim>) -> Option<Tensor<Dim>>,
+) -> R<Val> {
     match v {
-        Val::F(t) => op(t).map(f).ok_or_else(|| "invalid indices or shape".to_string()),
-        Val::I(t) => op_i(t).map(i).ok_or_else(|| "invalid indices or shape".to_string()),
+        Val::F(t) => op(t)
+            .map(f)
+            .ok_or_else(|| "invalid indices or shape".to_string()),
+        Val::I(t) => op_i(t)
+            .map(i)
+            .ok_or_else(|| "invalid indices or shape".to_string()),
         _ => fail("not a constant"),
     }
 }
@@ -272,9 +376,21 @@ fn reshape_const(v: &Val, shape: Vec<usize>) -> R<Val> {
     if !ok {
         return fail("element count changes");
     }
-    movement(v, |t| Some(Tensor { shape: shape.clone(), data: t.data.clone() }), |t| {
-        Some(Tensor { shape: shape.clone(), data: t.data.clone() })
-    })
+    movement(
+        v,
+        |t| {
+            Some(Tensor {
+                shape: shape.clone(),
+                data: t.data.clone(),
+            })
+        },
+        |t| {
+            Some(Tensor {
+                shape: shape.clone(),
+                data: t.data.clone(),
+            })
+        },
+    )
 }
 
 fn product(shape: &[Dim]) -> Option<Dim> {
@@ -296,10 +412,16 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
                 return one(i(Tensor::scalar(Dim::int(v))));
             }
             if let Some(v) = n.attr("value_floats") {
-                return one(f(Tensor { shape: vec![v.floats.len()], data: v.floats.clone() }));
+                return one(f(Tensor {
+                    shape: vec![v.floats.len()],
+                    data: v.floats.clone(),
+                }));
             }
             if let Some(v) = n.ints("value_ints") {
-                return one(i(Tensor { shape: vec![v.len()], data: v.into_iter().map(Dim::int).collect() }));
+                return one(i(Tensor {
+                    shape: vec![v.len()],
+                    data: v.into_iter().map(Dim::int).collect(),
+                }));
             }
             fail("no value attribute the importer reads")
         }
@@ -316,7 +438,12 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
                 Val::F(t) if bool_ => one(i(t.map(|&v| Dim::int((v != 0.0) as i64)))),
                 Val::I(t) if float => one(f(Tensor {
                     shape: t.shape.clone(),
-                    data: t.data.iter().map(|d| d.concrete().map(|v| v as f32)).collect::<Option<_>>().ok_or("casts the batch to float")?,
+                    data: t
+                        .data
+                        .iter()
+                        .map(|d| d.concrete().map(|v| v as f32))
+                        .collect::<Option<_>>()
+                        .ok_or("casts the batch to float")?,
                 })),
                 Val::I(t) if int => one(Val::I(t.clone())),
                 Val::I(t) if bool_ => one(i(t.map(|d| Dim::int((d.k != 0) as i64)))),
@@ -330,12 +457,21 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
             let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
             let start = clampi(n.int("start").unwrap_or(0));
             let end = clampi(n.int("end").unwrap_or(r));
-            let s = if start < end { s[start..end].to_vec() } else { vec![] };
-            one(i(Tensor { shape: vec![s.len()], data: s }))
+            let s = if start < end {
+                s[start..end].to_vec()
+            } else {
+                vec![]
+            };
+            one(i(Tensor {
+                shape: vec![s.len()],
+                data: s,
+            }))
         }
         "Gather" => {
             let x = need(ins, 0)?;
-            let idx = need(ins, 1)?.plain_ints().ok_or("indices are not constant")?;
+            let idx = need(ins, 1)?
+                .plain_ints()
+                .ok_or("indices are not constant")?;
             let s = shape_of(x)?;
             let a = ax(n.int("axis").unwrap_or(0), s.len())?;
             if x.is_const() {
@@ -359,7 +495,10 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
                 Some(v) => plain(v, "steps")?,
                 None => vec![1; starts.len()],
             };
-            if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+            if ends.len() != starts.len()
+                || axes.len() != starts.len()
+                || steps.len() != starts.len()
+            {
                 return fail("starts, ends, axes and steps differ in length");
             }
             let mut ranges = Vec::new();
@@ -380,7 +519,9 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
             one(Val::Dyn(out))
         }
         "Concat" => {
-            let vs: Vec<&Val> = (0..n.inputs.len()).map(|k| need(ins, k)).collect::<R<_>>()?;
+            let vs: Vec<&Val> = (0..n.inputs.len())
+                .map(|k| need(ins, k))
+                .collect::<R<_>>()?;
             let first = shape_of(vs.first().ok_or("no inputs")?)?;
             let a = ax(n.int("axis").ok_or("no axis")?, first.len())?;
             if vs.iter().all(|v| matches!(v, Val::I(_))) {
@@ -388,7 +529,10 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
                 return one(i(Tensor::concat(&ts, a).ok_or("shapes do not concatenate")?));
             }
             if vs.iter().all(|v| matches!(v, Val::F(_))) {
-                let ts: Vec<&Tensor<f32>> = vs.iter().filter_map(|v| v.floats().map(|t| t.as_ref())).collect();
+                let ts: Vec<&Tensor<f32>> = vs
+                    .iter()
+                    .filter_map(|v| v.floats().map(|t| t.as_ref()))
+                    .collect();
                 return one(f(Tensor::concat(&ts, a).ok_or("shapes do not concatenate")?));
             }
             let mut out = first.clone();
@@ -419,7 +563,16 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
                     return fail("repeated axis");
                 }
                 let mut rest = s.iter();
-                (0..rank).map(|k| if at.contains(&k) { Some(Dim::int(1)) } else { rest.next().copied() }).collect::<Option<_>>().ok_or("bad axes")?
+                (0..rank)
+                    .map(|k| {
+                        if at.contains(&k) {
+                            Some(Dim::int(1))
+                        } else {
+                            rest.next().copied()
+                        }
+                    })
+                    .collect::<Option<_>>()
+                    .ok_or("bad axes")?
             } else {
                 let drop: Vec<usize> = match axes {
                     Some(a) => a.iter().map(|&a| ax(a, s.len())).collect::<R<_>>()?,
@@ -428,7 +581,11 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
                 if drop.iter().any(|&k| s[k] != Dim::int(1)) {
                     return fail("squeezes an axis that is not 1");
                 }
-                s.iter().enumerate().filter(|(k, _)| !drop.contains(k)).map(|(_, d)| *d).collect()
+                s.iter()
+                    .enumerate()
+                    .filter(|(k, _)| !drop.contains(k))
+                    .map(|(_, d)| *d)
+                    .collect()
             };
             if x.is_const() {
                 return one(reshape_const(x, concrete(&out).ok_or("shape")?)?);
@@ -459,7 +616,9 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
             let total = product(&s).ok_or("input size")?;
             let known = product(&out).ok_or("target size")?;
             if let Some(k) = infer {
-                out[k] = total.div(known).ok_or_else(|| format!("cannot infer -1 from {} over {}", show(&s), show(&target)))?;
+                out[k] = total.div(known).ok_or_else(|| {
+                    format!("cannot infer -1 from {} over {}", show(&s), show(&target))
+                })?;
             }
             if product(&out) != Some(total) {
                 return Err(format!("reshape of {} into {}", show(&s), show(&out)));
@@ -474,8 +633,14 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
             let s = shape_of(x)?;
             let a = n.int("axis").unwrap_or(1);
             let a = if a < 0 { a + s.len() as i64 } else { a };
-            let a = usize::try_from(a).ok().filter(|&a| a <= s.len()).ok_or("axis out of range")?;
-            let out = vec![product(&s[..a]).ok_or("size")?, product(&s[a..]).ok_or("size")?];
+            let a = usize::try_from(a)
+                .ok()
+                .filter(|&a| a <= s.len())
+                .ok_or("axis out of range")?;
+            let out = vec![
+                product(&s[..a]).ok_or("size")?,
+                product(&s[a..]).ok_or("size")?,
+            ];
             if x.is_const() {
                 return one(reshape_const(x, concrete(&out).ok_or("shape")?)?);
             }
@@ -485,7 +650,10 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
             let x = need(ins, 0)?;
             let s = shape_of(x)?;
             let perm: Vec<usize> = match n.ints("perm") {
-                Some(p) => p.iter().map(|&a| usize::try_from(a).map_err(|_| "negative perm".to_string())).collect::<R<_>>()?,
+                Some(p) => p
+                    .iter()
+                    .map(|&a| usize::try_from(a).map_err(|_| "negative perm".to_string()))
+                    .collect::<R<_>>()?,
                 None => (0..s.len()).rev().collect(),
             };
             let mut sorted = perm.clone();
@@ -516,7 +684,12 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
             if reps.len() != s.len() {
                 return fail("repeats and rank differ");
             }
-            let out: Vec<Dim> = s.iter().zip(&reps).map(|(a, b)| a.mul(*b)).collect::<Option<_>>().ok_or("size")?;
+            let out: Vec<Dim> = s
+                .iter()
+                .zip(&reps)
+                .map(|(a, b)| a.mul(*b))
+                .collect::<Option<_>>()
+                .ok_or("size")?;
             if let (true, Some(c), Some(r)) = (x.is_const(), concrete(&out), concrete(&reps)) {
                 bounded(&c)?;
                 return one(movement(x, |t| t.tile(&r), |t| t.tile(&r))?);
@@ -525,7 +698,9 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
         }
         "ConstantOfShape" => {
             let to = sym(need(ins, 0)?, "shape")?;
-            let Some(c) = concrete(&to) else { return one(Val::Dyn(to)) };
+            let Some(c) = concrete(&to) else {
+                return one(Val::Dyn(to));
+            };
             bounded(&c)?;
             let count = numel(&c).ok_or("size")?;
             let value = match n.attr("value").and_then(|a| a.t.as_ref()) {
@@ -533,20 +708,41 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
                 None => f(Tensor::scalar(0.0)),
             };
             match value {
-                Val::F(t) if t.data.len() == 1 => one(f(Tensor { shape: c, data: vec![t.data[0]; count] })),
-                Val::I(t) if t.data.len() == 1 => one(i(Tensor { shape: c, data: vec![t.data[0]; count] })),
+                Val::F(t) if t.data.len() == 1 => one(f(Tensor {
+                    shape: c,
+                    data: vec![t.data[0]; count],
+                })),
+                Val::I(t) if t.data.len() == 1 => one(i(Tensor {
+                    shape: c,
+                    data: vec![t.data[0]; count],
+                })),
                 _ => fail("value is not one element"),
             }
         }
         "Range" => {
             let (a, b, d) = (need(ins, 0)?, need(ins, 1)?, need(ins, 2)?);
             if let (Some(a), Some(b), Some(d)) = (a.plain_ints(), b.plain_ints(), d.plain_ints()) {
-                let (a, b, d) = (a.data.first().copied(), b.data.first().copied(), d.data.first().copied());
+                let (a, b, d) = (
+                    a.data.first().copied(),
+                    b.data.first().copied(),
+                    d.data.first().copied(),
+                );
                 let (a, b, d) = (a.ok_or("empty")?, b.ok_or("empty")?, d.ok_or("empty")?);
-                let len = slice_len(i64::MAX, a, b, d).ok_or("delta 0")?;
+                if d == 0 {
+                    return fail("delta 0");
+                }
+                // ONNX: max(ceil((limit - start) / delta), 0) elements.
+                let (span, step) = (b as i128 - a as i128, d as i128);
+                let len = usize::try_from(((span + step - step.signum()) / step).max(0))
+                    .map_err(|_| "too long")?;
                 bounded(&[len])?;
-                let data = (0..len as i64).map(|k| Dim::int(a + k * d)).collect();
-                return one(i(Tensor { shape: vec![len], data }));
+                let data = (0..len as i64)
+                    .map(|k| Dim::int(a.saturating_add(k.saturating_mul(d))))
+                    .collect();
+                return one(i(Tensor {
+                    shape: vec![len],
+                    data,
+                }));
             }
             fail("bounds are not constant integers")
         }
@@ -562,9 +758,15 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
             };
             match (x, g) {
                 (Val::F(t), Some(g)) => one(f(t.map(|&v| g(v)))),
-                (Val::I(t), _) if n.op == "Neg" => {
-                    one(i(Tensor { shape: t.shape.clone(), data: t.data.iter().map(|d| d.neg()).collect::<Option<_>>().ok_or("overflow")? }))
-                }
+                (Val::I(t), _) if n.op == "Neg" => one(i(Tensor {
+                    shape: t.shape.clone(),
+                    data: t
+                        .data
+                        .iter()
+                        .map(|d| d.neg())
+                        .collect::<Option<_>>()
+                        .ok_or("overflow")?,
+                })),
                 _ => one(Val::Dyn(shape_of(x)?)),
             }
         }
@@ -577,7 +779,8 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
             if a[ra - 1] != b[rb - 2] {
                 return Err(format!("{} times {}", show(&a), show(&b)));
             }
-            let mut out = broadcast_shapes(&a[..ra - 2], &b[..rb - 2]).ok_or("batch dimensions do not broadcast")?;
+            let mut out = broadcast_shapes(&a[..ra - 2], &b[..rb - 2])
+                .ok_or("batch dimensions do not broadcast")?;
             out.extend([a[ra - 2], b[rb - 1]]);
             one(Val::Dyn(out))
         }
@@ -604,21 +807,32 @@ fn eval(n: &Node, ins: &[Option<&Val>], dir: &Path) -> R<Vec<Val>> {
                 *d = Dim::int(1);
             }
             let mut outs = vec![Val::Dyn(s)];
-            outs.extend(std::iter::repeat_n(Val::Dyn(stat), n.outputs.len().saturating_sub(1)));
+            outs.extend(std::iter::repeat_n(
+                Val::Dyn(stat),
+                n.outputs.len().saturating_sub(1),
+            ));
             Ok(outs)
         }
         "ReduceMean" => {
             let s = shape_of(need(ins, 0)?)?;
             let axes = match opt(n, ins, 1) {
                 Some(v) => plain(v, "axes")?,
-                None => n.ints("axes").unwrap_or_else(|| (0..s.len() as i64).collect()),
+                None => n
+                    .ints("axes")
+                    .unwrap_or_else(|| (0..s.len() as i64).collect()),
             };
             let axes: Vec<usize> = axes.iter().map(|&a| ax(a, s.len())).collect::<R<_>>()?;
             let keep = n.int("keepdims").unwrap_or(1) != 0;
             let out = s
                 .iter()
                 .enumerate()
-                .filter_map(|(k, &d)| if axes.contains(&k) { keep.then_some(Dim::int(1)) } else { Some(d) })
+                .filter_map(|(k, &d)| {
+                    if axes.contains(&k) {
+                        keep.then_some(Dim::int(1))
+                    } else {
+                        Some(d)
+                    }
+                })
                 .collect();
             one(Val::Dyn(out))
         }
@@ -635,7 +849,11 @@ fn conv_shape(n: &Node, ins: &[Option<&Val>]) -> R<Vec<Dim>> {
     }
     let group = n.int("group").unwrap_or(1);
     if group != 1 || w[1] != x[1] {
-        return Err(format!("weight {} does not match input {}", show(&w), show(&x)));
+        return Err(format!(
+            "weight {} does not match input {}",
+            show(&w),
+            show(&x)
+        ));
     }
     let pad = n.string("auto_pad").unwrap_or_default();
     if !(pad.is_empty() || pad == "NOTSET" || pad == "VALID") {
@@ -652,7 +870,10 @@ fn conv_shape(n: &Node, ins: &[Option<&Val>]) -> R<Vec<Dim>> {
     }
     let mut out = vec![x[0], w[0]];
     for k in 0..2 {
-        let (len, ker) = (x[2 + k].concrete().ok_or("image size")?, w[2 + k].concrete().ok_or("kernel")?);
+        let (len, ker) = (
+            x[2 + k].concrete().ok_or("image size")?,
+            w[2 + k].concrete().ok_or("kernel")?,
+        );
         let s = strides[k];
         if s <= 0 || ker > len {
             return fail("kernel larger than the image or bad stride");
@@ -676,12 +897,17 @@ fn split(n: &Node, ins: &[Option<&Val>]) -> R<Vec<Val>> {
                 if k <= 0 {
                     return fail("no outputs");
                 }
-                let each = (len + k - 1) / k;
-                (0..k).map(|j| (len - j * each).clamp(0, each)).collect()
+                let each = len / k + i64::from(len % k != 0);
+                (0..k)
+                    .map(|j| len.saturating_sub(j.saturating_mul(each)).clamp(0, each))
+                    .collect()
             }
         },
     };
-    if parts.len() != n.outputs.len() || parts.iter().any(|&p| p < 0) || parts.iter().sum::<i64>() != len {
+    let sum = parts
+        .iter()
+        .try_fold(0i64, |a, &p| if p < 0 { None } else { a.checked_add(p) });
+    if parts.len() != n.outputs.len() || sum != Some(len) {
         return fail("split sizes do not add up to the axis");
     }
     let mut outs = Vec::new();
@@ -706,12 +932,14 @@ fn arith(n: &Node, ins: &[Option<&Val>]) -> R<Vec<Val>> {
         let (c, x, y) = (need(ins, 0)?, need(ins, 1)?, need(ins, 2)?);
         if let (Some(c), Some(x), Some(y)) = (c.plain_ints(), x.ints(), y.ints()) {
             let cx = binary(&c, x, |c, x| Some((*c, *x))).ok_or("shapes do not broadcast")?;
-            let r = binary(&cx, y, |(c, x), y| Some(if *c != 0 { *x } else { *y })).ok_or("shapes do not broadcast")?;
+            let r = binary(&cx, y, |(c, x), y| Some(if *c != 0 { *x } else { *y }))
+                .ok_or("shapes do not broadcast")?;
             return Ok(vec![i(r)]);
         }
         if let (Some(c), Some(x), Some(y)) = (c.plain_ints(), x.floats(), y.floats()) {
             let cx = binary(&c, x, |c, x| Some((*c, *x))).ok_or("shapes do not broadcast")?;
-            let r = binary(&cx, y, |(c, x), y| Some(if *c != 0 { *x } else { *y })).ok_or("shapes do not broadcast")?;
+            let r = binary(&cx, y, |(c, x), y| Some(if *c != 0 { *x } else { *y }))
+                .ok_or("shapes do not broadcast")?;
             return Ok(vec![f(r)]);
         }
         let s = broadcast_shapes(&shape_of(c)?, &shape_of(x)?).ok_or("shapes do not broadcast")?;
@@ -754,9 +982,10 @@ fn arith(n: &Node, ins: &[Option<&Val>]) -> R<Vec<Val>> {
                 .map(f)
             }
         }
-        (Val::F(x), Val::I(y)) if op == "Pow" => {
-            binary(x, y, |p, q| Some(p.powi(i32::try_from(q.concrete()?).ok()?))).map(f)
-        }
+        (Val::F(x), Val::I(y)) if op == "Pow" => binary(x, y, |p, q| {
+            Some(p.powi(i32::try_from(q.concrete()?).ok()?))
+        })
+        .map(f),
         _ => None,
     };
     if let Some(v) = folded {
@@ -765,8 +994,13 @@ fn arith(n: &Node, ins: &[Option<&Val>]) -> R<Vec<Val>> {
         }
         return Ok(vec![v]);
     }
-    let s = broadcast_shapes(&shape_of(a)?, &shape_of(b)?)
-        .ok_or_else(|| format!("{} and {} do not broadcast", show(&shape_of(a).unwrap_or_default()), show(&shape_of(b).unwrap_or_default())))?;
+    let s = broadcast_shapes(&shape_of(a)?, &shape_of(b)?).ok_or_else(|| {
+        format!(
+            "{} and {} do not broadcast",
+            show(&shape_of(a).unwrap_or_default()),
+            show(&shape_of(b).unwrap_or_default())
+        )
+    })?;
     Ok(vec![Val::Dyn(s)])
 }
 
@@ -776,5 +1010,7 @@ pub fn describe(nodes: &[Node], which: impl IntoIterator<Item = usize>) -> Vec<(
     for k in which {
         set.insert(k, ());
     }
-    set.keys().map(|&k| (nodes[k].op.clone(), nodes[k].name.clone())).collect()
+    set.keys()
+        .map(|&k| (nodes[k].op.clone(), nodes[k].name.clone()))
+        .collect()
 }

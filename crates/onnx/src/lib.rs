@@ -74,7 +74,10 @@ pub struct OnnxVision {
 
 /// Imports the model at `path`; external data files are looked up in its directory.
 pub fn import(path: &Path) -> Result<OnnxVision, OnnxError> {
-    let bytes = std::fs::read(path).map_err(|source| OnnxError::Io { path: path.to_owned(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -90,22 +93,34 @@ pub fn import_bytes(bytes: &[u8], dir: &Path) -> Result<OnnxVision, OnnxError> {
 fn import_from(bytes: &[u8], dir: &Path, path: &Path) -> Result<OnnxVision, OnnxError> {
     let model = load::decode(bytes, path)?;
     load::check_opset(&model, path)?;
-    let graph = model.graph.as_ref().ok_or_else(|| OnnxError::NoGraph { path: path.to_owned() })?;
+    let graph = model.graph.as_ref().ok_or_else(|| OnnxError::NoGraph {
+        path: path.to_owned(),
+    })?;
     let g = fold::fold(graph, dir)?;
     if !g.unknown.is_empty() {
-        return Err(OnnxError::Unmapped { nodes: fold::describe(&g.nodes, g.unknown.iter().copied()) });
+        return Err(OnnxError::Unmapped {
+            nodes: fold::describe(&g.nodes, g.unknown.iter().copied()),
+        });
     }
     let batch = g.input_shape[0].usize();
     let mut c = Canon::new(&g, batch);
     let matched = match_tower(&mut c, &g.outputs);
     let used: BTreeSet<usize> = c.used.iter().copied().collect();
-    let left: Vec<usize> = (0..g.nodes.len()).filter(|n| !used.contains(n) && !g.is_folded(*n)).collect();
+    let left: Vec<usize> = (0..g.nodes.len())
+        .filter(|n| !used.contains(n) && !g.is_folded(*n))
+        .collect();
     let tower = match matched {
         Some(t) if left.is_empty() => t,
-        _ if !left.is_empty() => return Err(OnnxError::Unmapped { nodes: fold::describe(&g.nodes, left) }),
+        _ if !left.is_empty() => {
+            return Err(OnnxError::Unmapped {
+                nodes: fold::describe(&g.nodes, left),
+            });
+        }
         _ => {
             return Err(OnnxError::Graph {
-                reason: "the outputs are not the tokens or pooled embedding of a SigLIP vision tower".into(),
+                reason:
+                    "the outputs are not the tokens or pooled embedding of a SigLIP vision tower"
+                        .into(),
             });
         }
     };
@@ -137,7 +152,10 @@ fn match_tower(c: &mut Canon, outputs: &[String]) -> Option<Tower> {
     }
     let mut tokens_output = None;
     let mut post = None;
-    for o in outputs.iter().filter(|o| Some(*o) != pooled_output.as_ref()) {
+    for o in outputs
+        .iter()
+        .filter(|o| Some(*o) != pooled_output.as_ref())
+    {
         let ln = c.layer_norm(o)?;
         if let Some((_, kv)) = &head {
             (o == kv).then_some(())?;
@@ -174,19 +192,44 @@ fn inconsistent(what: impl Into<String>) -> OnnxError {
     OnnxError::Inconsistent { what: what.into() }
 }
 
-fn put(map: &mut TensorMap, name: &str, shape: Vec<usize>, data: Vec<f32>) -> Result<(), OnnxError> {
+fn put(
+    map: &mut TensorMap,
+    name: &str,
+    shape: Vec<usize>,
+    data: Vec<f32>,
+) -> Result<(), OnnxError> {
     let t = HostTensor::new(shape, data).map_err(|e| inconsistent(format!("`{name}`: {e}")))?;
     map.insert(name, t);
     Ok(())
 }
 
 fn put_ln(map: &mut TensorMap, prefix: &str, ln: &Ln) -> Result<(), OnnxError> {
-    put(map, &format!("{prefix}.weight"), vec![ln.gamma.len()], ln.gamma.clone())?;
-    put(map, &format!("{prefix}.bias"), vec![ln.beta.len()], ln.beta.clone())
+    put(
+        map,
+        &format!("{prefix}.weight"),
+        vec![ln.gamma.len()],
+        ln.gamma.clone(),
+    )?;
+    put(
+        map,
+        &format!("{prefix}.bias"),
+        vec![ln.beta.len()],
+        ln.beta.clone(),
+    )
 }
 
-fn put_lin(map: &mut TensorMap, prefix: &str, w: &value::Tensor<f32>, b: &[f32]) -> Result<(), OnnxError> {
-    put(map, &format!("{prefix}.weight"), w.shape.clone(), w.data.clone())?;
+fn put_lin(
+    map: &mut TensorMap,
+    prefix: &str,
+    w: &value::Tensor<f32>,
+    b: &[f32],
+) -> Result<(), OnnxError> {
+    put(
+        map,
+        &format!("{prefix}.weight"),
+        w.shape.clone(),
+        w.data.clone(),
+    )?;
     put(map, &format!("{prefix}.bias"), vec![b.len()], b.to_vec())
 }
 
@@ -201,21 +244,31 @@ fn assemble(g: &fold::Folded, t: Tower) -> Result<OnnxVision, OnnxError> {
             value::show(&g.input_shape)
         )));
     }
-    let Some(first) = t.layers.first() else { return Err(inconsistent("it has no encoder layer")) };
+    let Some(first) = t.layers.first() else {
+        return Err(inconsistent("it has no encoder layer"));
+    };
     let heads = first.attn.heads;
     let ffn = first.mlp.fc1.w.shape[0];
     let act = first.mlp.act;
     let eps = t.post.eps;
     let mut lns: Vec<&Ln> = vec![&t.post];
     for (i, l) in t.layers.iter().enumerate() {
-        if l.attn.heads != heads || l.mlp.fc1.w.shape[0] != ffn || l.mlp.act != act || l.attn.o.w.shape[0] != width {
-            return Err(inconsistent(format!("encoder layer {i} differs from layer 0 in heads, MLP size, width or activation")));
+        if l.attn.heads != heads
+            || l.mlp.fc1.w.shape[0] != ffn
+            || l.mlp.act != act
+            || l.attn.o.w.shape[0] != width
+        {
+            return Err(inconsistent(format!(
+                "encoder layer {i} differs from layer 0 in heads, MLP size, width or activation"
+            )));
         }
         lns.extend([&l.ln1, &l.ln2]);
     }
     if let Some(h) = &t.head {
         if h.attn.heads != heads || h.mlp.fc1.w.shape[0] != ffn || h.mlp.act != act {
-            return Err(inconsistent("the pooling head differs from the encoder in heads, MLP size or activation"));
+            return Err(inconsistent(
+                "the pooling head differs from the encoder in heads, MLP size or activation",
+            ));
         }
         lns.push(&h.ln);
     }
@@ -224,9 +277,24 @@ fn assemble(g: &fold::Folded, t: Tower) -> Result<OnnxVision, OnnxError> {
     }
 
     let mut m = TensorMap::new();
-    put(&mut m, "embeddings.patch_embedding.weight", e.w.shape.clone(), e.w.data.clone())?;
-    put(&mut m, "embeddings.patch_embedding.bias", vec![width], e.b.clone())?;
-    put(&mut m, "embeddings.position_embedding.weight", e.pos.shape.clone(), e.pos.data.clone())?;
+    put(
+        &mut m,
+        "embeddings.patch_embedding.weight",
+        e.w.shape.clone(),
+        e.w.data.clone(),
+    )?;
+    put(
+        &mut m,
+        "embeddings.patch_embedding.bias",
+        vec![width],
+        e.b.clone(),
+    )?;
+    put(
+        &mut m,
+        "embeddings.position_embedding.weight",
+        e.pos.shape.clone(),
+        e.pos.data.clone(),
+    )?;
     for (i, l) in t.layers.iter().enumerate() {
         let p = format!("encoder.layers.{i}");
         put_ln(&mut m, &format!("{p}.layer_norm1"), &l.ln1)?;
@@ -273,7 +341,9 @@ fn assemble(g: &fold::Folded, t: Tower) -> Result<OnnxVision, OnnxError> {
 
 /// `nn.MultiheadAttention` keeps the three input projections packed.
 fn put_head(m: &mut TensorMap, a: &Attn, width: usize) -> Result<(), OnnxError> {
-    let Source::Probe(probe) = &a.q.src else { return Err(inconsistent("the head's query is not a constant probe")) };
+    let Source::Probe(probe) = &a.q.src else {
+        return Err(inconsistent("the head's query is not a constant probe"));
+    };
     put(m, "head.probe", vec![1, 1, width], probe.clone())?;
     let mut w = Vec::with_capacity(3 * width * width);
     let mut b = Vec::with_capacity(3 * width);
@@ -281,7 +351,12 @@ fn put_head(m: &mut TensorMap, a: &Attn, width: usize) -> Result<(), OnnxError> 
         w.extend_from_slice(&p.w.data);
         b.extend_from_slice(&p.b);
     }
-    put(m, "head.attention.in_proj_weight", vec![3 * width, width], w)?;
+    put(
+        m,
+        "head.attention.in_proj_weight",
+        vec![3 * width, width],
+        w,
+    )?;
     put(m, "head.attention.in_proj_bias", vec![3 * width], b)?;
     put_lin(m, "head.attention.out_proj", &a.o.w, &a.o.b)
 }

@@ -28,7 +28,11 @@ impl Dim {
     pub const BATCH: Dim = Dim { k: 1, p: 1 };
 
     fn norm(k: i64, p: u32) -> Self {
-        if k == 0 { Dim { k: 0, p: 0 } } else { Dim { k, p } }
+        if k == 0 {
+            Dim { k: 0, p: 0 }
+        } else {
+            Dim { k, p }
+        }
     }
     pub fn concrete(self) -> Option<i64> {
         (self.p == 0).then_some(self.k)
@@ -37,7 +41,10 @@ impl Dim {
         self.concrete().and_then(|k| usize::try_from(k).ok())
     }
     pub fn mul(self, o: Dim) -> Option<Dim> {
-        Some(Dim::norm(self.k.checked_mul(o.k)?, self.p.checked_add(o.p)?))
+        Some(Dim::norm(
+            self.k.checked_mul(o.k)?,
+            self.p.checked_add(o.p)?,
+        ))
     }
     pub fn add(self, o: Dim) -> Option<Dim> {
         if self.k == 0 {
@@ -74,7 +81,11 @@ impl Dim {
     pub fn rem(self, o: Dim) -> Option<Dim> {
         let (a, b) = (self.concrete()?, o.concrete()?);
         let r = a.checked_rem(b)?;
-        Some(Dim::int(if r != 0 && (r < 0) != (b < 0) { r + b } else { r }))
+        Some(Dim::int(if r != 0 && (r < 0) != (b < 0) {
+            r + b
+        } else {
+            r
+        }))
     }
     /// Equal for every batch, unequal for every batch, or unknown (`None`).
     pub fn equal(self, o: Dim) -> Option<bool> {
@@ -136,7 +147,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 pub fn axis(a: i64, rank: usize) -> Option<usize> {
     let r = i64::try_from(rank).ok()?;
     let a = if a < 0 { a + r } else { a };
-    (0..r).contains(&a).then(|| a as usize)
+    (0..r).contains(&a).then_some(a as usize)
 }
 
 /// Broadcast of two shapes as ONNX's multidirectional broadcasting.
@@ -145,8 +156,16 @@ pub fn broadcast_shapes(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     let one = Dim::int(1);
     (0..n)
         .map(|i| {
-            let x = if i + a.len() >= n { a[i + a.len() - n] } else { one };
-            let y = if i + b.len() >= n { b[i + b.len() - n] } else { one };
+            let x = if i + a.len() >= n {
+                a[i + a.len() - n]
+            } else {
+                one
+            };
+            let y = if i + b.len() >= n {
+                b[i + b.len() - n]
+            } else {
+                one
+            };
             if x == y || y == one {
                 Some(x)
             } else if x == one {
@@ -171,7 +190,10 @@ impl<T: Clone> Tensor<T> {
         (numel(&shape)? == data.len()).then_some(Tensor { shape, data })
     }
     pub fn scalar(v: T) -> Self {
-        Tensor { shape: vec![], data: vec![v] }
+        Tensor {
+            shape: vec![],
+            data: vec![v],
+        }
     }
 
     pub fn transpose(&self, perm: &[usize]) -> Option<Self> {
@@ -264,8 +286,7 @@ impl<T: Clone> Tensor<T> {
         let mut shape = first.shape.clone();
         shape[axis] = 0;
         for p in parts {
-            if p.shape.len() != rank
-                || (0..rank).any(|a| a != axis && p.shape[a] != first.shape[a])
+            if p.shape.len() != rank || (0..rank).any(|a| a != axis && p.shape[a] != first.shape[a])
             {
                 return None;
             }
@@ -326,7 +347,10 @@ impl<T: Clone> Tensor<T> {
             t = if r == 0 {
                 let mut shape = t.shape.clone();
                 shape[a] = 0;
-                Tensor { shape, data: vec![] }
+                Tensor {
+                    shape,
+                    data: vec![],
+                }
             } else {
                 Tensor::concat(&parts, a)?
             };
@@ -335,7 +359,10 @@ impl<T: Clone> Tensor<T> {
     }
 
     pub fn map<U>(&self, f: impl Fn(&T) -> U) -> Tensor<U> {
-        Tensor { shape: self.shape.clone(), data: self.data.iter().map(f).collect() }
+        Tensor {
+            shape: self.shape.clone(),
+            data: self.data.iter().map(f).collect(),
+        }
     }
 }
 
@@ -369,7 +396,12 @@ pub fn binary<A: Clone, B: Clone, C>(
     let shape = concrete(&broadcast_shapes(&dims(&a.shape), &dims(&b.shape))?)?;
     let a = a.expand(&shape)?;
     let b = b.expand(&shape)?;
-    let data = a.data.iter().zip(&b.data).map(|(x, y)| f(x, y)).collect::<Option<Vec<C>>>()?;
+    let data = a
+        .data
+        .iter()
+        .zip(&b.data)
+        .map(|(x, y)| f(x, y))
+        .collect::<Option<Vec<C>>>()?;
     Some(Tensor { shape, data })
 }
 
@@ -410,11 +442,37 @@ impl Val {
     /// The integers as plain numbers, when none involves the batch.
     pub fn plain_ints(&self) -> Option<Tensor<i64>> {
         let t = self.ints()?;
-        Some(Tensor { shape: t.shape.clone(), data: t.data.iter().map(|d| d.concrete()).collect::<Option<_>>()? })
+        Some(Tensor {
+            shape: t.shape.clone(),
+            data: t.data.iter().map(|d| d.concrete()).collect::<Option<_>>()?,
+        })
     }
     pub fn is_const(&self) -> bool {
         matches!(self, Val::F(_) | Val::I(_))
     }
+}
+
+/// How many elements `Slice` keeps on an axis of length `d`, without listing them.
+pub fn slice_len(d: i64, start: i64, end: i64, step: i64) -> Option<usize> {
+    if step == 0 {
+        return None;
+    }
+    let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+    let (s, e) = if step > 0 {
+        (norm(start).clamp(0, d), norm(end).clamp(0, d))
+    } else {
+        (norm(start).clamp(-1, d - 1), norm(end).clamp(-1, d - 1))
+    };
+    let span = if step > 0 {
+        e.checked_sub(s)?
+    } else {
+        s.checked_sub(e)?
+    };
+    if span <= 0 {
+        return Some(0);
+    }
+    let step = step.checked_abs()?;
+    usize::try_from((span - 1) / step + 1).ok()
 }
 
 #[cfg(test)]
@@ -434,9 +492,15 @@ mod tests {
         assert_eq!(r.data, vec![2, 1, 0, 5, 4, 3]);
         let c = Tensor::concat(&[&t, &t], 1).unwrap();
         assert_eq!(c.data, vec![0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5]);
-        let e = Tensor::new(vec![1, 3], vec![7, 8, 9]).unwrap().expand(&[2, 1]).unwrap();
+        let e = Tensor::new(vec![1, 3], vec![7, 8, 9])
+            .unwrap()
+            .expand(&[2, 1])
+            .unwrap();
         assert_eq!(e.data, vec![7, 8, 9, 7, 8, 9]);
-        let tl = Tensor::new(vec![1, 2], vec![1, 2]).unwrap().tile(&[2, 2]).unwrap();
+        let tl = Tensor::new(vec![1, 2], vec![1, 2])
+            .unwrap()
+            .tile(&[2, 2])
+            .unwrap();
         assert_eq!(tl.data, vec![1, 2, 1, 2, 1, 2, 1, 2]);
     }
 
@@ -450,23 +514,4 @@ mod tests {
         assert_eq!(b4.at(3), Some(12));
         assert_eq!(b4.equal(Dim::int(8)), None);
     }
-}
-
-/// How many elements `Slice` keeps on an axis of length `d`, without listing them.
-pub fn slice_len(d: i64, start: i64, end: i64, step: i64) -> Option<usize> {
-    if step == 0 {
-        return None;
-    }
-    let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
-    let (s, e) = if step > 0 {
-        (norm(start).clamp(0, d), norm(end).clamp(0, d))
-    } else {
-        (norm(start).clamp(-1, d - 1), norm(end).clamp(-1, d - 1))
-    };
-    let span = if step > 0 { e.checked_sub(s)? } else { s.checked_sub(e)? };
-    if span <= 0 {
-        return Some(0);
-    }
-    let step = step.checked_abs()?;
-    usize::try_from((span - 1) / step + 1).ok()
 }

@@ -18,7 +18,11 @@ fn checkpoint() -> Vec<(String, Vec<usize>, Vec<f32>)> {
         .into_iter()
         .map(|(name, view)| {
             assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let data = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
             (name, view.shape().to_vec(), data)
         })
         .collect();
@@ -27,8 +31,10 @@ fn checkpoint() -> Vec<(String, Vec<usize>, Vec<f32>)> {
 }
 
 fn check_against_checkpoint(v: &OnnxVision) {
-    let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("vision/config.json")).unwrap()).unwrap();
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("vision/config.json")).unwrap(),
+    )
+    .unwrap();
     let d = &v.dims;
     let num = |k: &str| cfg[k].as_u64().unwrap() as usize;
     assert_eq!(d.hidden_size, num("hidden_size"));
@@ -38,9 +44,15 @@ fn check_against_checkpoint(v: &OnnxVision) {
     assert_eq!(d.image_size, num("image_size"));
     assert_eq!(d.patch_size, num("patch_size"));
     assert_eq!(d.num_channels, num("num_channels"));
-    assert_eq!(d.layer_norm_eps, cfg["layer_norm_eps"].as_f64().unwrap() as f32);
+    assert_eq!(
+        d.layer_norm_eps,
+        cfg["layer_norm_eps"].as_f64().unwrap() as f32
+    );
     assert_eq!(d.hidden_act, cfg["hidden_act"].as_str().unwrap());
-    assert_eq!(d.vision_use_head, cfg["vision_use_head"].as_bool().unwrap_or(true));
+    assert_eq!(
+        d.vision_use_head,
+        cfg["vision_use_head"].as_bool().unwrap_or(true)
+    );
 
     let want = checkpoint();
     let mut got: Vec<&str> = v.tensors.names().collect();

@@ -14,7 +14,10 @@ fn fixtures() -> PathBuf {
 fn load(rel: &str) -> (ModelProto, PathBuf) {
     let path = fixtures().join(rel);
     let bytes = std::fs::read(&path).unwrap();
-    (ModelProto::decode(bytes.as_slice()).unwrap(), path.parent().unwrap().to_owned())
+    (
+        ModelProto::decode(bytes.as_slice()).unwrap(),
+        path.parent().unwrap().to_owned(),
+    )
 }
 
 /// A fixed-seed generator, so that every run edits the same way.
@@ -73,7 +76,13 @@ fn node_order_does_not_matter() {
 }
 
 fn node_named<'a>(m: &'a mut ModelProto, name: &str) -> &'a mut NodeProto {
-    m.graph.as_mut().unwrap().node.iter_mut().find(|n| n.name == name).unwrap()
+    m.graph
+        .as_mut()
+        .unwrap()
+        .node
+        .iter_mut()
+        .find(|n| n.name == name)
+        .unwrap()
 }
 
 #[test]
@@ -90,10 +99,19 @@ fn unknown_ops_are_listed() {
         ..Default::default()
     });
     let err = import_bytes(&m.encode_to_vec(), &dir).unwrap_err();
-    let OnnxError::Unmapped { nodes } = &err else { panic!("{err}") };
-    let want = [("FastTanh".to_string(), tanh.to_string()), ("Frobnicate".into(), "extra".into())];
+    let OnnxError::Unmapped { nodes } = &err else {
+        panic!("{err}")
+    };
+    let want = [
+        ("FastTanh".to_string(), tanh.to_string()),
+        ("Frobnicate".into(), "extra".into()),
+    ];
     assert_eq!(nodes.as_slice(), want.as_slice());
-    assert!(err.to_string().contains("FastTanh `/m/encoder/layers.1/mlp/activation_fn/Tanh`"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("FastTanh `/m/encoder/layers.1/mlp/activation_fn/Tanh`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -102,10 +120,20 @@ fn a_graph_that_is_not_siglip_is_refused_naming_nodes() {
     let (mut m, dir) = load("model-ext/model.onnx");
     node_named(&mut m, "node_Tanh_47").op_type = "Sqrt".into();
     let err = import_bytes(&m.encode_to_vec(), &dir).unwrap_err();
-    let OnnxError::Unmapped { nodes } = &err else { panic!("{err}") };
-    assert!(nodes.contains(&("Sqrt".into(), "node_Tanh_47".into())), "{err}");
+    let OnnxError::Unmapped { nodes } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        nodes.contains(&("Sqrt".into(), "node_Tanh_47".into())),
+        "{err}"
+    );
     // The layer after it and the head still matched, so they are not listed.
-    assert!(!nodes.iter().any(|n| n.1 == "node_Tanh_95" || n.1 == "node_gelu_2"), "{err}");
+    assert!(
+        !nodes
+            .iter()
+            .any(|n| n.1 == "node_Tanh_95" || n.1 == "node_gelu_2"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -120,14 +148,23 @@ fn a_node_output_left_dangling_is_refused() {
         ..Default::default()
     });
     let err = import_bytes(&m.encode_to_vec(), &dir).unwrap_err();
-    let OnnxError::Unmapped { nodes } = &err else { panic!("{err}") };
-    assert_eq!(nodes.as_slice(), [("Tanh".to_string(), "stray".to_string())].as_slice());
+    let OnnxError::Unmapped { nodes } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(
+        nodes.as_slice(),
+        [("Tanh".to_string(), "stray".to_string())].as_slice()
+    );
 }
 
 #[test]
 fn missing_external_data_is_named() {
     let dir = scratch("missing");
-    std::fs::copy(fixtures().join("model-ext/model.onnx"), dir.join("model.onnx")).unwrap();
+    std::fs::copy(
+        fixtures().join("model-ext/model.onnx"),
+        dir.join("model.onnx"),
+    )
+    .unwrap();
     let err = import(&dir.join("model.onnx")).unwrap_err();
     assert!(matches!(err, OnnxError::ExternalMissing { .. }), "{err}");
     assert!(err.to_string().contains("model.onnx.data"), "{err}");
@@ -139,7 +176,11 @@ fn external_data_outside_the_model_directory_is_refused() {
     let (mut m, dir) = load("model-ext/model.onnx");
     for location in ["../model-ext/model.onnx.data", "/etc/passwd"] {
         let t = &mut m.graph.as_mut().unwrap().initializer[0];
-        t.external_data.iter_mut().find(|e| e.key == "location").unwrap().value = location.into();
+        t.external_data
+            .iter_mut()
+            .find(|e| e.key == "location")
+            .unwrap()
+            .value = location.into();
         let err = import_bytes(&m.encode_to_vec(), &dir).unwrap_err();
         assert!(matches!(err, OnnxError::ExternalEscapes { .. }), "{err}");
         assert!(err.to_string().contains(location), "{err}");
@@ -150,7 +191,11 @@ fn external_data_outside_the_model_directory_is_refused() {
 fn external_data_range_beyond_the_file_is_refused() {
     let (mut m, dir) = load("model-ext/model.onnx");
     let t = &mut m.graph.as_mut().unwrap().initializer[0];
-    t.external_data.iter_mut().find(|e| e.key == "offset").unwrap().value = "99999999".into();
+    t.external_data
+        .iter_mut()
+        .find(|e| e.key == "offset")
+        .unwrap()
+        .value = "99999999".into();
     let err = import_bytes(&m.encode_to_vec(), &dir).unwrap_err();
     assert!(matches!(err, OnnxError::ExternalRange { .. }), "{err}");
 }
@@ -162,7 +207,10 @@ fn opsets_outside_17_and_18_are_refused() {
         let mut m = m.clone();
         m.opset_import[0].version = v;
         let err = import_bytes(&m.encode_to_vec(), &dir).unwrap_err();
-        assert!(matches!(err, OnnxError::Opset { version, .. } if version == v), "{err}");
+        assert!(
+            matches!(err, OnnxError::Opset { version, .. } if version == v),
+            "{err}"
+        );
     }
 }
 

@@ -27,11 +27,22 @@ fn node(op: &str, name: &str, inputs: &[&str], output: &str) -> NodeProto {
 }
 
 fn f32_const(name: &str, v: f32) -> TensorProto {
-    TensorProto { name: name.into(), data_type: 1, float_data: vec![v], ..Default::default() }
+    TensorProto {
+        name: name.into(),
+        data_type: 1,
+        float_data: vec![v],
+        ..Default::default()
+    }
 }
 
 fn i64_const(name: &str, v: &[i64]) -> TensorProto {
-    TensorProto { name: name.into(), data_type: 7, dims: vec![v.len() as i64], int64_data: v.to_vec(), ..Default::default() }
+    TensorProto {
+        name: name.into(),
+        data_type: 7,
+        dims: vec![v.len() as i64],
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn run(m: &ModelProto) -> OnnxVision {
@@ -50,8 +61,14 @@ fn decomposed_layer_norm() {
     let reference = import(&fixture()).unwrap();
     let mut m = load();
     let g = m.graph.as_mut().unwrap();
-    g.initializer.extend([f32_const("two", 2.0), i64_const("last", &[-1])]);
-    let lns: Vec<NodeProto> = g.node.iter().filter(|n| n.op_type == "LayerNormalization").cloned().collect();
+    g.initializer
+        .extend([f32_const("two", 2.0), i64_const("last", &[-1])]);
+    let lns: Vec<NodeProto> = g
+        .node
+        .iter()
+        .filter(|n| n.op_type == "LayerNormalization")
+        .cloned()
+        .collect();
     g.node.retain(|n| n.op_type != "LayerNormalization");
     for (k, ln) in lns.iter().enumerate() {
         let eps = ln.attribute.iter().find(|a| a.name == "epsilon").unwrap().f;
@@ -81,11 +98,54 @@ fn erf_gelu() {
     let reference = import(&fixture()).unwrap();
     let mut m = load();
     let g = m.graph.as_mut().unwrap();
-    g.initializer.extend([f32_const("sqrt2", std::f32::consts::SQRT_2), f32_const("one", 1.0), f32_const("half", 0.5)]);
+    g.initializer.extend([
+        f32_const("sqrt2", std::f32::consts::SQRT_2),
+        f32_const("one", 1.0),
+        f32_const("half", 0.5),
+    ]);
     let gelus = [
-        ("linear_4", "gelu", ["node_Pow_41", "node_Mul_43", "node_Add_44", "node_Mul_46", "node_Tanh_47", "node_Add_49", "node_Mul_51", "node_gelu"]),
-        ("linear_10", "gelu_1", ["node_Pow_89", "node_Mul_91", "node_Add_92", "node_Mul_94", "node_Tanh_95", "node_Add_97", "node_Mul_99", "node_gelu_1"]),
-        ("linear_15", "gelu_2", ["node_Pow_147", "node_Mul_149", "node_Add_150", "node_Mul_152", "node_Tanh_153", "node_Add_155", "node_Mul_157", "node_gelu_2"]),
+        (
+            "linear_4",
+            "gelu",
+            [
+                "node_Pow_41",
+                "node_Mul_43",
+                "node_Add_44",
+                "node_Mul_46",
+                "node_Tanh_47",
+                "node_Add_49",
+                "node_Mul_51",
+                "node_gelu",
+            ],
+        ),
+        (
+            "linear_10",
+            "gelu_1",
+            [
+                "node_Pow_89",
+                "node_Mul_91",
+                "node_Add_92",
+                "node_Mul_94",
+                "node_Tanh_95",
+                "node_Add_97",
+                "node_Mul_99",
+                "node_gelu_1",
+            ],
+        ),
+        (
+            "linear_15",
+            "gelu_2",
+            [
+                "node_Pow_147",
+                "node_Mul_149",
+                "node_Add_150",
+                "node_Mul_152",
+                "node_Tanh_153",
+                "node_Add_155",
+                "node_Mul_157",
+                "node_gelu_2",
+            ],
+        ),
     ];
     for (k, (x, out, names)) in gelus.iter().enumerate() {
         g.node.retain(|n| !names.contains(&n.name.as_str()));
@@ -117,8 +177,17 @@ fn scale_as_div_on_scores_or_mul_on_query() {
     let n = g.node.iter_mut().find(|n| n.name == "node_mul_1").unwrap();
     n.op_type = "Identity".into();
     n.input.truncate(1);
-    g.node.iter_mut().find(|n| n.name == "node_matmul_2").unwrap().input[0] = "q_scaled".into();
-    g.node.push(node("Mul", "scale_q", &["val_31", "transpose_6"], "q_scaled"));
+    g.node
+        .iter_mut()
+        .find(|n| n.name == "node_matmul_2")
+        .unwrap()
+        .input[0] = "q_scaled".into();
+    g.node.push(node(
+        "Mul",
+        "scale_q",
+        &["val_31", "transpose_6"],
+        "q_scaled",
+    ));
     let got = run(&m);
     assert_eq!(got.dims, reference.dims);
     same_tensors(&reference, &got);
@@ -130,11 +199,26 @@ fn a_different_scale_is_folded_into_the_query() {
     let mut m = load();
     let g = m.graph.as_mut().unwrap();
     g.initializer.push(f32_const("half_scale", 0.125));
-    g.node.iter_mut().find(|n| n.name == "node_mul").unwrap().input[1] = "half_scale".into();
+    g.node
+        .iter_mut()
+        .find(|n| n.name == "node_mul")
+        .unwrap()
+        .input[1] = "half_scale".into();
     let got = run(&m);
     for suffix in ["weight", "bias"] {
         let name = format!("encoder.layers.0.self_attn.q_proj.{suffix}");
-        let want: Vec<f32> = reference.tensors.get(&name).unwrap().data().iter().map(|v| v * 0.5).collect();
-        assert_eq!(got.tensors.get(&name).unwrap().data(), want.as_slice(), "{name}");
+        let want: Vec<f32> = reference
+            .tensors
+            .get(&name)
+            .unwrap()
+            .data()
+            .iter()
+            .map(|v| v * 0.5)
+            .collect();
+        assert_eq!(
+            got.tensors.get(&name).unwrap().data(),
+            want.as_slice(),
+            "{name}"
+        );
     }
 }
