@@ -222,3 +222,46 @@ fn a_different_scale_is_folded_into_the_query() {
         );
     }
 }
+
+/// A tower exported without its head (`vision_use_head = False`, or only the
+/// tokens kept): the head's nodes and weights are gone, the rest unchanged.
+#[test]
+fn tokens_only() {
+    let reference = import(&fixture()).unwrap();
+    let mut m = load();
+    let g = m.graph.as_mut().unwrap();
+    g.output.retain(|o| o.name == "last_hidden_state");
+    // Keep only the nodes the tokens depend on.
+    let mut needed: std::collections::HashSet<String> = ["last_hidden_state".to_string()].into();
+    loop {
+        let before = needed.len();
+        for n in &g.node {
+            if n.output.iter().any(|o| needed.contains(o)) {
+                needed.extend(n.input.iter().cloned());
+            }
+        }
+        if needed.len() == before {
+            break;
+        }
+    }
+    g.node
+        .retain(|n| n.output.iter().any(|o| needed.contains(o)));
+    let got = run(&m);
+    assert!(!got.dims.vision_use_head);
+    assert_eq!(got.outputs, ["last_hidden_state"]);
+    assert_eq!(got.pooled_output, None);
+    for (name, t) in reference.tensors.iter() {
+        match got.tensors.get(name) {
+            Some(g) => assert!(g == t, "{name}"),
+            None => assert!(name.starts_with("head."), "{name} missing"),
+        }
+    }
+    assert_eq!(
+        got.tensors.len(),
+        reference
+            .tensors
+            .names()
+            .filter(|n| !n.starts_with("head."))
+            .count()
+    );
+}
