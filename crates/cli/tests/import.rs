@@ -144,7 +144,7 @@ fn refusals_exit_2_naming_the_problem() {
         ),
         (
             vec!["run", "--image", &a],
-            "--image is an input of a checkpoint's model",
+            "--image is an input of an imported model",
         ),
         (
             vec!["run", "--weights", &bad_cfg],
@@ -173,4 +173,68 @@ fn refusals_exit_2_naming_the_problem() {
         assert!(r.stderr.contains(needle), "{args:?}: {}", r.stderr);
         assert!(!r.stderr.contains("panicked"), "{args:?}: {}", r.stderr);
     }
+}
+
+/// `--onnx` as the README shows it: the dynamic-batch export takes its batch
+/// from the images, the fixed one from the file; an unmappable file and a
+/// batch the file does not fix exit 2.
+#[test]
+fn run_from_an_onnx_file() {
+    let d = scratch("import-onnx");
+    let out = d.join("o.npy");
+    let r = tessera(&[
+        "run",
+        "--onnx",
+        &f("model.onnx"),
+        "--image",
+        &f("images/a.png"),
+        "--output",
+        out.to_str().unwrap(),
+        "--finalists",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.text());
+    let (shape, got) = read_npy(&out);
+    assert_eq!(shape, vec![1, 64]);
+    let want = TensorMap::load(fixtures().join("expected.safetensors")).unwrap();
+    let want = &want.get("pooled").unwrap().data()[..64];
+    let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32).sqrt();
+    let err = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    // The PNG's bound in the driver's test: f16 on the tiles against f32.
+    assert!(err <= 0.01 * rms, "max abs error {err}, RMS {rms}");
+
+    let pkg = d.join("o.tsp");
+    let pkg = pkg.to_str().unwrap();
+    let r = tessera(&[
+        "compile",
+        "--onnx",
+        &f("model-ext/model.onnx"),
+        "--output",
+        pkg,
+        "--finalists",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.text());
+    let r = tessera(&[
+        "compile",
+        "--onnx",
+        &f("model-ext/model.onnx"),
+        "--output",
+        pkg,
+        "--batch",
+        "3",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.text());
+    assert!(r.stderr.contains("fixes the batch at 2"), "{}", r.stderr);
+    let bad = d.join("bad.onnx");
+    std::fs::write(&bad, b"not a protobuf at all").unwrap();
+    let r = tessera(&["compile", "--onnx", bad.to_str().unwrap(), "--output", pkg]);
+    assert_eq!(r.code, 2, "{}", r.text());
+    assert!(r.stderr.contains("bad.onnx"), "{}", r.stderr);
 }

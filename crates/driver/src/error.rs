@@ -41,6 +41,16 @@ pub enum Error {
     /// A checkpoint, config, image or output file refused by the importer.
     #[error(transparent)]
     Import(#[from] tessera_import::ImportError),
+    /// An ONNX file refused by its importer.
+    #[error(transparent)]
+    Onnx(#[from] tessera_onnx::OnnxError),
+    /// An ONNX file whose batch axis is fixed, run at another batch.
+    #[error("{}: the file fixes the batch at {fixed}, but the batch asked for is {batch} (export with a dynamic batch axis, or give {fixed} images)", file.display())]
+    OnnxBatch {
+        file: PathBuf,
+        fixed: usize,
+        batch: usize,
+    },
     /// Images given with a batch that is not their number.
     #[error("{images} images make a batch of {images}, but the batch asked for is {batch}")]
     ImageBatch { images: usize, batch: usize },

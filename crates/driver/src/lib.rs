@@ -10,8 +10,9 @@
 //! over it; tests and programs call it directly.
 //!
 //! A model comes built in ([`ModelSpec`]) or from outside: a Hugging Face
-//! checkpoint ([`ModelKind::HuggingFace`]), or any Hugging Face tensors with
-//! their config ([`Model::import`], the path the ONNX importer takes).
+//! checkpoint ([`ModelKind::HuggingFace`]), an ONNX file ([`ModelKind::Onnx`]:
+//! `tessera_onnx` canonicalises it into Hugging Face tensors), or any Hugging
+//! Face tensors with their config ([`Model::import`], which both take).
 //!
 //! It must never print, read the environment or exit: progress goes to the
 //! caller's [`Progress`], failures are typed [`Error`]s that keep their sources.
@@ -36,7 +37,7 @@ pub use compile::{MAX_FINALISTS, Options, compile, median_estimate_error};
 pub use error::Error;
 pub use html::{chrome_trace, profile_html};
 pub use layers::{LayerRow, SummedOp, layer_of, layers_in, sum_over_layers};
-pub use model::{Import, LayerDims, Model, ModelKind, ModelSpec, Size};
+pub use model::{Import, LayerDims, Model, ModelKind, ModelSpec, Size, onnx_fixed_batch};
 pub use progress::{NoProgress, Progress, Step};
 pub use sensitivity::{
     ASSUMPTIONS, Assumption, BoundRow, EXCHANGE_CODE_BOUNDS, EXCHANGE_RULE_BOUNDS,

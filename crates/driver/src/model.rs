@@ -68,6 +68,17 @@ pub enum ModelKind {
         layers: Option<usize>,
         images: Vec<PathBuf>,
     },
+    /// The vision tower of an ONNX file as `torch.onnx.export` writes it from
+    /// transformers' `SiglipVisionModel` (`tessera_onnx`: shape arithmetic
+    /// folded, the rest canonicalised into the tower's dimensions and its
+    /// tensors in Hugging Face names), then built as a checkpoint is. A batch
+    /// the file fixes must be the spec's.
+    Onnx {
+        file: PathBuf,
+        tokens: bool,
+        layers: Option<usize>,
+        images: Vec<PathBuf>,
+    },
 }
 
 /// A built-in model at a batch size, with the seed of its weights (its inputs use
@@ -123,6 +134,13 @@ impl ModelSpec {
                     None => "Hugging Face vision tower".to_string(),
                 },
                 dir.display().to_string(),
+            ),
+            ModelKind::Onnx { file, layers, .. } => (
+                match layers {
+                    Some(n) => format!("ONNX vision tower, first {n} encoder layers"),
+                    None => "ONNX vision tower".to_string(),
+                },
+                file.display().to_string(),
             ),
         }
     }
@@ -181,7 +199,53 @@ impl ModelSpec {
                 let cfg = tessera_import::parse_config(&text, &path.display().to_string())?;
                 imported_graph(&cfg, batch, *tokens, *layers)?
             }
+            ModelKind::Onnx {
+                file,
+                tokens,
+                layers,
+                images,
+            } => {
+                check_image_batch(images, batch)?;
+                let onnx = read_onnx(file, batch)?;
+                imported_graph(&vision_config(&onnx.dims), batch, *tokens, *layers)?
+            }
         })
+    }
+}
+
+/// The ONNX file's tower, refused when the file fixes a batch other than
+/// `batch`.
+fn read_onnx(file: &std::path::Path, batch: usize) -> Result<tessera_onnx::OnnxVision, Error> {
+    let onnx = tessera_onnx::import(file)?;
+    match onnx.batch {
+        Some(fixed) if fixed != batch => Err(Error::OnnxBatch {
+            file: file.to_path_buf(),
+            fixed,
+            batch,
+        }),
+        _ => Ok(onnx),
+    }
+}
+
+/// The batch an ONNX file fixes, if it fixes one: what a caller with no
+/// images and no batch of its own runs it at.
+pub fn onnx_fixed_batch(file: &std::path::Path) -> Result<Option<usize>, Error> {
+    Ok(tessera_onnx::import(file)?.batch)
+}
+
+/// The ONNX importer's dimensions as a checkpoint's config states them.
+fn vision_config(d: &tessera_onnx::VisionDims) -> VisionConfig {
+    VisionConfig {
+        hidden_size: d.hidden_size,
+        intermediate_size: d.intermediate_size,
+        num_hidden_layers: d.num_hidden_layers,
+        num_attention_heads: d.num_attention_heads,
+        image_size: d.image_size,
+        patch_size: d.patch_size,
+        num_channels: d.num_channels,
+        layer_norm_eps: d.layer_norm_eps,
+        hidden_act: d.hidden_act.clone(),
+        vision_use_head: d.vision_use_head,
     }
 }
 
@@ -268,6 +332,31 @@ impl Model {
                 &Import {
                     config: ckpt.config(),
                     source: &ckpt,
+                    images,
+                    batch: spec.batch,
+                    tokens: *tokens,
+                    layers: *layers,
+                    seed: spec.seed,
+                },
+                machine,
+            );
+        }
+        if let ModelKind::Onnx {
+            file,
+            tokens,
+            layers,
+            images,
+        } = &spec.kind
+        {
+            if spec.batch == 0 {
+                return Err(Error::ZeroBatch);
+            }
+            check_image_batch(images, spec.batch)?;
+            let onnx = read_onnx(file, spec.batch)?;
+            return Model::import(
+                &Import {
+                    config: &vision_config(&onnx.dims),
+                    source: &onnx.tensors,
                     images,
                     batch: spec.batch,
                     tokens: *tokens,

@@ -321,3 +321,76 @@ fn without_the_head_the_tokens_still_match() {
         0.9999,
     );
 }
+
+fn onnx_spec(file: &str, images: Vec<PathBuf>, batch: usize) -> ModelSpec {
+    ModelSpec {
+        kind: ModelKind::Onnx {
+            file: fixtures().join(file),
+            tokens: true,
+            layers: None,
+            images,
+        },
+        batch,
+        seed: 1,
+    }
+}
+
+/// The same tower from its ONNX exports (TorchScript at opset 17 with a dynamic
+/// batch; dynamo at opset 18, batch fixed at 2, external data), as `tessera run
+/// --onnx FILE --image a.png --image b.jpg` builds it: within the checkpoint's
+/// bounds on transformers' own pixels, and the images' bounds from the files.
+#[test]
+fn onnx_exports_match_transformers() {
+    let machine = Machine::load("c600").unwrap();
+    let want = expected();
+    let (wp, wt) = (want.get("pooled").unwrap(), want.get("tokens").unwrap());
+    for file in ["model.onnx", "model-ext/model.onnx"] {
+        let onnx = tessera_onnx::import(&fixtures().join(file)).unwrap();
+        let ckpt = Checkpoint::open(fixtures().join("vision")).unwrap();
+        let mut model = Model::import(
+            &Import {
+                config: ckpt.config(),
+                source: &onnx.tensors,
+                images: &[],
+                batch: 2,
+                tokens: true,
+                layers: None,
+                seed: 1,
+            },
+            &machine,
+        )
+        .unwrap();
+        let px = want.get("pixel_values").unwrap().clone();
+        let mut patches = tessera_import::patches(&px, ckpt.config()).unwrap();
+        patches.round_to_f16();
+        model.inputs.insert("patches", patches);
+        let (p, t) = run(&model, WeightDtype::F16);
+        check(&format!("{file} pooled"), &p, wp, &[0, 1], 0.01, 0.9999);
+        check(&format!("{file} tokens"), &t, wt, &[0, 1], 0.01, 0.9999);
+
+        let model = Model::build(&onnx_spec(file, images(), 2), &machine).unwrap();
+        let (p, t) = run(&model, WeightDtype::F16);
+        check(&format!("{file} PNG pooled"), &p, wp, &[0], 0.01, 0.9999);
+        check(&format!("{file} PNG tokens"), &t, wt, &[0], 0.01, 0.9999);
+        check(&format!("{file} JPEG pooled"), &p, wp, &[1], 0.07, 0.999);
+        check(&format!("{file} JPEG tokens"), &t, wt, &[1], 0.07, 0.999);
+    }
+}
+
+/// A file that fixes its batch is refused at another, naming both; one whose
+/// batch is dynamic takes any.
+#[test]
+fn an_onnx_files_fixed_batch_is_kept() {
+    let machine = Machine::load("c600").unwrap();
+    match Model::build(&onnx_spec("model-ext/model.onnx", vec![], 1), &machine) {
+        Err(Error::OnnxBatch {
+            fixed: 2, batch: 1, ..
+        }) => {}
+        other => panic!("expected OnnxBatch, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(
+        tessera_driver::onnx_fixed_batch(&fixtures().join("model-ext/model.onnx")).unwrap(),
+        Some(2)
+    );
+    assert!(Model::build(&onnx_spec("model.onnx", vec![], 3), &machine).is_ok());
+}

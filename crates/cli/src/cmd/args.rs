@@ -67,18 +67,24 @@ pub struct ModelArgs {
     /// Override the machine's tile count.
     #[arg(long)]
     pub tiles: Option<u32>,
-    /// Images per inference [default: 2; with --weights, the number of
-    /// --image files, or 1 without images]
+    /// Images per inference [default: 2; with --weights or --onnx, the number
+    /// of --image files, else the batch an ONNX file fixes, else 1]
     #[arg(long)]
     pub batch: Option<usize>,
     /// A Hugging Face SigLIP checkpoint directory (`config.json` and
     /// `model.safetensors`, or the sharded form with its index), of a
     /// SiglipVisionModel or a whole SiglipModel: the model's dimensions and
     /// weights, in place of --size/--config (docs/import.md)
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "onnx")]
     pub weights: Option<PathBuf>,
+    /// An ONNX file of transformers' SiglipVisionModel as torch.onnx.export
+    /// writes it (opset 17 or 18; external data beside it): the model's
+    /// dimensions and weights, in place of --size/--config (docs/onnx.md)
+    #[arg(long, value_name = "FILE")]
+    pub onnx: Option<PathBuf>,
     /// An input image, PNG or JPEG (repeatable: the batch is the number of
     /// images), preprocessed as transformers' SiglipImageProcessor; with --weights
+    /// or --onnx
     #[arg(long = "image", value_name = "FILE")]
     pub images: Vec<PathBuf>,
     /// Also send the post-LayerNorm tokens `[batch*tokens, width]` to the host and
@@ -221,12 +227,19 @@ impl ModelArgs {
     /// `--weights` and `--image`: a checkpoint replaces the built-in dimensions,
     /// and images are its batch.
     fn check_weights(&self) -> anyhow::Result<()> {
-        if self.weights.is_none() {
+        if self.weights.is_none() && self.onnx.is_none() {
             if !self.images.is_empty() {
-                bail!("--image is an input of a checkpoint's model: give --weights DIR");
+                bail!(
+                    "--image is an input of an imported model: give --weights DIR or --onnx FILE"
+                );
             }
             return Ok(());
         }
+        let from = if self.weights.is_some() {
+            "--weights"
+        } else {
+            "--onnx"
+        };
         let conflicts = [
             (self.size.is_some(), "--size"),
             (self.config.is_some(), "--config"),
@@ -234,7 +247,7 @@ impl ModelArgs {
         ];
         if let Some((_, flag)) = conflicts.iter().find(|(set, _)| *set) {
             bail!(
-                "--weights gives the model's dimensions and weights: {flag} cannot be given with it"
+                "{from} gives the model's dimensions and weights: {flag} cannot be given with it"
             );
         }
         if let Some(b) = self.batch
@@ -251,12 +264,17 @@ impl ModelArgs {
 
     /// The batch: as given, else the number of images, else the built-in
     /// models' 2 (one with --weights and no images).
-    pub fn batch(&self) -> usize {
-        match (self.batch, &self.weights) {
-            (Some(b), _) => b,
-            (None, Some(_)) => self.images.len().max(1),
-            (None, None) => 2,
-        }
+    ///
+    /// An ONNX file is read for its batch only when neither --batch nor
+    /// --image gives one.
+    pub fn batch(&self) -> anyhow::Result<usize> {
+        Ok(match (self.batch, &self.weights, &self.onnx) {
+            (Some(b), _, _) => b,
+            (None, Some(_), _) => self.images.len().max(1),
+            (None, None, Some(_)) if !self.images.is_empty() => self.images.len(),
+            (None, None, Some(file)) => tessera_driver::onnx_fixed_batch(file)?.unwrap_or(1),
+            (None, None, None) => 2,
+        })
     }
 
     /// The model the options name ([`ModelArgs::check`] refuses the conflicts).
@@ -266,6 +284,12 @@ impl ModelArgs {
         let kind = match self.model {
             ModelKind::Layer if self.weights.is_some() => tessera_driver::ModelKind::HuggingFace {
                 dir: self.weights.clone().unwrap_or_default(),
+                tokens: self.tokens,
+                layers: self.layers,
+                images: self.images.clone(),
+            },
+            ModelKind::Layer if self.onnx.is_some() => tessera_driver::ModelKind::Onnx {
+                file: self.onnx.clone().unwrap_or_default(),
                 tokens: self.tokens,
                 layers: self.layers,
                 images: self.images.clone(),
@@ -282,7 +306,7 @@ impl ModelArgs {
         };
         Ok(ModelSpec {
             kind,
-            batch: self.batch(),
+            batch: self.batch()?,
             seed: self.seed,
         })
     }
