@@ -207,7 +207,7 @@ impl ModelSpec {
             } => {
                 check_image_batch(images, batch)?;
                 let onnx = read_onnx(file, batch)?;
-                imported_graph(&vision_config(&onnx.dims), batch, *tokens, *layers)?
+                imported_graph(&onnx.dims, batch, *tokens, *layers)?
             }
         })
     }
@@ -231,22 +231,6 @@ fn read_onnx(file: &std::path::Path, batch: usize) -> Result<tessera_onnx::OnnxV
 /// images and no batch of its own runs it at.
 pub fn onnx_fixed_batch(file: &std::path::Path) -> Result<Option<usize>, Error> {
     Ok(tessera_onnx::import(file)?.batch)
-}
-
-/// The ONNX importer's dimensions as a checkpoint's config states them.
-fn vision_config(d: &tessera_onnx::VisionDims) -> VisionConfig {
-    VisionConfig {
-        hidden_size: d.hidden_size,
-        intermediate_size: d.intermediate_size,
-        num_hidden_layers: d.num_hidden_layers,
-        num_attention_heads: d.num_attention_heads,
-        image_size: d.image_size,
-        patch_size: d.patch_size,
-        num_channels: d.num_channels,
-        layer_norm_eps: d.layer_norm_eps,
-        hidden_act: d.hidden_act.clone(),
-        vision_use_head: d.vision_use_head,
-    }
 }
 
 /// Images, when given, are the batch.
@@ -316,55 +300,47 @@ impl Model {
     /// Builds `spec` for `machine`: a model that cannot fit the machine is refused
     /// before its weights are generated (gigabytes at large batches).
     pub fn build(spec: &ModelSpec, machine: &Machine) -> Result<Model, Error> {
-        if let ModelKind::HuggingFace {
-            dir,
-            tokens,
-            layers,
-            images,
-        } = &spec.kind
-        {
+        // An imported model's batch and images are checked before its files are
+        // read (a So400m checkpoint is gigabytes).
+        let checked = |images: &[PathBuf]| {
             if spec.batch == 0 {
                 return Err(Error::ZeroBatch);
             }
-            check_image_batch(images, spec.batch)?;
-            let ckpt = Checkpoint::open(dir)?;
-            return Model::import(
-                &Import {
-                    config: ckpt.config(),
-                    source: &ckpt,
-                    images,
-                    batch: spec.batch,
-                    tokens: *tokens,
-                    layers: *layers,
-                    seed: spec.seed,
-                },
-                machine,
-            );
-        }
-        if let ModelKind::Onnx {
-            file,
+            check_image_batch(images, spec.batch)
+        };
+        let import = |config, source, tokens, layers, images| Import {
+            config,
+            source,
+            images,
+            batch: spec.batch,
             tokens,
             layers,
-            images,
-        } = &spec.kind
-        {
-            if spec.batch == 0 {
-                return Err(Error::ZeroBatch);
+            seed: spec.seed,
+        };
+        match &spec.kind {
+            ModelKind::HuggingFace {
+                dir,
+                tokens,
+                layers,
+                images,
+            } => {
+                checked(images)?;
+                let ckpt = Checkpoint::open(dir)?;
+                let i = import(ckpt.config(), &ckpt, *tokens, *layers, images);
+                return Model::import(&i, machine);
             }
-            check_image_batch(images, spec.batch)?;
-            let onnx = read_onnx(file, spec.batch)?;
-            return Model::import(
-                &Import {
-                    config: &vision_config(&onnx.dims),
-                    source: &onnx.tensors,
-                    images,
-                    batch: spec.batch,
-                    tokens: *tokens,
-                    layers: *layers,
-                    seed: spec.seed,
-                },
-                machine,
-            );
+            ModelKind::Onnx {
+                file,
+                tokens,
+                layers,
+                images,
+            } => {
+                checked(images)?;
+                let onnx = read_onnx(file, spec.batch)?;
+                let i = import(&onnx.dims, &onnx.tensors, *tokens, *layers, images);
+                return Model::import(&i, machine);
+            }
+            ModelKind::Mlp(_) | ModelKind::Layer { .. } => {}
         }
         let graph = spec.graph()?;
         tessera_plan::precheck(machine, &graph)?;

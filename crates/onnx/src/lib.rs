@@ -5,7 +5,8 @@
 //! holds them (without the `vision_model.` prefix).
 //!
 //! This crate never lowers anything and knows nothing of machines: it depends on
-//! `tessera-graph` only for `HostTensor` and `TensorMap`. What is accepted and
+//! `tessera-graph` for `HostTensor` and `TensorMap`, and on `tessera-import` for
+//! the one `VisionConfig` a checkpoint's config and an ONNX file both give. What is accepted and
 //! refused, and the patterns matched, are in `docs/onnx.md`.
 //!
 //! The protobuf is read with prost, from a schema of the few ONNX messages the
@@ -39,26 +40,15 @@ use canon::{Act, Attn, Canon, Head, Layer, Ln, Source};
 pub const OPSET_MIN: i64 = 17;
 pub const OPSET_MAX: i64 = 18;
 
-/// The vision tower's dimensions, as `SiglipVisionConfig` names them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct VisionDims {
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub image_size: usize,
-    pub patch_size: usize,
-    pub num_channels: usize,
-    pub layer_norm_eps: f32,
-    /// `gelu_pytorch_tanh` for the tanh approximation, `gelu` for erf.
-    pub hidden_act: String,
-    pub vision_use_head: bool,
-}
+/// The vision tower's dimensions, as `SiglipVisionConfig` names them: the same
+/// type a checkpoint's `config.json` gives (`hidden_act` is
+/// `gelu_pytorch_tanh` for the tanh approximation, `gelu` for erf).
+pub use tessera_import::VisionConfig;
 
 /// What an ONNX file of the vision tower holds.
 #[derive(Clone, Debug)]
 pub struct OnnxVision {
-    pub dims: VisionDims,
+    pub dims: VisionConfig,
     /// `Some(n)` when the image input's batch axis is fixed, `None` when dynamic.
     pub batch: Option<usize>,
     /// f32, Hugging Face `SiglipVisionModel` names and layouts, no prefix.
@@ -314,7 +304,7 @@ fn assemble(g: &fold::Folded, t: Tower) -> Result<OnnxVision, OnnxError> {
         put_lin(&mut m, "head.mlp.fc1", &h.mlp.fc1.w, &h.mlp.fc1.b)?;
         put_lin(&mut m, "head.mlp.fc2", &h.mlp.fc2.w, &h.mlp.fc2.b)?;
     }
-    let dims = VisionDims {
+    let dims = VisionConfig {
         hidden_size: width,
         intermediate_size: ffn,
         num_hidden_layers: t.layers.len(),
