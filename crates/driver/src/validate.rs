@@ -10,9 +10,12 @@ use std::time::Instant;
 
 use half::f16;
 use serde::Serialize;
+use std::collections::HashMap;
 use tessera_compile::Compiled;
+
 use tessera_compile::probe::{PlacedPart, ProbeAt, ResultProbe};
 use tessera_graph::{Graph, HostTensor, OpKind, TensorId};
+use tessera_reference::{EvalOptions, Evaluator, Fp8Weight};
 use tessera_sim::{Capture, CapturePoint, Perturb, Status};
 
 use crate::{Error, Model, Progress, Run, Step};
@@ -43,43 +46,6 @@ pub fn encoder_layers(g: &Graph) -> usize {
     crate::layers_in(g.ops().iter().map(|o| o.name.as_str()))
         .len()
         .max(1)
-}
-
-/// `weights` with each product's weight in `fp8` (times its factor) rounded to
-/// FP8 at its scale and back, as the tiles hold it (`None` when there is none).
-fn fp8_rounded(
-    g: &Graph,
-    weights: &tessera_graph::TensorMap,
-    fp8: &[(String, i8, f32)],
-) -> Option<tessera_graph::TensorMap> {
-    use tessera_machine::fp8::{decode, encode};
-    if fp8.is_empty() {
-        return None;
-    }
-    let mut w = weights.clone();
-    let by_name: std::collections::HashMap<&str, &tessera_graph::Op> =
-        g.ops().iter().map(|o| (o.name.as_str(), o)).collect();
-    for (name, scale, factor) in fp8 {
-        let Some(op) = by_name.get(name.as_str()) else {
-            continue;
-        };
-        let OpKind::MatMul { b, .. } = op.kind else {
-            continue;
-        };
-        let OpKind::Parameter { name: param, .. } = &g.producer(b).kind else {
-            continue;
-        };
-        if let Some(t) = w.get_mut(param) {
-            for v in t.data_mut() {
-                // The tile holds the weight times `factor` (a folded attention
-                // scale, a GELU's halving), packed in f16 and then encoded in
-                // FP8; the graph's weight is that over the factor.
-                let stored = f16::from_f32(*v * factor).to_f32();
-                *v = decode(encode(stored, *scale), *scale) / factor;
-            }
-        }
-    }
-    Some(w)
 }
 
 /// One output compared with the f32 reference.
@@ -178,7 +144,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     ab / (aa.sqrt() * bb.sqrt()).max(f64::MIN_POSITIVE)
 }
 
-/// Evaluates both references of `model` and holds `run` (of `compiled`) to them:
+/// Evaluates the references of `model` and holds `run` (of `compiled`) to them:
 /// its outputs, and with the run's probes every operation where it ends.
 pub fn validate(
     model: &Model,
@@ -187,58 +153,27 @@ pub fn validate(
     progress: &dyn Progress,
 ) -> Result<Validation, Error> {
     let (g, c) = (&model.graph, compiled);
-    progress.start(Step::Reference, None);
     let t = Instant::now();
-    // Every tensor an operation leaves on the tiles is kept for its check.
-    let mut keep = match &run.requests {
-        Some(_) => wanted(g, c)?,
-        None => Vec::new(),
-    };
-    // The results first; the softmax products' scores and values after them,
-    // kept only by the evaluation their floors are read from (at 27 layers the
-    // scores are gigabytes).
-    let results = keep.len();
-    let softmax_products = softmax_products(g, &mut keep);
+    let ops_in_graph = g.ops().len() as u64;
+    progress.start(Step::Reference, Some(2 * ops_in_graph));
     // The f32 reference gives the outputs' f32 error and cosine only: every
-    // check is held to the f16-storage one, at its magnitudes.
-    let (want32, _) = tessera_reference::evaluate_keeping(
-        g,
-        &model.weights,
-        &model.inputs,
-        &tessera_reference::EvalOptions::default(),
-        &[],
-    )?;
-    // The reference that stores f16 where the program does (chunk partials, the
-    // plan's inner groups, every f16 tensor): the program may differ from it only
-    // by the kernels' own roundings, a few ulps.
-    let mut f16_opts = tessera_reference::EvalOptions::f16_machine();
-    for op in &c.plan_ops {
-        if let Some(chunks) = op.inner_chunks {
-            // Sibling projections fused into one matmul share its inner groups.
-            for name in std::iter::once(&op.name).chain(&op.fused) {
-                let is_matmul = g
-                    .ops()
-                    .iter()
-                    .any(|o| &o.name == name && matches!(o.kind, OpKind::MatMul { .. }));
-                if is_matmul {
-                    f16_opts = f16_opts.with_matmul_groups(name.clone(), chunks);
-                }
-            }
-        }
+    // check is held to the f16-storage one, at its magnitudes. It runs the
+    // model's own weights, so that with FP8 its error and cosine say what FP8
+    // costs.
+    let f32_opts = EvalOptions::default();
+    let mut pure = Evaluator::new(g, &model.weights, &model.inputs, &f32_opts)?;
+    let mut done = 0;
+    while pure.step()?.is_some() {
+        done += 1;
+        progress.advance(done, None);
     }
-    // FP8 weights: the reference that stores f16 where the program does also
-    // holds the weights the tiles hold; the f32 one keeps the model's own, so its
-    // error and cosine say what FP8 costs.
-    let weights16 = fp8_rounded(g, &model.weights, &c.fp8_weights);
-    let weights16 = weights16.as_ref().unwrap_or(&model.weights);
-    let (want16, kept16) = tessera_reference::evaluate_keeping(
-        g,
-        weights16,
-        &model.inputs,
-        &f16_opts,
-        &keep[..results],
-    )?;
-    let reference_ms = t.elapsed().as_secs_f64() * 1e3;
+    let want32 = pure.outputs()?;
+    drop(pure);
+    let f16_opts = machine_options(g, c)?;
+    let probes = run.requests.as_ref().map(|r| (r, run.sim.captured()));
+    let (want16, checks) = stream(g, c, model, &f16_opts, probes, &|n| {
+        progress.advance(ops_in_graph + n, None)
+    })?;
     progress.finish();
     let completed = run.report.status == Status::Ok;
     let mut outputs = Vec::new();
@@ -272,35 +207,10 @@ pub fn validate(
     if outputs.is_empty() {
         return Err(Error::NoOutput);
     }
-    let t = Instant::now();
-    let ops = match &run.requests {
-        Some(req) => {
-            // Each operation is held to the reference fed the values the program
-            // gave it, so that its check measures its own error; the error it
-            // inherits from the operations before is reported beside it.
-            let captured = run.sim.captured();
-            let given = program_values(c, req, captured, &keep[..results], &kept16);
-            let own16 = tessera_reference::evaluate_keeping_from(
-                g,
-                weights16,
-                &model.inputs,
-                &f16_opts,
-                &keep,
-                &given,
-            )?;
-            let floors = score_floors(&softmax_products, &own16);
-            let mut ops = check(c, req, captured, &own16, &floors);
-            let inherited = check(c, req, captured, &kept16, &floors);
-            for (op, from) in ops.iter_mut().zip(&inherited) {
-                for (t, f) in op.tensors.iter_mut().zip(&from.tensors) {
-                    t.max_abs_error_inherited = f.max_abs_error;
-                }
-            }
-            ops
-        }
+    let ops = match checks {
+        Some(checks) => by_op(c, checks),
         None => vec![OpCheck::default(); c.plan_ops.len()],
     };
-    let reference_ms = reference_ms + t.elapsed().as_secs_f64() * 1e3;
     let mismatch = first_mismatch(c, &ops);
     let status = if !completed {
         RunStatus::Fault
@@ -314,8 +224,126 @@ pub fn validate(
         ops,
         mismatch,
         status,
-        reference_ms,
+        reference_ms: t.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// The reference that stores f16 where the program does: chunk partials, the
+/// plan's inner groups, every f16 tensor, and the weights the tiles hold as
+/// FP8. The program may differ from it only by the kernels' own roundings, a
+/// few ulps.
+fn machine_options(g: &Graph, c: &Compiled) -> Result<EvalOptions, Error> {
+    let mut opts = EvalOptions::f16_machine();
+    let by_name: HashMap<&str, &tessera_graph::Op> =
+        g.ops().iter().map(|o| (o.name.as_str(), o)).collect();
+    let is_matmul = |name: &str| {
+        by_name
+            .get(name)
+            .is_some_and(|o| matches!(o.kind, OpKind::MatMul { .. }))
+    };
+    for op in &c.plan_ops {
+        if let Some(chunks) = op.inner_chunks {
+            // Sibling projections fused into one matmul share its inner groups.
+            for name in std::iter::once(&op.name).chain(&op.fused) {
+                if is_matmul(name) {
+                    opts = opts.with_matmul_groups(name.clone(), chunks);
+                }
+            }
+        }
+    }
+    for (name, scale, factor) in &c.fp8_weights {
+        let Some(OpKind::MatMul { b, .. }) = by_name.get(name.as_str()).map(|o| &o.kind) else {
+            continue;
+        };
+        if let OpKind::Parameter { name: param, .. } = &g.producer(*b).kind {
+            let w = Fp8Weight {
+                scale: *scale,
+                factor: *factor,
+            };
+            opts = opts.with_fp8_weight(param.clone(), w);
+        }
+    }
+    Ok(opts)
+}
+
+/// What [`stream`] gives: the f16-storage reference's outputs, and with probes
+/// one check per readable result of `Compiled::results` (by its index).
+type Streamed = (tessera_graph::Outputs, Option<Vec<Option<TensorCheck>>>);
+
+/// Evaluates the f16-storage reference of the whole model and, with probes,
+/// the same reference fed the program's own values, in lockstep, checking each
+/// readable result as its tensor is computed: its own error (against the
+/// reference fed the program's values of what it reads) and what it inherits
+/// (against the whole model's). Nothing is kept past its last reader but one
+/// attention's scores and values until its product is checked, so the memory
+/// is one layer's, whatever the depth; keeping every result, as the checks
+/// once did, needed 0.55 GB a So400m layer at batch 2.
+fn stream(
+    g: &Graph,
+    c: &Compiled,
+    model: &Model,
+    opts: &EvalOptions,
+    probes: Option<(&Requests, &[Option<Vec<u8>>])>,
+    advance: &dyn Fn(u64),
+) -> Result<Streamed, Error> {
+    let mut whole = Evaluator::new(g, &model.weights, &model.inputs, opts)?;
+    let Some((req, captured)) = probes else {
+        let mut done = 0;
+        while whole.step()?.is_some() {
+            done += 1;
+            advance(done);
+        }
+        return Ok((whole.outputs()?, None));
+    };
+    let mut own = Evaluator::new(g, &model.weights, &model.inputs, opts)?;
+    let by_tensor = readable(g, c, req)?;
+    // A softmax product's floor is read from the scores and values its own
+    // evaluation computed: each is held from its operation to the product's.
+    let products = softmax_products(g, by_tensor.keys().copied());
+    let floor_inputs: std::collections::HashSet<TensorId> =
+        products.values().flat_map(|&(s, v)| [s, v]).collect();
+    let mut held: HashMap<TensorId, HostTensor> = HashMap::new();
+    let mut checks: Vec<Option<TensorCheck>> = vec![None; c.results.len()];
+    let mut done = 0;
+    while let Some(t) = whole.step()? {
+        own.step()?;
+        done += 1;
+        advance(done);
+        let (Some(w), Some(o)) = (whole.value(t), own.value(t)) else {
+            return Err(tessera_reference::RefError::Released(t).into());
+        };
+        if floor_inputs.contains(&t) {
+            held.insert(t, o.clone());
+        }
+        let Some(results) = by_tensor.get(&t) else {
+            continue;
+        };
+        let floor = products
+            .get(&t)
+            .and_then(|(s, v)| softmax_floor(held.get(s)?, held.get(v)?))
+            .unwrap_or(0.0);
+        if let Some((s, v)) = products.get(&t) {
+            held.remove(s);
+            held.remove(v);
+        }
+        let mut given = None;
+        for &(ri, first) in results {
+            let (r, parts) = (&c.results[ri], captured.get(first..).unwrap_or(&[]));
+            let Some(at) = &r.at else {
+                continue;
+            };
+            let mut check = compare(r, at, parts, o, floor);
+            check.max_abs_error_inherited = compare(r, at, parts, w, floor).max_abs_error;
+            checks[ri] = Some(check);
+            given = program_value(at, parts, w).or(given);
+        }
+        // Each operation after is held to the reference fed the values the
+        // program gave it, so that its check measures its own error.
+        if let Some(v) = given {
+            own.replace(t, v)?;
+        }
+    }
+    Ok((whole.outputs()?, Some(checks)))
 }
 
 /// One graph tensor of an operation, checked (or why not).
@@ -447,53 +475,53 @@ pub(crate) fn requests(
     })
 }
 
-/// The graph tensors the checks compare with: those of every readable result.
-/// The kept tensors that are a softmax's probabilities times values, with the
-/// softmax's input and the values appended to `keep`: (index of the product in
-/// `keep`, index of the scores, index of the values).
-fn softmax_products(g: &Graph, keep: &mut Vec<TensorId>) -> Vec<(usize, usize, usize)> {
-    let mut out = Vec::new();
-    let at = |t: TensorId, keep: &mut Vec<TensorId>| match keep.iter().position(|&k| k == t) {
-        Some(i) => i,
-        None => {
-            keep.push(t);
-            keep.len() - 1
-        }
-    };
-    for i in 0..keep.len() {
-        let OpKind::MatMul {
-            a,
-            b,
-            transpose_b: false,
-            ..
-        } = g.producer(keep[i]).kind
-        else {
+/// Per graph tensor of a readable result of `Compiled::results`, its results:
+/// (index in `Compiled::results`, index of its first part's capture).
+fn readable(
+    g: &Graph,
+    c: &Compiled,
+    req: &Requests,
+) -> Result<HashMap<TensorId, Vec<(usize, usize)>>, Error> {
+    let tensors: HashMap<&str, TensorId> = g
+        .ops()
+        .iter()
+        .map(|o| (o.name.as_str(), o.output))
+        .collect();
+    let mut by = HashMap::<TensorId, Vec<(usize, usize)>>::new();
+    for (ri, (r, first)) in c.results.iter().zip(&req.first).enumerate() {
+        let (Some(_), Some(first)) = (&r.at, first) else {
             continue;
         };
-        let OpKind::Softmax { x } = g.producer(a).kind else {
-            continue;
-        };
-        let (s, v) = (at(x, keep), at(b, keep));
-        out.push((i, s, v));
+        let t = tensors
+            .get(r.tensor.as_str())
+            .ok_or_else(|| Error::UnknownTensor(r.tensor.clone()))?;
+        by.entry(*t).or_default().push((ri, *first));
     }
-    out
+    Ok(by)
 }
 
-/// The least tolerance of each softmax product (by its index in `keep`): the
-/// first-order change of the product when every score moves by
-/// [`SCORE_ULPS`] f16 ulps of itself, what the program's and the reference's
-/// roundings of a score may differ by. A probability-weighted sum moves with its scores' roundings, not with
-/// its own magnitude: a score off by `e` moves its probability by `p e`
-/// relative, and the sum by `p e |v - out|`. Deep in a tower the scores grow
-/// while the outputs do not, and a rule at the output's magnitude alone would
-/// call that rounding an error.
-fn score_floors(
-    products: &[(usize, usize, usize)],
-    want16: &[HostTensor],
-) -> std::collections::HashMap<usize, f32> {
-    products
-        .iter()
-        .filter_map(|&(p, s, v)| Some((p, softmax_floor(want16.get(s)?, want16.get(v)?)?)))
+/// Of `tensors`, those that are a softmax's probabilities times values, with
+/// the softmax's input (the scores) and the values.
+fn softmax_products(
+    g: &Graph,
+    tensors: impl Iterator<Item = TensorId>,
+) -> HashMap<TensorId, (TensorId, TensorId)> {
+    tensors
+        .filter_map(|t| {
+            let OpKind::MatMul {
+                a,
+                b,
+                transpose_b: false,
+                ..
+            } = g.producer(t).kind
+            else {
+                return None;
+            };
+            let OpKind::Softmax { x } = g.producer(a).kind else {
+                return None;
+            };
+            Some((t, (x, b)))
+        })
         .collect()
 }
 
@@ -507,7 +535,14 @@ const SCORE_ULPS: f64 = 2.0;
 /// Keys a chunk of the probabilities-times-values product: the AMP's width.
 const CHUNK: usize = 16;
 
-/// See [`score_floors`]: scores `[.., q, k]`, values `[.., k, d]`. Per query
+/// The least tolerance of a softmax product: the first-order change of the
+/// product when every score moves by [`SCORE_ULPS`] f16 ulps of itself, what
+/// the program's and the reference's roundings of a score may differ by. A
+/// probability-weighted sum moves with its scores' roundings, not with its own
+/// magnitude: a score off by `e` moves its probability by `p e` relative, and
+/// the sum by `p e |v - out|`. Deep in a tower the scores grow while the
+/// outputs do not, and a rule at the output's magnitude alone would call that
+/// rounding an error. Scores `[.., q, k]`, values `[.., k, d]`. Per query
 /// row and value column `c`, `SCORE_ULPS * sum_j p_j ulp(s_j) |v_jc - out_c|`
 /// plus, for the product's f16 chunk partials, the square root of the chunks
 /// times an ulp of the largest running sum (which, where the values cancel, is far above the
@@ -574,20 +609,6 @@ fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
     Some(worst as f32)
 }
 
-fn wanted(g: &Graph, c: &Compiled) -> Result<Vec<TensorId>, Error> {
-    c.results
-        .iter()
-        .filter(|r| r.at.is_some())
-        .map(|r| {
-            g.ops()
-                .iter()
-                .find(|o| o.name == r.tensor)
-                .map(|o| o.output)
-                .ok_or_else(|| Error::UnknownTensor(r.tensor.clone()))
-        })
-        .collect()
-}
-
 /// The flat index into the graph tensor (of dims `dims`) of stored element
 /// (`row`, `col`) of `at`, or `None` for a padding column or another tensor's
 /// column (siblings stored side by side).
@@ -618,35 +639,12 @@ fn element(at: &ProbeAt, dims: &[usize], row: u32, col: u32) -> Option<usize> {
     }
 }
 
-/// Compares every readable result with the reference (`want16`: the
-/// values of [`wanted`]'s tensors, in its order) and groups the checks by plan
-/// operation; `captured` is the simulator's copy of [`Requests::captures`] (a
-/// tensor the run did not reach, having faulted before, is reported unread).
-fn check(
-    c: &Compiled,
-    req: &Requests,
-    captured: &[Option<Vec<u8>>],
-    want16: &[HostTensor],
-    floors: &std::collections::HashMap<usize, f32>,
-) -> Vec<OpCheck> {
+/// Groups the results' checks (by index in `Compiled::results`; `None` for
+/// one not read) by plan operation, each with its worst tensor.
+fn by_op(c: &Compiled, checks: Vec<Option<TensorCheck>>) -> Vec<OpCheck> {
     let mut ops = vec![OpCheck::default(); c.plan_ops.len()];
-    let mut k = 0;
-    for (r, first) in c.results.iter().zip(&req.first) {
-        let compared = match (&r.at, first) {
-            (Some(at), Some(first)) => {
-                let i = k;
-                k += 1;
-                match (captured.get(*first..), want16.get(i)) {
-                    (Some(captured), Some(w16)) => {
-                        let floor = floors.get(&i).copied().unwrap_or(0.0);
-                        Some(compare(r, at, captured, w16, floor))
-                    }
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        let check = compared.unwrap_or_else(|| TensorCheck {
+    for (r, check) in c.results.iter().zip(checks) {
+        let check = check.unwrap_or_else(|| TensorCheck {
             tensor: r.tensor.clone(),
             max_abs_error: None,
             max_abs_error_inherited: None,
@@ -736,64 +734,44 @@ fn compare(
     }
 }
 
-/// The program's values of [`wanted`]'s tensors (`keep`, with their references
-/// `want16` in the same order), as the run left them on the tiles: each element
-/// from the first stored copy that holds it, unscaled, and the reference's value
-/// where no read part holds it. A tensor no part of which was read is left out.
-fn program_values(
-    c: &Compiled,
-    req: &Requests,
-    captured: &[Option<Vec<u8>>],
-    keep: &[TensorId],
-    want16: &[HostTensor],
-) -> Vec<(TensorId, HostTensor)> {
-    let mut given = Vec::new();
-    let mut k = 0;
-    for (r, first) in c.results.iter().zip(&req.first) {
-        let (Some(at), Some(first)) = (&r.at, first) else {
+/// The program's value of a result's tensor (`want`: the reference's) as the
+/// run left it on the tiles: each element from the first stored copy that
+/// holds it, unscaled, and the reference's value where no read part holds it;
+/// `None` when no part was read.
+fn program_value(at: &ProbeAt, parts: &[Option<Vec<u8>>], want: &HostTensor) -> Option<HostTensor> {
+    let scale = at.stored.scale;
+    if scale == 0.0 || !scale.is_finite() {
+        return None;
+    }
+    let dims = want.shape().dims().to_vec();
+    let mut data = want.data().to_vec();
+    let mut set = vec![false; data.len()];
+    let mut read = false;
+    for (p, bytes) in at.parts.iter().zip(parts) {
+        let Some(bytes) = bytes else {
             continue;
         };
-        let i = k;
-        k += 1;
-        let (Some(&tensor), Some(want), Some(parts)) =
-            (keep.get(i), want16.get(i), captured.get(*first..))
-        else {
-            continue;
-        };
-        let scale = at.stored.scale;
-        if scale == 0.0 || !scale.is_finite() {
-            continue;
-        }
-        let dims = want.shape().dims().to_vec();
-        let mut data = want.data().to_vec();
-        let mut set = vec![false; data.len()];
-        let mut read = false;
-        for (p, bytes) in at.parts.iter().zip(parts) {
-            let Some(bytes) = bytes else {
-                continue;
-            };
-            read = true;
-            for row in p.rows.clone() {
-                for col in p.cols.clone() {
-                    let Some(e) = element(at, &dims, row, col) else {
-                        continue;
-                    };
-                    let Some(off) = p.offset_of(row, col) else {
-                        continue;
-                    };
-                    let off = off as usize;
-                    if let (Some(&[lo, hi]), Some(false)) = (bytes.get(off..off + 2), set.get(e)) {
-                        data[e] = f16::from_le_bytes([lo, hi]).to_f32() / scale;
-                        set[e] = true;
-                    }
+        read = true;
+        for row in p.rows.clone() {
+            for col in p.cols.clone() {
+                let Some(e) = element(at, &dims, row, col) else {
+                    continue;
+                };
+                let Some(off) = p.offset_of(row, col) else {
+                    continue;
+                };
+                let off = off as usize;
+                if let (Some(&[lo, hi]), Some(false)) = (bytes.get(off..off + 2), set.get(e)) {
+                    data[e] = f16::from_le_bytes([lo, hi]).to_f32() / scale;
+                    set[e] = true;
                 }
             }
         }
-        if read && let Ok(v) = HostTensor::new(want.shape().clone(), data) {
-            given.push((tensor, v));
-        }
     }
-    given
+    if !read {
+        return None;
+    }
+    HostTensor::new(want.shape().clone(), data).ok()
 }
 
 /// Largest error of one part's elements; a NaN counts as infinite.

@@ -42,6 +42,8 @@ pub enum RefError {
     Released(TensorId),
     #[error("matmul groups name `{0}`, which is not a matmul op of the graph")]
     NotAMatmul(String),
+    #[error("an FP8 weight names `{0}`, which is not a parameter of the graph")]
+    NotAParameter(String),
     #[error("matmul `{0}`: an inner group must hold at least one chunk")]
     EmptyGroup(String),
     #[error("a value given for {tensor} has shape {given}, the graph's is {expected}")]
@@ -55,7 +57,7 @@ pub enum RefError {
 /// How to evaluate. The default is pure f32, the ground truth; the other settings model
 /// where the compiled program stores f16, so that a simulated run can be held to a
 /// tolerance of a few f16 ulps instead of one loose enough to hide a kernel bug.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvalOptions {
     /// Round every tensor whose dtype is f16 (parameters, inputs and op results) to
     /// f16 after it is produced, as the machine stores it. Arithmetic inside each op
@@ -75,6 +77,31 @@ pub struct EvalOptions {
     /// products, unsplit projections). Only read under `round_matmul_chunks`, but
     /// every name is checked against the graph.
     pub matmul_groups: BTreeMap<String, u32>,
+    /// Parameters stored on the tiles as FP8, by parameter name: each is
+    /// evaluated as the tile holds it ([`Fp8Weight::round`]) wherever it is read.
+    /// Rounded as it is produced rather than in a copy of the weights, which at
+    /// 27 So400m layers would be 1.6 GB more.
+    pub fp8_weights: BTreeMap<String, Fp8Weight>,
+}
+
+/// How a parameter is stored as FP8: the weight times `factor` (a folded
+/// constant, such as the attention's scale), packed in f16, then encoded at the
+/// power-of-two `scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fp8Weight {
+    pub scale: i8,
+    pub factor: f32,
+}
+
+impl Fp8Weight {
+    /// The graph's view of the stored weight: decoded and divided by the factor.
+    pub fn round(&self, values: &mut [f32]) {
+        use tessera_machine::fp8::{decode, encode};
+        for v in values {
+            let stored = f16::from_f32(*v * self.factor).to_f32();
+            *v = decode(encode(stored, self.scale), self.scale) / self.factor;
+        }
+    }
 }
 
 impl EvalOptions {
@@ -102,8 +129,24 @@ impl EvalOptions {
         self
     }
 
-    /// Checks that every split names a matmul of `graph` and is not empty.
-    fn check_groups(&self, graph: &Graph) -> Result<(), RefError> {
+    /// Stores parameter `name` as FP8 ([`EvalOptions::fp8_weights`]).
+    pub fn with_fp8_weight(mut self, name: impl Into<String>, weight: Fp8Weight) -> Self {
+        self.fp8_weights.insert(name.into(), weight);
+        self
+    }
+
+    /// Checks that every split names a matmul of `graph` and is not empty, and
+    /// that every FP8 weight names a parameter.
+    fn check(&self, graph: &Graph) -> Result<(), RefError> {
+        for name in self.fp8_weights.keys() {
+            let is_param = graph
+                .ops()
+                .iter()
+                .any(|op| matches!(&op.kind, OpKind::Parameter { name: n, .. } if n == name));
+            if !is_param {
+                return Err(RefError::NotAParameter(name.clone()));
+            }
+        }
         for (name, &chunks) in &self.matmul_groups {
             let is_matmul = graph
                 .ops()
@@ -142,73 +185,7 @@ pub fn evaluate_with(
     inputs: &Inputs,
     options: &EvalOptions,
 ) -> Result<Outputs, RefError> {
-    let (values, _) = run(graph, weights, inputs, options, false, &[], &[])?;
-    collect_outputs(graph, &values)
-}
-
-/// Evaluates `graph` under `options` and returns its outputs by name and the
-/// values of the tensors in `keep` (in `keep`'s order), which are not released
-/// after their last use: a run's intermediate tensors checked op by op, without
-/// holding every tensor of the graph at once.
-pub fn evaluate_keeping(
-    graph: &Graph,
-    weights: &Weights,
-    inputs: &Inputs,
-    options: &EvalOptions,
-    keep: &[TensorId],
-) -> Result<(Outputs, Vec<HostTensor>), RefError> {
-    let (values, _) = run(graph, weights, inputs, options, false, keep, &[])?;
-    let kept = keep
-        .iter()
-        .map(|&t| {
-            values
-                .get(t.index())
-                .and_then(Option::clone)
-                .ok_or(RefError::Released(t))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((collect_outputs(graph, &values)?, kept))
-}
-
-/// The values of the tensors in `keep` (in `keep`'s order) when every tensor of
-/// `overrides` takes, as soon as its operation has computed it, the given value
-/// instead (a program's own): what each kept tensor's operation gives from the
-/// values the program fed it. Compared with the program, that is the
-/// operation's own error, without what it inherits from the operations before.
-pub fn evaluate_keeping_from(
-    graph: &Graph,
-    weights: &Weights,
-    inputs: &Inputs,
-    options: &EvalOptions,
-    keep: &[TensorId],
-    overrides: &[(TensorId, HostTensor)],
-) -> Result<Vec<HostTensor>, RefError> {
-    let mut by_tensor: Vec<Option<&HostTensor>> = vec![None; graph.tensors().len()];
-    for (t, v) in overrides {
-        let expected = graph
-            .tensors()
-            .get(t.index())
-            .map(|i| i.shape.clone())
-            .ok_or(RefError::Released(*t))?;
-        if v.shape() != &expected {
-            return Err(RefError::OverrideShape {
-                tensor: *t,
-                given: v.shape().clone(),
-                expected,
-            });
-        }
-        by_tensor[t.index()] = Some(v);
-    }
-    let (values, mut computed) = run(graph, weights, inputs, options, false, keep, &by_tensor)?;
-    keep.iter()
-        .map(|&t| {
-            computed
-                .get_mut(t.index())
-                .and_then(Option::take)
-                .or_else(|| values.get(t.index()).and_then(Option::clone))
-                .ok_or(RefError::Released(t))
-        })
-        .collect()
+    Evaluator::new(graph, weights, inputs, options)?.finish()
 }
 
 /// Evaluates `graph` and returns the value of every tensor, indexed by
@@ -219,12 +196,158 @@ pub fn evaluate_all(
     inputs: &Inputs,
     options: &EvalOptions,
 ) -> Result<Vec<HostTensor>, RefError> {
-    let (values, _) = run(graph, weights, inputs, options, true, &[], &[])?;
-    values
+    let mut e = Evaluator::with_liveness(graph, weights, inputs, options, false)?;
+    while e.step()?.is_some() {}
+    e.values
         .into_iter()
         .enumerate()
         .map(|(i, v)| v.ok_or(RefError::Released(TensorId(i as u32))))
         .collect()
+}
+
+/// A graph evaluated one operation at a time, each value released after its
+/// last reader: what lets a caller look at every tensor as it is produced (and
+/// replace it, [`Evaluator::replace`]) while holding only the live ones. At 27
+/// encoder layers the tensors of the whole graph are tens of gigabytes; the
+/// live ones at any point are one layer's.
+pub struct Evaluator<'a> {
+    graph: &'a Graph,
+    weights: &'a Weights,
+    inputs: &'a Inputs,
+    options: &'a EvalOptions,
+    /// Per tensor, the operation after which nothing reads it (`usize::MAX`:
+    /// never released; outputs and tensors nothing reads).
+    last_use: Vec<usize>,
+    values: Vec<Option<HostTensor>>,
+    next: usize,
+}
+
+impl<'a> Evaluator<'a> {
+    /// Checks the graph, weights, inputs and options, and starts before the
+    /// first operation.
+    pub fn new(
+        graph: &'a Graph,
+        weights: &'a Weights,
+        inputs: &'a Inputs,
+        options: &'a EvalOptions,
+    ) -> Result<Self, RefError> {
+        Self::with_liveness(graph, weights, inputs, options, true)
+    }
+
+    /// `release: false` keeps every value (for [`evaluate_all`]).
+    fn with_liveness(
+        graph: &'a Graph,
+        weights: &'a Weights,
+        inputs: &'a Inputs,
+        options: &'a EvalOptions,
+        release: bool,
+    ) -> Result<Self, RefError> {
+        graph.validate()?;
+        weights.check_params(graph)?;
+        inputs.check_inputs(graph)?;
+        options.check(graph)?;
+        let n = graph.tensors().len();
+        let mut last_use = vec![usize::MAX; n];
+        if release {
+            for (i, op) in graph.ops().iter().enumerate() {
+                for t in op.kind.inputs() {
+                    last_use[t.index()] = i;
+                }
+            }
+            for o in graph.outputs() {
+                last_use[o.tensor.index()] = usize::MAX;
+            }
+        }
+        Ok(Evaluator {
+            graph,
+            weights,
+            inputs,
+            options,
+            last_use,
+            values: vec![None; n],
+            next: 0,
+        })
+    }
+
+    /// Computes the next operation and releases the inputs it was the last to
+    /// read; its result, which [`Evaluator::value`] then gives, or `None` after
+    /// the last operation.
+    pub fn step(&mut self) -> Result<Option<TensorId>, RefError> {
+        let i = self.next;
+        let Some(op) = self.graph.ops().get(i) else {
+            return Ok(None);
+        };
+        let info = &self.graph.tensors()[i];
+        let chunking = self.options.chunking(&op.name, info.dtype);
+        let mut data = eval_op(
+            &op.kind,
+            info.shape.dims(),
+            chunking,
+            &self.values,
+            self.weights,
+            self.inputs,
+        )?;
+        if let OpKind::Parameter { name, .. } = &op.kind
+            && let Some(w) = self.options.fp8_weights.get(name)
+        {
+            w.round(&mut data);
+        }
+        let mut value = HostTensor::new(info.shape.clone(), data)?;
+        if self.options.round_f16_storage && info.dtype == DType::F16 {
+            value.round_to_f16();
+        }
+        self.values[i] = Some(value);
+        for t in op.kind.inputs() {
+            if self.last_use[t.index()] == i {
+                self.values[t.index()] = None;
+            }
+        }
+        self.next += 1;
+        Ok(Some(op.output))
+    }
+
+    /// The value of `t`, if it has been computed and not released.
+    pub fn value(&self, t: TensorId) -> Option<&HostTensor> {
+        self.values.get(t.index()).and_then(Option::as_ref)
+    }
+
+    /// Gives `t` (already computed) the value `v` for every operation still
+    /// to read it, and returns the value it had: a program's own value fed to
+    /// the operations after it, so that each is held to what it computes from
+    /// what it was given.
+    pub fn replace(&mut self, t: TensorId, v: HostTensor) -> Result<HostTensor, RefError> {
+        let expected = self
+            .graph
+            .tensors()
+            .get(t.index())
+            .map(|i| i.shape.clone())
+            .ok_or(RefError::Released(t))?;
+        if v.shape() != &expected {
+            return Err(RefError::OverrideShape {
+                tensor: t,
+                given: v.shape().clone(),
+                expected,
+            });
+        }
+        let slot = self
+            .values
+            .get_mut(t.index())
+            .ok_or(RefError::Released(t))?;
+        let old = slot.take().ok_or(RefError::Released(t))?;
+        *slot = Some(v);
+        Ok(old)
+    }
+
+    /// The graph's outputs by name, once every operation has run.
+    pub fn outputs(&self) -> Result<Outputs, RefError> {
+        collect_outputs(self.graph, &self.values)
+    }
+
+    /// Runs the remaining operations and returns the outputs.
+    pub fn finish(mut self) -> Result<Outputs, RefError> {
+        while self.step()?.is_some() {}
+        self.outputs()
+    }
 }
 
 fn collect_outputs(graph: &Graph, values: &[Option<HostTensor>]) -> Result<Outputs, RefError> {
@@ -237,73 +360,6 @@ fn collect_outputs(graph: &Graph, values: &[Option<HostTensor>]) -> Result<Outpu
         outputs.insert(o.name.clone(), v.clone());
     }
     Ok(outputs)
-}
-
-/// The values by tensor, and for each overridden tensor (`overrides`, by tensor
-/// index; empty for none) the value its operation computed before the override
-/// replaced it.
-type Values = (Vec<Option<HostTensor>>, Vec<Option<HostTensor>>);
-
-fn run(
-    graph: &Graph,
-    weights: &Weights,
-    inputs: &Inputs,
-    options: &EvalOptions,
-    keep_all: bool,
-    keep: &[TensorId],
-    overrides: &[Option<&HostTensor>],
-) -> Result<Values, RefError> {
-    graph.validate()?;
-    weights.check_params(graph)?;
-    inputs.check_inputs(graph)?;
-    options.check_groups(graph)?;
-
-    let n = graph.tensors().len();
-    let mut last_use = vec![usize::MAX; n];
-    if !keep_all {
-        for (i, op) in graph.ops().iter().enumerate() {
-            for t in op.kind.inputs() {
-                last_use[t.index()] = i;
-            }
-        }
-        for o in graph.outputs() {
-            last_use[o.tensor.index()] = usize::MAX;
-        }
-        for t in keep {
-            if let Some(u) = last_use.get_mut(t.index()) {
-                *u = usize::MAX;
-            }
-        }
-    }
-
-    let mut values: Vec<Option<HostTensor>> = vec![None; n];
-    let mut computed: Vec<Option<HostTensor>> = vec![None; overrides.len()];
-    for (i, op) in graph.ops().iter().enumerate() {
-        let info = &graph.tensors()[i];
-        let chunking = options.chunking(&op.name, info.dtype);
-        let data = eval_op(
-            &op.kind,
-            info.shape.dims(),
-            chunking,
-            &values,
-            weights,
-            inputs,
-        )?;
-        let mut value = HostTensor::new(info.shape.clone(), data)?;
-        if options.round_f16_storage && info.dtype == DType::F16 {
-            value.round_to_f16();
-        }
-        if let Some(Some(given)) = overrides.get(i) {
-            computed[i] = Some(std::mem::replace(&mut value, (*given).clone()));
-        }
-        values[i] = Some(value);
-        for t in op.kind.inputs() {
-            if last_use[t.index()] == i {
-                values[t.index()] = None;
-            }
-        }
-    }
-    Ok((values, computed))
 }
 
 /// `chunking` is the chunks per inner group when a matmul's partials are rounded.

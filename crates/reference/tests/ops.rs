@@ -243,9 +243,10 @@ fn cast_rounds_only_under_f16_storage() {
 }
 
 /// A value given for a tensor replaces the computed one for the operations that
-/// read it, and the tensor itself keeps what its own operation computed.
+/// read it; the replaced value is handed back; a value is released after its
+/// last reader, an output never.
 #[test]
-fn given_values_feed_later_operations_and_keep_their_own() {
+fn an_evaluator_steps_replaces_and_releases() {
     let mut b = GraphBuilder::new();
     let x = b.input("x", vec![1, 4], DType::F32).unwrap();
     let y = b.add(x, x).unwrap();
@@ -254,28 +255,69 @@ fn given_values_feed_later_operations_and_keep_their_own() {
     let g: Graph = b.finish().unwrap();
     let mut inputs = TensorMap::new();
     inputs.insert("x", HostTensor::new(vec![1, 4], vec![1.0; 4]).unwrap());
-    let given = HostTensor::new(vec![1, 4], vec![10.0; 4]).unwrap();
-    let kept = tessera_reference::evaluate_keeping_from(
-        &g,
-        &TensorMap::new(),
-        &inputs,
-        &EvalOptions::default(),
-        &[y, z],
-        &[(y, given)],
-    )
-    .unwrap();
-    assert_eq!(kept[0].data(), &[2.0; 4], "y keeps its own value");
-    assert_eq!(kept[1].data(), &[20.0; 4], "z is computed from the given y");
+    let (w, opts) = (TensorMap::new(), EvalOptions::default());
+    let mut e = tessera_reference::Evaluator::new(&g, &w, &inputs, &opts).unwrap();
+    assert_eq!(e.step().unwrap(), Some(x));
+    assert_eq!(e.step().unwrap(), Some(y));
     // A value of the wrong shape is refused, naming the tensor.
     let wrong = HostTensor::new(vec![4], vec![0.0; 4]).unwrap();
-    let e = tessera_reference::evaluate_keeping_from(
-        &g,
-        &TensorMap::new(),
-        &inputs,
-        &EvalOptions::default(),
-        &[z],
-        &[(y, wrong)],
-    )
-    .unwrap_err();
-    assert!(e.to_string().contains("has shape"), "{e}");
+    let err = e.replace(y, wrong).unwrap_err();
+    assert!(err.to_string().contains("has shape"), "{err}");
+    let given = HostTensor::new(vec![1, 4], vec![10.0; 4]).unwrap();
+    let own = e.replace(y, given).unwrap();
+    assert_eq!(own.data(), &[2.0; 4], "the replaced value is y's own");
+    assert!(e.value(x).is_none(), "x is released after its last reader");
+    assert_eq!(e.step().unwrap(), Some(z));
+    assert!(e.value(y).is_none(), "y is released after its last reader");
+    assert_eq!(e.step().unwrap(), None);
+    let out = e.outputs().unwrap();
+    assert_eq!(
+        out.get("z").unwrap().data(),
+        &[20.0; 4],
+        "z is computed from the given y"
+    );
+    // A released tensor cannot be replaced.
+    let mut e = tessera_reference::Evaluator::new(&g, &w, &inputs, &opts).unwrap();
+    for _ in 0..3 {
+        e.step().unwrap();
+    }
+    let again = HostTensor::new(vec![1, 4], vec![0.0; 4]).unwrap();
+    assert!(e.replace(x, again).is_err());
+}
+
+/// An FP8 weight is evaluated as the tile holds it: times its factor, in f16,
+/// encoded at its scale, decoded and divided back; a name that is not a
+/// parameter is refused.
+#[test]
+fn fp8_weights_are_rounded_where_they_are_read() {
+    use tessera_reference::Fp8Weight;
+    let mut b = GraphBuilder::new();
+    let p = b
+        .parameter(
+            "w",
+            vec![1, 3],
+            DType::F16,
+            tessera_graph::Init::Constant(0.0),
+        )
+        .unwrap();
+    b.output("w", p).unwrap();
+    let g: Graph = b.finish().unwrap();
+    let mut w = TensorMap::new();
+    w.insert(
+        "w",
+        HostTensor::new(vec![1, 3], vec![1.0, 0.3, -1.7]).unwrap(),
+    );
+    let fp8 = Fp8Weight {
+        scale: -4,
+        factor: 0.5,
+    };
+    let opts = EvalOptions::default().with_fp8_weight("w", fp8);
+    let got = tessera_reference::evaluate_with(&g, &w, &TensorMap::new(), &opts).unwrap();
+    // At scale -4 a code is 16 times the value: 0.5 is 8 (exact); 0.15 (0.3 times
+    // the factor) is 2.4, held as 2.5 (steps of 0.25 in [2, 4)), so 0.3125; -0.85
+    // is -13.6, held as -14 (steps of 1 in [8, 16)), so -1.75.
+    assert_eq!(got.get("w").unwrap().data(), &[1.0, 0.3125, -1.75]);
+    let opts = EvalOptions::default().with_fp8_weight("nope", fp8);
+    let e = tessera_reference::evaluate_with(&g, &w, &TensorMap::new(), &opts).unwrap_err();
+    assert!(e.to_string().contains("`nope`"), "{e}");
 }
