@@ -310,6 +310,7 @@ fn select_once(
     // For its shape: the later layers' weights of the finalist selected are
     // filled in after (`complete_layer_weights`).
     let (base, fitted) = lower_fitted_shape(machine, graph, weights, lower)?;
+    let fit_ms = start.elapsed().as_secs_f64() * 1e3;
     let assignments = beam(&base.candidates, k, machine.timing.exchange_bytes_per_cycle);
     let total = assignments.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
@@ -351,13 +352,18 @@ fn select_once(
             (report, result)
         })
         .collect();
+    let finalists_ms = start.elapsed().as_secs_f64() * 1e3 - fit_ms;
     let (finalists, results): (Vec<FinalistReport>, Vec<_>) = built.into_iter().unzip();
     let mut built = Vec::with_capacity(results.len());
     let mut first_err = None;
     let mut first_unplaced = None;
     for r in results {
         match r {
-            Ok(c) => built.push(Some(c)),
+            Ok(mut c) => {
+                c.report.stage_ms.fit = fit_ms;
+                c.report.stage_ms.finalists = finalists_ms;
+                built.push(Some(c));
+            }
             Err(e) => {
                 if matches!(e, CompileError::DoesNotFit(_)) {
                     first_unplaced.get_or_insert(e);

@@ -83,11 +83,21 @@ pub fn compile_or_report(
 pub fn compile_time(c: &Compiled, whole_ms: f64) -> String {
     match c.report.finalists.len() {
         0 => format!("{whole_ms:.0} ms"),
-        n => format!(
-            "{whole_ms:.0} ms ({}; the selected one built in {:.0} ms)",
-            count(n, "finalist"),
-            c.report.compile_ms
-        ),
+        n => {
+            let st = &c.report.stage_ms;
+            let weights = if st.layer_weights > 0.0 {
+                format!(", every layer's weights {:.0} ms", st.layer_weights)
+            } else {
+                String::new()
+            };
+            format!(
+                "{whole_ms:.0} ms (fit loop {:.0} ms, {} {:.0} ms{weights}; the selected one built in {:.0} ms)",
+                st.fit,
+                count(n, "finalist"),
+                st.finalists,
+                c.report.compile_ms
+            )
+        }
     }
 }
 
