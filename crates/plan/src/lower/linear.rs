@@ -664,25 +664,31 @@ impl OnePass<'_, '_> {
         }
         let nb_pad = g.slab_blocks(l) * g.reducers(l);
         let ((c0, kc), (b0, nb)) = (g.chunks[j], g.blocks[l]);
+        // Packed (and with FP8, encoded) once per distinct block, not once per
+        // replica: encoding was a quarter of a 27-layer FP8 compile's fit loop.
         let wbytes = consts
             .packed
             .entry((c0, kc, b0, nb, nb_pad))
             .or_insert_with(|| {
-                (0..parts)
+                let f16s: Vec<u8> = (0..parts)
                     .flat_map(|q| {
                         let (at, pkc) = part_chunks(kc, parts, q);
                         packed_weights(op.w, op.n, (c0 + at, pkc), (b0, nb), nb_pad)
                     })
-                    .collect()
+                    .collect();
+                match op.fp8_scale {
+                    None => f16s,
+                    Some(scale) => f16s
+                        .chunks_exact(2)
+                        .map(|h| fp8::encode(f16::from_le_bytes([h[0], h[1]]).to_f32(), scale))
+                        .collect(),
+                }
             })
             .clone();
         let b = match op.fp8_scale {
             None => lw.constant(tile, format!("{}.w", op.name), wbytes, Category::Weight),
             Some(scale) => {
-                let codes: Vec<u8> = wbytes
-                    .chunks_exact(2)
-                    .map(|h| fp8::encode(f16::from_le_bytes([h[0], h[1]]).to_f32(), scale))
-                    .collect();
+                let codes = wbytes;
                 let n = codes.len() as u32;
                 let w8 = lw.constant(tile, format!("{}.w8", op.name), codes, Category::Weight);
                 let w = lw.buffer(tile, format!("{}.w", op.name), 2 * n, Category::Weight);
