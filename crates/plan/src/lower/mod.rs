@@ -1320,44 +1320,68 @@ fn fit(
     opts: &LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
     let limit = fit_limit_within(machine, opts.capacity);
-    let mut o = opts.clone();
+    // Each option of the ladder follows from the one before alone, never from
+    // its plan, so the next ones are lowered ahead, as many at once as there
+    // are threads, and taken in order: the plan is the one a loop lowering one
+    // option at a time would give. At 27 So400m layers each lowering takes
+    // seconds and the ladder runs to its floor.
+    let ladder = fit_ladder(opts);
+    let threads = rayon::current_num_threads().max(1);
     let mut first = true;
+    let mut last = None;
+    for batch in ladder.chunks(threads) {
+        let plans: Vec<Result<TilePlan, PlanError>> = batch
+            .par_iter()
+            .map(|o| lower_shape(machine, graph, weights, o))
+            .collect();
+        for (o, plan) in batch.iter().zip(plans) {
+            let plan = plan?;
+            if std::mem::take(&mut first) {
+                resident_fits(machine, &plan, opts.capacity)?;
+            }
+            if max_live_bytes(&plan) <= limit {
+                return Ok((plan, o.clone()));
+            }
+            last = Some((plan, o.clone()));
+        }
+    }
+    // Nothing left to shrink: the last plan tried, which placement judges.
+    last.ok_or_else(|| unsupported("the fit loop tried no options".to_string()))
+}
+
+/// The options the fit loop tries, in order, from `opts`. First the rounded
+/// row groups (a few rows more on the busiest tile: the So400m layer at batch
+/// 4 keeps 384 KiB of weights without them and falls to 288 KiB with them),
+/// then weight replicas, then the fast whole-slab biases (the So400m layer at
+/// batch 4 is faster with both at a budget of 180 KiB than with replicas and
+/// no slabs). Each smaller weight budget is tried with rounded row groups
+/// again.
+fn fit_ladder(opts: &LowerOptions) -> Vec<LowerOptions> {
+    let mut o = opts.clone();
+    let mut ladder = vec![o.clone()];
     loop {
-        let plan = lower_shape(machine, graph, weights, &o)?;
-        if std::mem::take(&mut first) {
-            resident_fits(machine, &plan, opts.capacity)?;
-        }
-        let live = max_live_bytes(&plan);
-        if live <= limit {
-            return Ok((plan, o));
-        }
-        // First the rounded row groups (a few rows more on the busiest tile: the
-        // So400m layer at batch 4 keeps 384 KiB of weights without them and falls
-        // to 288 KiB with them), then weight replicas, then the fast whole-slab
-        // biases (the So400m layer at batch 4 is faster with both at a budget of
-        // 180 KiB than with replicas and no slabs). Each smaller weight budget is
-        // tried with rounded row groups again.
         if o.even_rows {
             o.even_rows = false;
-            continue;
-        }
-        match smaller_weight_budget(&o) {
-            Some(smaller) => {
-                o = smaller;
-                o.even_rows = opts.even_rows;
+        } else {
+            match smaller_weight_budget(&o) {
+                Some(smaller) => {
+                    o = smaller;
+                    o.even_rows = opts.even_rows;
+                }
+                None if o.slab_bias_bytes > 0 => o.slab_bias_bytes = 0,
+                // Then half of every attention's keys and values a tile, for a
+                // merge exchange more: at its peak the attention holds a head's
+                // keys whole, which no weight budget touches.
+                None if !o.cut_keys && !o.experimental.whole_keys => o.cut_keys = true,
+                // Last, the activation budget: a whole tower's weight store
+                // takes room no weight budget gives back.
+                None if o.transient_bytes > MIN_TRANSIENT_BYTES => {
+                    o.transient_bytes = (o.transient_bytes * 3 / 4).max(MIN_TRANSIENT_BYTES);
+                }
+                None => return ladder,
             }
-            None if o.slab_bias_bytes > 0 => o.slab_bias_bytes = 0,
-            // Then half of every attention's keys and values a tile, for a merge
-            // exchange more: at its peak the attention holds a head's keys
-            // whole, which no weight budget touches.
-            None if !o.cut_keys && !o.experimental.whole_keys => o.cut_keys = true,
-            // Last, the activation budget: a whole tower's weight store takes
-            // room no weight budget gives back.
-            None if o.transient_bytes > MIN_TRANSIENT_BYTES => {
-                o.transient_bytes = (o.transient_bytes * 3 / 4).max(MIN_TRANSIENT_BYTES);
-            }
-            None => return Ok((plan, o)),
         }
+        ladder.push(o.clone());
     }
 }
 
@@ -1965,6 +1989,50 @@ fn lower_with(
 #[cfg(test)]
 mod fit_tests {
     use super::*;
+
+    /// The fit loop's ladder: from the options given, rounded row groups off
+    /// before each smaller weight budget (and on again after it), then the
+    /// slab biases, the cut keys and the activation budget, each option
+    /// shrinking exactly one thing, down to every floor, and no option twice.
+    #[test]
+    fn the_fit_ladder_shrinks_one_lever_a_step_to_every_floor() {
+        let opts = LowerOptions::default();
+        let ladder = fit_ladder(&opts);
+        assert_eq!(ladder[0], opts);
+        assert!(!ladder[1].even_rows && ladder[1].weight_bytes == opts.weight_bytes);
+        assert!(ladder[2].even_rows && ladder[2].weight_bytes == opts.weight_bytes * 3 / 4);
+        let key = |o: &LowerOptions| {
+            (
+                o.weight_bytes,
+                o.even_rows,
+                o.slab_bias_bytes,
+                o.cut_keys,
+                o.transient_bytes,
+            )
+        };
+        for w in ladder.windows(2) {
+            let (a, b) = (key(&w[0]), key(&w[1]));
+            let changed = [
+                a.0 != b.0,
+                a.1 != b.1 && a.0 == b.0,
+                a.2 != b.2,
+                a.3 != b.3,
+                a.4 != b.4,
+            ];
+            assert_eq!(changed.iter().filter(|c| **c).count(), 1, "{a:?} -> {b:?}");
+        }
+        let last = ladder.last().unwrap();
+        assert_eq!(last.weight_bytes, MIN_WEIGHT_BYTES);
+        assert_eq!(last.slab_bias_bytes, 0);
+        assert!(last.cut_keys);
+        assert_eq!(last.transient_bytes, MIN_TRANSIENT_BYTES);
+        let distinct: std::collections::BTreeSet<_> = ladder.iter().map(key).collect();
+        assert_eq!(distinct.len(), ladder.len());
+        // With whole keys asked for, the keys are never cut.
+        let mut whole = opts.clone();
+        whole.experimental.whole_keys = true;
+        assert!(fit_ladder(&whole).iter().all(|o| !o.cut_keys));
+    }
 
     /// The order of a linear's strategies beyond the budget: cheapest first until
     /// one is kept, past ones that fit nowhere (bytes like `mlp.fc1`'s at batch 4
