@@ -1,5 +1,5 @@
-//! The finalist search: several whole-model plans built completely, each one's
-//! feasibility reported, the best feasible one selected.
+//! The finalist search: several whole-model plans lowered and estimated, built
+//! best estimate first until one places, that one selected.
 //!
 //! The default lowering records, for every operation with a choice (the linears),
 //! the strategies its rule offered: none beaten by another on both estimated cycles
@@ -12,10 +12,14 @@
 //! finalist's choices are laid over them. Each finalist
 //! is then lowered under the budgets the default lowering's fit loop settled on
 //! (without a fit loop of its own: a finalist that does not fit is reported as
-//! such) and compiled completely, in parallel: host sizing and the common
-//! reservation, placement of every tile, emission and package validation. Its
-//! redistributions are charged there, by the plan estimate of the whole plan
-//! (`tessera_plan::estimate`), which is what selection compares.
+//! such), in parallel, and estimated from its plan (`tessera_plan::estimate`,
+//! which charges its redistributions and is what selection compares). Then they
+//! are compiled completely (host sizing and the common reservation, placement
+//! of every tile, emission and package validation) best estimate first, until
+//! one places (or as many as the caller will simulate): the first to place is
+//! the feasible one with the smallest estimate, so building the rest could not
+//! change the selection, only cost the placements that dominate a search near
+//! capacity.
 //!
 //! Policy, not fact: nothing here may change what a plan means, only which plan is
 //! built.
@@ -42,6 +46,10 @@ pub struct FinalistReport {
     /// The strategy index chosen per operation, where it is not the rule's
     /// default (the fit loop's growth phase's choices included).
     pub choices: BTreeMap<String, usize>,
+    /// Whether it was built: lowered and placed, or refused by the fit limit.
+    /// A finalist is left unbuilt when one with a smaller estimate placed
+    /// first (its `estimated_cycles` is then its plan's).
+    pub built: bool,
     pub feasible: bool,
     /// Tiles placement refused (0 when feasible; it stops after
     /// `STOP_AFTER_REFUSALS`, so a few more than that at most).
@@ -228,8 +236,11 @@ fn combinations(ops: &[OpCandidates], members: &[usize]) -> Vec<Vec<usize>> {
     out
 }
 
-/// Builds `k` finalists and selects the feasible one with the fewest estimated
-/// cycles. `progress` is called after each build with (built, total). When no
+/// Lowers `k` finalists, builds them best estimate first until `wanted` (at
+/// least one) have placed, and selects the feasible one with the fewest
+/// estimated cycles: the first to place. Those not built for that are
+/// reported so (`CompileError::NotBuilt`), with their estimates. `progress` is
+/// called after each build with (built, total). When no
 /// finalist places (the fit loop's live-byte bound let through plans whose
 /// streamed operands find no separate memory elements), smaller weight budgets
 /// (an eighth less each, at most `MAX_PLACEMENT_RETRIES`) are probed with the
@@ -240,10 +251,11 @@ pub fn select(
     weights: &TensorMap,
     opts: &CompileOptions,
     k: usize,
+    wanted: usize,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Selection, CompileError> {
     crate::mutated(opts, || {
-        select_mutated(machine, graph, weights, opts, k, progress)
+        select_mutated(machine, graph, weights, opts, k, wanted, progress)
     })
 }
 
@@ -254,13 +266,15 @@ fn select_mutated(
     weights: &TensorMap,
     opts: &CompileOptions,
     k: usize,
+    wanted: usize,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Selection, CompileError> {
     let start = Instant::now();
     let mut lower = opts.lowering();
     let mut retries = 0;
     loop {
-        let (result, fitted) = select_once(machine, graph, weights, opts, &lower, k, progress)?;
+        let (result, fitted) =
+            select_once(machine, graph, weights, opts, &lower, (k, wanted), progress)?;
         match result {
             Err(CompileError::DoesNotFit(f)) => {
                 // Smaller budgets are probed with the defaults alone (one build
@@ -301,7 +315,7 @@ fn select_once(
     weights: &TensorMap,
     opts: &CompileOptions,
     lower: &LowerOptions,
-    k: usize,
+    (k, wanted): (usize, usize),
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(Result<Selection, CompileError>, LowerOptions), CompileError> {
     let start = Instant::now();
@@ -314,41 +328,85 @@ fn select_once(
     let assignments = beam(&base.candidates, k, machine.timing.exchange_bytes_per_cycle);
     let total = assignments.len();
     let done = std::sync::atomic::AtomicUsize::new(0);
-    let built: Vec<(FinalistReport, Result<Compiled, CompileError>)> = assignments
+    // Every finalist lowered, in parallel, and estimated from its plan alone
+    // (the estimate a build reports is the same function of the same plan).
+    let lowered: Vec<Lowered> = assignments
         .into_par_iter()
-        .enumerate()
-        .map(|(i, choices)| {
+        .map(|choices| {
             let t = Instant::now();
             // On top of the choices the fit loop's growth phase kept.
             let mut o = fitted.clone();
             o.choices.extend(choices.clone());
-            let result = if choices.is_empty() {
-                compile_lowered(machine, &base, opts).map(|mut c| {
-                    c.layer_weights_pending = base.layer_weights_pending.then(|| o.clone());
-                    c
-                })
+            let plan = if choices.is_empty() {
+                Ok(None)
             } else {
                 lower_shape(machine, graph, weights, &o)
                     .map_err(CompileError::from)
                     .and_then(|plan| within_fit_limit(machine, o.capacity, plan))
-                    .and_then(|plan| {
-                        let pending = plan.layer_weights_pending;
-                        compile_lowered(machine, &plan, opts).map(|mut c| {
-                            c.layer_weights_pending = pending.then(|| o.clone());
-                            c
-                        })
-                    })
+                    .map(Some)
             };
-            let build_ms = t.elapsed().as_secs_f64() * 1e3;
+            let estimate = match &plan {
+                Ok(p) => Some(tessera_plan::estimate(machine, p.as_ref().unwrap_or(&base)).cycles),
+                Err(_) => None,
+            };
+            Lowered {
+                o,
+                plan,
+                estimate,
+                lower_ms: t.elapsed().as_secs_f64() * 1e3,
+            }
+        })
+        .collect();
+    // Then built best estimate first (ties: rank), until `wanted` are
+    // feasible: the selection compares estimates among feasible finalists, so
+    // the first to place is the one selected, and placing the others (the
+    // most of a search's time near capacity) would change nothing.
+    let mut order: Vec<usize> = (0..lowered.len())
+        .filter(|&i| lowered[i].estimate.is_some())
+        .collect();
+    order.sort_by_key(|&i| (lowered[i].estimate, i));
+    let mut outcomes: Vec<Option<(Result<Compiled, CompileError>, f64)>> =
+        (0..lowered.len()).map(|_| None).collect();
+    let mut feasible = 0;
+    for &i in &order {
+        if feasible >= wanted.max(1) {
+            break;
+        }
+        let l = &lowered[i];
+        let t = Instant::now();
+        let plan = match &l.plan {
+            Ok(p) => p.as_ref().unwrap_or(&base),
+            Err(_) => continue,
+        };
+        let result = compile_lowered(machine, plan, opts).map(|mut c| {
+            c.layer_weights_pending = plan.layer_weights_pending.then(|| l.o.clone());
+            c
+        });
+        feasible += usize::from(result.is_ok());
+        let build_ms = l.lower_ms + t.elapsed().as_secs_f64() * 1e3;
+        progress(
+            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+            total,
+        );
+        outcomes[i] = Some((result, build_ms));
+    }
+    progress(total, total);
+    let built: Vec<(FinalistReport, Result<Compiled, CompileError>)> = lowered
+        .into_iter()
+        .zip(outcomes)
+        .enumerate()
+        .map(|(i, (l, outcome))| {
+            let (result, build_ms) = match (l.plan, outcome) {
+                (_, Some((result, ms))) => (result, ms),
+                (Err(e), None) => (Err(e), l.lower_ms),
+                (Ok(_), None) => (Err(CompileError::NotBuilt), l.lower_ms),
+            };
             let result = result.map(|mut c| {
                 c.report.compile_ms = build_ms;
                 c
             });
-            let report = report(i + 1, o.choices, &result, build_ms);
-            progress(
-                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
-                total,
-            );
+            let mut report = report(i + 1, l.o.choices, &result, build_ms);
+            report.estimated_cycles = report.estimated_cycles.or(l.estimate);
             (report, result)
         })
         .collect();
@@ -404,6 +462,7 @@ fn report(
     let mut r = FinalistReport {
         rank,
         choices,
+        built: !matches!(result, Err(CompileError::NotBuilt)),
         feasible: false,
         failing_tiles: 0,
         missing_bytes: None,
@@ -432,6 +491,15 @@ fn report(
         Err(e) => r.error = Some(crate::error_chain(e)),
     }
     r
+}
+
+/// A finalist lowered and estimated, before it is built.
+struct Lowered {
+    o: LowerOptions,
+    /// Its plan (`None`: the default lowering's own), or why it has none.
+    plan: Result<Option<TilePlan>, CompileError>,
+    estimate: Option<u64>,
+    lower_ms: f64,
 }
 
 /// `plan` if its busiest tile's live bytes are within the fit loop's bound

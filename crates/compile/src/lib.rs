@@ -52,6 +52,10 @@ pub enum CompileError {
     /// bound: not placed (placement's search proves such a tile infeasible only
     /// slowly, and the bound is what the default lowering was held to).
     #[error(
+        "not built: a finalist with a smaller estimate placed, and selection compares estimates"
+    )]
+    NotBuilt,
+    #[error(
         "tile {tile} holds {live} bytes of live buffers at step {step} ({op}), above the fit limit of {limit}: not placed"
     )]
     OverFitLimit {

@@ -119,6 +119,7 @@ pub fn compile(
         &model.weights,
         &copts,
         opts.finalists,
+        opts.simulate_finalists,
         &|done, total| progress.advance(done as u64, Some(total as u64)),
     );
     progress.finish();

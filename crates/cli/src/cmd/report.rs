@@ -14,8 +14,9 @@ pub fn print_report(r: &CompileReport) {
     }
     if !r.finalists.is_empty() {
         eprintln!(
-            "  finalists ({} built in {:.0} ms; selected rank {}):",
+            "  finalists ({} lowered, {} built, best estimate first, in {:.0} ms; selected rank {}):",
             r.finalists.len(),
+            r.finalists.iter().filter(|f| f.built).count(),
             r.selection_ms.unwrap_or(0.0),
             r.selected.unwrap_or(0)
         );
@@ -28,7 +29,11 @@ pub fn print_report(r: &CompileReport) {
             eprintln!(
                 "    {:>4} {:>8} {:>7} {:>13} {:>10} {:>16} {:>16} {:>8.0}  {}{}",
                 f.rank,
-                if f.feasible { "yes" } else { "no" },
+                match (f.built, f.feasible) {
+                    (false, _) => "-",
+                    (true, true) => "yes",
+                    (true, false) => "no",
+                },
                 f.failing_tiles,
                 opt(f.missing_bytes),
                 opt(f.peak_bytes),
