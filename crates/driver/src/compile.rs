@@ -129,7 +129,13 @@ pub fn compile(
     let mut c = sel.take(i);
     // Finalists are built for their shape; the selected one gets every layer's
     // weights.
-    tessera_compile::complete_layer_weights(machine, &model.graph, &model.weights, &mut c)?;
+    if c.layer_weights_pending.is_some() {
+        progress.start(Step::LayerWeights, None);
+        let r =
+            tessera_compile::complete_layer_weights(machine, &model.graph, &model.weights, &mut c);
+        progress.finish();
+        r?;
+    }
     Ok(c)
 }
 

@@ -7,8 +7,12 @@
 pub enum Step {
     /// One compile: lowering, placement, emission.
     Compile,
-    /// Several whole-model plans built in parallel (a count of them).
+    /// The finalist search: the fit loop, then whole-model plans lowered and
+    /// built best estimate first (a count of them).
     Finalists,
+    /// The selected finalist's later layers' weights filled in (a lowering of
+    /// every layer: seconds at 27 So400m layers).
+    LayerWeights,
     /// A package on the simulator (a count of supersteps, total unknown).
     Simulate,
     /// The f32 and f16-storage references.
@@ -20,7 +24,8 @@ impl Step {
     pub fn label(self) -> &'static str {
         match self {
             Step::Compile => "compiling",
-            Step::Finalists => "building finalists",
+            Step::Finalists => "searching finalists",
+            Step::LayerWeights => "filling in every layer's weights",
             Step::Simulate => "simulating",
             Step::Reference => "reference",
         }
