@@ -327,7 +327,6 @@ fn select_once(
     let fit_ms = start.elapsed().as_secs_f64() * 1e3;
     let assignments = beam(&base.candidates, k, machine.timing.exchange_bytes_per_cycle);
     let total = assignments.len();
-    let done = std::sync::atomic::AtomicUsize::new(0);
     // Every finalist lowered, in parallel, and estimated from its plan alone
     // (the estimate a build reports is the same function of the same plan).
     let lowered: Vec<Lowered> = assignments
@@ -358,38 +357,29 @@ fn select_once(
         })
         .collect();
     // Then built best estimate first (ties: rank), until `wanted` are
-    // feasible: the selection compares estimates among feasible finalists, so
-    // the first to place is the one selected, and placing the others (the
-    // most of a search's time near capacity) would change nothing.
-    let mut order: Vec<usize> = (0..lowered.len())
-        .filter(|&i| lowered[i].estimate.is_some())
-        .collect();
-    order.sort_by_key(|&i| (lowered[i].estimate, i));
+    // feasible.
+    let estimates: Vec<Option<u64>> = lowered.iter().map(|l| l.estimate).collect();
     let mut outcomes: Vec<Option<(Result<Compiled, CompileError>, f64)>> =
         (0..lowered.len()).map(|_| None).collect();
-    let mut feasible = 0;
-    for &i in &order {
-        if feasible >= wanted.max(1) {
-            break;
-        }
+    let mut built_count = 0;
+    build_best_first(&estimates, wanted, |i| {
         let l = &lowered[i];
         let t = Instant::now();
-        let plan = match &l.plan {
-            Ok(p) => p.as_ref().unwrap_or(&base),
-            Err(_) => continue,
+        // Only finalists with a plan have an estimate.
+        let Ok(plan) = &l.plan else {
+            return false;
         };
+        let plan = plan.as_ref().unwrap_or(&base);
         let result = compile_lowered(machine, plan, opts).map(|mut c| {
             c.layer_weights_pending = plan.layer_weights_pending.then(|| l.o.clone());
             c
         });
-        feasible += usize::from(result.is_ok());
-        let build_ms = l.lower_ms + t.elapsed().as_secs_f64() * 1e3;
-        progress(
-            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
-            total,
-        );
-        outcomes[i] = Some((result, build_ms));
-    }
+        let placed = result.is_ok();
+        built_count += 1;
+        progress(built_count, total);
+        outcomes[i] = Some((result, l.lower_ms + t.elapsed().as_secs_f64() * 1e3));
+        placed
+    });
     progress(total, total);
     let built: Vec<(FinalistReport, Result<Compiled, CompileError>)> = lowered
         .into_iter()
@@ -493,6 +483,29 @@ fn report(
     r
 }
 
+/// Calls `build(i)` (true when finalist `i` placed) for the finalists with an
+/// estimate, smallest estimate first (ties: index), until `wanted` (at least
+/// one) have placed. The selection compares estimates among feasible
+/// finalists, so the first to place is the one selected, and placing the
+/// others (the most of a search's time near capacity) would change nothing.
+fn build_best_first(
+    estimates: &[Option<u64>],
+    wanted: usize,
+    mut build: impl FnMut(usize) -> bool,
+) {
+    let mut order: Vec<usize> = (0..estimates.len())
+        .filter(|&i| estimates[i].is_some())
+        .collect();
+    order.sort_by_key(|&i| (estimates[i], i));
+    let mut placed = 0;
+    for i in order {
+        if placed >= wanted.max(1) {
+            break;
+        }
+        placed += usize::from(build(i));
+    }
+}
+
 /// A finalist lowered and estimated, before it is built.
 struct Lowered {
     o: LowerOptions,
@@ -527,6 +540,26 @@ fn within_fit_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Finalists are built smallest estimate first (ties: rank), those without
+    /// a plan never, until as many as wanted have placed.
+    #[test]
+    fn finalists_are_built_best_estimate_first_until_enough_place() {
+        let estimates = [Some(5), None, Some(3), Some(3), Some(9), Some(4)];
+        let places = |i: usize| matches!(i, 0 | 3 | 4);
+        let built = |wanted: usize| {
+            let mut order = Vec::new();
+            build_best_first(&estimates, wanted, |i| {
+                order.push(i);
+                places(i)
+            });
+            order
+        };
+        assert_eq!(built(0), vec![2, 3], "at least one");
+        assert_eq!(built(1), vec![2, 3]);
+        assert_eq!(built(2), vec![2, 3, 5, 0]);
+        assert_eq!(built(9), vec![2, 3, 5, 0, 4]);
+    }
 
     fn cand(cycles: u64, in_bytes: u64, out_bytes: u64) -> Candidate {
         Candidate {

@@ -161,14 +161,8 @@ pub fn validate(
     // model's own weights, so that with FP8 its error and cosine say what FP8
     // costs.
     let f32_opts = EvalOptions::default();
-    let mut pure = Evaluator::new(g, &model.weights, &model.inputs, &f32_opts)?;
-    let mut done = 0;
-    while pure.step()?.is_some() {
-        done += 1;
-        progress.advance(done, None);
-    }
-    let want32 = pure.outputs()?;
-    drop(pure);
+    let want32 = Evaluator::new(g, &model.weights, &model.inputs, &f32_opts)?
+        .finish_with(|n| progress.advance(n, None))?;
     let f16_opts = machine_options(g, c)?;
     let probes = run.requests.as_ref().map(|r| (r, run.sim.captured()));
     let (want16, checks) = stream(g, c, model, &f16_opts, probes, &|n| {
@@ -288,12 +282,7 @@ fn stream(
 ) -> Result<Streamed, Error> {
     let mut whole = Evaluator::new(g, &model.weights, &model.inputs, opts)?;
     let Some((req, captured)) = probes else {
-        let mut done = 0;
-        while whole.step()?.is_some() {
-            done += 1;
-            advance(done);
-        }
-        return Ok((whole.outputs()?, None));
+        return Ok((whole.finish_with(advance)?, None));
     };
     let mut own = Evaluator::new(g, &model.weights, &model.inputs, opts)?;
     let by_tensor = readable(g, c, req)?;

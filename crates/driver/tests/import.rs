@@ -26,6 +26,7 @@ use tessera_driver::{
     Options, TensorSource, WeightDtype,
 };
 use tessera_graph::TensorMap;
+use tessera_import::VisionConfig;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/siglip-tiny")
@@ -103,15 +104,14 @@ fn compare(got: &HostTensor, want: &HostTensor, which: &[usize]) -> (f64, f64) {
     (err / (sq / n as f64).sqrt(), cos)
 }
 
-/// The model with transformers' own `pixel_values` as its input: Tessera's
-/// numerics alone, no decoder in between.
-fn on_transformers_pixels(dir: &str) -> Model {
+/// The model `config` and `source` give, with transformers' own
+/// `pixel_values` as its input: Tessera's numerics alone, no decoder in between.
+fn on_transformers_pixels(config: &VisionConfig, source: &dyn TensorSource) -> Model {
     let machine = Machine::load("c600").unwrap();
-    let ckpt = Checkpoint::open(fixtures().join(dir)).unwrap();
     let mut model = Model::import(
         &Import {
-            config: ckpt.config(),
-            source: &ckpt,
+            config,
+            source,
             images: &[],
             batch: 2,
             tokens: true,
@@ -122,7 +122,7 @@ fn on_transformers_pixels(dir: &str) -> Model {
     )
     .unwrap();
     let px = expected().get("pixel_values").unwrap().clone();
-    let mut p = tessera_import::patches(&px, ckpt.config()).unwrap();
+    let mut p = tessera_import::patches(&px, config).unwrap();
     p.round_to_f16();
     model.inputs.insert("patches", p);
     model
@@ -143,7 +143,8 @@ fn check(what: &str, got: &HostTensor, want: &HostTensor, which: &[usize], err: 
 #[test]
 fn checkpoint_matches_transformers_f16_and_fp8() {
     let want = expected();
-    let model = on_transformers_pixels("vision");
+    let ckpt = Checkpoint::open(fixtures().join("vision")).unwrap();
+    let model = on_transformers_pixels(ckpt.config(), &ckpt);
     let (p, t) = run(&model, WeightDtype::F16);
     check(
         "f16 pooled",
@@ -180,6 +181,31 @@ fn checkpoint_matches_transformers_f16_and_fp8() {
     );
 }
 
+/// (pooled, tokens) of a run on the fixture's images against transformers':
+/// the PNG (image 0, decoded as Pillow decodes it) within the checkpoint's
+/// bound, the JPEG (image 1) within the decoder's.
+fn check_images(what: &str, got: (&HostTensor, &HostTensor), want: (&HostTensor, &HostTensor)) {
+    for (image, err, cos) in [("PNG", 0.01, 0.9999), ("JPEG", 0.07, 0.999)] {
+        let which = [usize::from(image == "JPEG")];
+        check(
+            &format!("{what} {image} pooled"),
+            got.0,
+            want.0,
+            &which,
+            err,
+            cos,
+        );
+        check(
+            &format!("{what} {image} tokens"),
+            got.1,
+            want.1,
+            &which,
+            err,
+            cos,
+        );
+    }
+}
+
 /// From the images through the sharded whole model, as `tessera run --weights
 /// full --image a.png --image b.jpg` does: the PNG, decoded as Pillow decodes
 /// it, within the checkpoint's bound; the JPEG within the decoder's.
@@ -191,10 +217,7 @@ fn whole_model_from_images_matches_transformers() {
         let model = Model::build(&spec(dir, images(), 2, None), &machine).unwrap();
         let (p, t) = run(&model, WeightDtype::F16);
         let (wp, wt) = (want.get("pooled").unwrap(), want.get("tokens").unwrap());
-        check(&format!("{dir} PNG pooled"), &p, wp, &[0], 0.01, 0.9999);
-        check(&format!("{dir} PNG tokens"), &t, wt, &[0], 0.01, 0.9999);
-        check(&format!("{dir} JPEG pooled"), &p, wp, &[1], 0.07, 0.999);
-        check(&format!("{dir} JPEG tokens"), &t, wt, &[1], 0.07, 0.999);
+        check_images(dir, (&p, &t), (wp, wt));
     }
 }
 
@@ -347,33 +370,14 @@ fn onnx_exports_match_transformers() {
     for file in ["model.onnx", "model-ext/model.onnx"] {
         let onnx = tessera_onnx::import(&fixtures().join(file)).unwrap();
         let ckpt = Checkpoint::open(fixtures().join("vision")).unwrap();
-        let mut model = Model::import(
-            &Import {
-                config: ckpt.config(),
-                source: &onnx.tensors,
-                images: &[],
-                batch: 2,
-                tokens: true,
-                layers: None,
-                seed: 1,
-            },
-            &machine,
-        )
-        .unwrap();
-        let px = want.get("pixel_values").unwrap().clone();
-        let mut patches = tessera_import::patches(&px, ckpt.config()).unwrap();
-        patches.round_to_f16();
-        model.inputs.insert("patches", patches);
+        let model = on_transformers_pixels(ckpt.config(), &onnx.tensors);
         let (p, t) = run(&model, WeightDtype::F16);
         check(&format!("{file} pooled"), &p, wp, &[0, 1], 0.01, 0.9999);
         check(&format!("{file} tokens"), &t, wt, &[0, 1], 0.01, 0.9999);
 
         let model = Model::build(&onnx_spec(file, images(), 2), &machine).unwrap();
         let (p, t) = run(&model, WeightDtype::F16);
-        check(&format!("{file} PNG pooled"), &p, wp, &[0], 0.01, 0.9999);
-        check(&format!("{file} PNG tokens"), &t, wt, &[0], 0.01, 0.9999);
-        check(&format!("{file} JPEG pooled"), &p, wp, &[1], 0.07, 0.999);
-        check(&format!("{file} JPEG tokens"), &t, wt, &[1], 0.07, 0.999);
+        check_images(file, (&p, &t), (wp, wt));
     }
 }
 

@@ -34,6 +34,25 @@ pub fn fp8_round(values: &mut [f32]) {
     }
 }
 
+/// How a parameter is stored as FP8: the weight times `factor` (a folded
+/// constant, such as the attention's scale), packed in f16, then encoded at the
+/// power-of-two `scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fp8Weight {
+    pub scale: i8,
+    pub factor: f32,
+}
+
+impl Fp8Weight {
+    /// The graph's view of the stored weight: decoded and divided by the factor.
+    pub fn round(&self, values: &mut [f32]) {
+        for v in values {
+            let stored = f16::from_f32(*v * self.factor).to_f32();
+            *v = fp8::decode(fp8::encode(stored, self.scale), self.scale) / self.factor;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@ mod kernels;
 
 use std::collections::BTreeMap;
 
-pub use fp8::{fp8_round, quantize_fp8};
+pub use fp8::{Fp8Weight, fp8_round, quantize_fp8};
 use half::f16;
 pub use kernels::{CHUNK, gelu_scalar};
 use tessera_graph::{
@@ -82,26 +82,6 @@ pub struct EvalOptions {
     /// Rounded as it is produced rather than in a copy of the weights, which at
     /// 27 So400m layers would be 1.6 GB more.
     pub fp8_weights: BTreeMap<String, Fp8Weight>,
-}
-
-/// How a parameter is stored as FP8: the weight times `factor` (a folded
-/// constant, such as the attention's scale), packed in f16, then encoded at the
-/// power-of-two `scale`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Fp8Weight {
-    pub scale: i8,
-    pub factor: f32,
-}
-
-impl Fp8Weight {
-    /// The graph's view of the stored weight: decoded and divided by the factor.
-    pub fn round(&self, values: &mut [f32]) {
-        use tessera_machine::fp8::{decode, encode};
-        for v in values {
-            let stored = f16::from_f32(*v * self.factor).to_f32();
-            *v = decode(encode(stored, self.scale), self.scale) / self.factor;
-        }
-    }
 }
 
 impl EvalOptions {
@@ -344,8 +324,18 @@ impl<'a> Evaluator<'a> {
     }
 
     /// Runs the remaining operations and returns the outputs.
-    pub fn finish(mut self) -> Result<Outputs, RefError> {
-        while self.step()?.is_some() {}
+    pub fn finish(self) -> Result<Outputs, RefError> {
+        self.finish_with(|_| {})
+    }
+
+    /// [`Evaluator::finish`], calling `ran(n)` after each operation with the
+    /// count run so far (a caller's progress).
+    pub fn finish_with(mut self, mut ran: impl FnMut(u64)) -> Result<Outputs, RefError> {
+        let mut n = 0;
+        while self.step()?.is_some() {
+            n += 1;
+            ran(n);
+        }
         self.outputs()
     }
 }
