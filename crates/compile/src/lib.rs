@@ -470,18 +470,69 @@ pub fn complete_layer_weights(
         return Ok(());
     };
     let start = Instant::now();
-    let full = tessera_plan::lower_exact(machine, graph, weights, &o)?;
-    // Moved, not copied: at 27 So400m layers the images are 0.4 GB in FP8.
-    let mut images: std::collections::BTreeMap<String, tessera_plan::Binding> = full
-        .bindings
-        .into_iter()
-        .map(|b| (b.name.clone(), b))
+    // The later layers split over the threads, one lowering replaying each
+    // part (at 27 So400m layers a replay takes about as long as the body's
+    // lowering): each binding then comes from the lowering that made it.
+    let count = c.report.loop_count.unwrap_or(1).max(2);
+    let parts = (rayon::current_num_threads() as u32).clamp(1, count - 1);
+    let per = (count - 1).div_ceil(parts);
+    let ranges: Vec<std::ops::Range<u32>> = (0..parts)
+        .map(|p| 1 + p * per..(1 + (p + 1) * per).min(count))
+        .filter(|r| !r.is_empty())
         .collect();
+    use rayon::prelude::*;
+    let fulls = ranges
+        .par_iter()
+        .map(|r| tessera_plan::lower_layer_weights(machine, graph, weights, &o, r.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let prefix = fulls
+        .first()
+        .and_then(|f| f.layer_loop.as_ref())
+        .map_or(String::new(), |lp| lp.prefix.clone());
+    // `layers.<i>.x` is layer i's.
+    let layer_of = |name: &str| -> Option<u32> {
+        let rest = name.strip_prefix(&prefix).filter(|_| !prefix.is_empty())?;
+        rest.split_once('.')?.0.parse().ok()
+    };
+    // The products rounded to FP8 in the whole lowering's order: what comes
+    // before the layers, the layers in order, what comes after.
+    // (before, in or after the layers; layer; rank in its lowering), product.
+    type Ranked = ((u8, u32, usize), (String, i8, f32));
+    let mut fp8_weights: Vec<Ranked> = Vec::new();
+    let mut named = std::collections::HashSet::new();
+    // Moved, not copied: at 27 So400m layers the images are 0.4 GB in FP8.
+    let mut images: Vec<std::collections::BTreeMap<String, tessera_plan::Binding>> = Vec::new();
+    for full in fulls {
+        let mut after = false;
+        for (i, w) in full.fp8_weights.into_iter().enumerate() {
+            let key = match layer_of(&w.0) {
+                Some(l) => {
+                    after = true;
+                    (1, l, i)
+                }
+                None => (if after { 2 } else { 0 }, 0, i),
+            };
+            if named.insert(w.0.clone()) {
+                fp8_weights.push((key, w));
+            }
+        }
+        images.push(
+            full.bindings
+                .into_iter()
+                .map(|b| (b.name.clone(), b))
+                .collect(),
+        );
+    }
+    fp8_weights.sort_by_key(|w| w.0);
     for b in &mut c.package.bindings {
         if b.kind != tessera_package::BindingKind::Weight {
             continue;
         }
-        let f = images
+        let layer = b.name.strip_prefix("weights/").and_then(layer_of);
+        let from = layer
+            .and_then(|l| ranges.iter().position(|r| r.contains(&l)))
+            .unwrap_or(0);
+        let f = images[from]
             .remove(&b.name)
             .unwrap_or_else(|| panic!("weight binding `{}` in the full lowering", b.name));
         assert_eq!(
@@ -492,7 +543,7 @@ pub fn complete_layer_weights(
         );
         b.data = f.data;
     }
-    c.fp8_weights = full.fp8_weights;
+    c.fp8_weights = fp8_weights.into_iter().map(|w| w.1).collect();
     c.report.stage_ms.layer_weights = start.elapsed().as_secs_f64() * 1e3;
     Ok(())
 }

@@ -8,10 +8,12 @@ use std::time::Instant;
 use half::f16;
 use tessera_compile::Compiled;
 use tessera_profile::Profile;
-use tessera_sim::{Capture, Perturb, SimOptions, SimReport, Simulator, Status, SuperstepHook};
+use tessera_sim::{
+    Capture, CaptureHook, Perturb, SimOptions, SimReport, Simulator, Status, SuperstepHook,
+};
 
 use crate::progress::forwarded;
-use crate::validate::{Perturbed, Requests, requests};
+use crate::validate::{Captured, Perturbed, Requests, Streamed, requests, stream_checks};
 use crate::{Error, Model, Progress, Step};
 
 /// What to record besides the run.
@@ -58,6 +60,12 @@ pub struct Run {
     pub(crate) sim: Simulator,
     /// What was copied out for validation, when asked for.
     pub(crate) requests: Option<Requests>,
+    /// With probes, the f16-storage references and each result's check, made
+    /// beside the simulation from the captures as they were copied out.
+    pub(crate) streamed: Option<Streamed>,
+    /// Of those checks, the time they took after the simulation ended, which
+    /// validation's `reference_ms` counts.
+    pub(crate) checks_after_ms: f64,
 }
 
 impl Run {
@@ -105,13 +113,43 @@ pub fn simulate(
     } else {
         None
     };
-    let (captures, perturb) = match &req {
-        Some(r) if opts.probes => (r.captures.clone(), r.perturb.clone()),
-        Some(r) => (Vec::new(), r.perturb.clone()),
-        None => (Vec::new(), Vec::new()),
+    let perturb = req.as_ref().map_or_else(Vec::new, |r| r.perturb.clone());
+    let Some(req) = req.filter(|_| opts.probes) else {
+        return simulate_with(model, compiled, Vec::new(), perturb, None, progress);
     };
-    let mut run = simulate_with(model, compiled, captures, perturb, progress)?;
-    run.requests = req.filter(|_| opts.probes);
+    // The checks run beside the simulation, each capture checked and dropped as
+    // the run copies it out: a whole So400m tower's captures at batch 4 do not
+    // fit in memory together.
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Vec<u8>)>();
+    let hook = CaptureHook(Arc::new(move |k, bytes| {
+        // A checker that stopped (on an error it reports) takes no more.
+        let _ = tx.send((k, bytes));
+    }));
+    let (run, streamed) = std::thread::scope(|s| {
+        let checker = s.spawn(|| {
+            let mut captured = Captured::new(rx);
+            stream_checks(model, compiled, &req, &mut captured)
+        });
+        // The hook, and with it the sender, goes with the run's options, so the
+        // checker learns the run has ended however it ends.
+        let run = simulate_with(
+            model,
+            compiled,
+            req.captures.clone(),
+            perturb,
+            Some(hook),
+            progress,
+        );
+        let waited = Instant::now();
+        let streamed = checker
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (run, (streamed, waited.elapsed().as_secs_f64() * 1e3))
+    });
+    let mut run = run?;
+    run.streamed = Some(streamed.0?);
+    run.checks_after_ms = streamed.1;
+    run.requests = Some(req);
     Ok(run)
 }
 
@@ -121,7 +159,7 @@ pub(crate) fn simulate_plain(
     compiled: &Compiled,
     progress: &dyn Progress,
 ) -> Result<Run, Error> {
-    simulate_with(model, compiled, Vec::new(), Vec::new(), progress)
+    simulate_with(model, compiled, Vec::new(), Vec::new(), None, progress)
 }
 
 fn simulate_with(
@@ -129,6 +167,7 @@ fn simulate_with(
     c: &Compiled,
     captures: Vec<Capture>,
     perturb: Vec<Perturb>,
+    on_capture: Option<CaptureHook>,
     progress: &dyn Progress,
 ) -> Result<Run, Error> {
     progress.start(Step::Simulate, None);
@@ -169,6 +208,7 @@ fn simulate_with(
                 trace: true,
                 captures,
                 perturb,
+                on_capture,
                 on_superstep: Some(SuperstepHook(Arc::new(move |n| {
                     let _ = tx.send(n);
                 }))),
@@ -203,5 +243,7 @@ fn simulate_with(
         simulate_serial_ms: (simulate_ms - sim.parallel_ms()).max(0.0),
         sim,
         requests: None,
+        streamed: None,
+        checks_after_ms: 0.0,
     })
 }

@@ -163,11 +163,17 @@ pub fn validate(
     let f32_opts = EvalOptions::default();
     let want32 = Evaluator::new(g, &model.weights, &model.inputs, &f32_opts)?
         .finish_with(|n| progress.advance(n, None))?;
-    let f16_opts = machine_options(g, c)?;
-    let probes = run.requests.as_ref().map(|r| (r, run.sim.captured()));
-    let (want16, checks) = stream(g, c, model, &f16_opts, probes, &|n| {
-        progress.advance(ops_in_graph + n, None)
-    })?;
+    // With probes, the f16-storage references ran beside the simulation and
+    // checked each capture as the run copied it out (`Run::streamed`).
+    let (want16, checks) = match &run.streamed {
+        Some(streamed) => {
+            progress.advance(2 * ops_in_graph, None);
+            streamed.clone()
+        }
+        None => stream(g, c, model, None, &|n| {
+            progress.advance(ops_in_graph + n, None)
+        })?,
+    };
     progress.finish();
     let completed = run.report.status == Status::Ok;
     let mut outputs = Vec::new();
@@ -218,7 +224,7 @@ pub fn validate(
         ops,
         mismatch,
         status,
-        reference_ms: t.elapsed().as_secs_f64() * 1e3,
+        reference_ms: t.elapsed().as_secs_f64() * 1e3 + run.checks_after_ms,
     })
 }
 
@@ -262,7 +268,63 @@ fn machine_options(g: &Graph, c: &Compiled) -> Result<EvalOptions, Error> {
 
 /// What [`stream`] gives: the f16-storage reference's outputs, and with probes
 /// one check per readable result of `Compiled::results` (by its index).
-type Streamed = (tessera_graph::Outputs, Option<Vec<Option<TensorCheck>>>);
+pub(crate) type Streamed = (tessera_graph::Outputs, Option<Vec<Option<TensorCheck>>>);
+
+/// The captures of a run as the simulator copies them out
+/// (`SimOptions::on_capture`), each held from its arrival until its result is
+/// checked: the run and the checks go together, and what a whole tower's run
+/// copies out is never all held at once.
+pub(crate) struct Captured {
+    rx: std::sync::mpsc::Receiver<(usize, Vec<u8>)>,
+    arrived: HashMap<usize, Vec<u8>>,
+    /// The run has ended: what has not arrived never will.
+    ended: bool,
+}
+
+impl Captured {
+    pub(crate) fn new(rx: std::sync::mpsc::Receiver<(usize, Vec<u8>)>) -> Self {
+        Captured {
+            rx,
+            arrived: HashMap::new(),
+            ended: false,
+        }
+    }
+
+    /// Captures `first..first + n`, waiting for each until it arrives or the
+    /// run ends (`None`: never copied out).
+    fn take(&mut self, first: usize, n: usize) -> Vec<Option<Vec<u8>>> {
+        (first..first + n)
+            .map(|k| {
+                loop {
+                    if let Some(b) = self.arrived.remove(&k) {
+                        return Some(b);
+                    }
+                    if self.ended {
+                        return None;
+                    }
+                    match self.rx.recv() {
+                        Ok((i, b)) => {
+                            self.arrived.insert(i, b);
+                        }
+                        Err(_) => self.ended = true,
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// The per-operation checks of a run with probes, fed its captures as the
+/// simulator copies them out: what [`crate::simulate`] runs beside the
+/// simulation.
+pub(crate) fn stream_checks(
+    model: &Model,
+    c: &Compiled,
+    req: &Requests,
+    captured: &mut Captured,
+) -> Result<Streamed, Error> {
+    stream(&model.graph, c, model, Some((req, captured)), &|_| {})
+}
 
 /// Evaluates the f16-storage reference of the whole model and, with probes,
 /// the same reference fed the program's own values, in lockstep, checking each
@@ -276,10 +338,10 @@ fn stream(
     g: &Graph,
     c: &Compiled,
     model: &Model,
-    opts: &EvalOptions,
-    probes: Option<(&Requests, &[Option<Vec<u8>>])>,
+    probes: Option<(&Requests, &mut Captured)>,
     advance: &dyn Fn(u64),
 ) -> Result<Streamed, Error> {
+    let opts = &machine_options(g, c)?;
     let mut whole = Evaluator::new(g, &model.weights, &model.inputs, opts)?;
     let Some((req, captured)) = probes else {
         return Ok((whole.finish_with(advance)?, None));
@@ -317,14 +379,15 @@ fn stream(
         }
         let mut given = None;
         for &(ri, first) in results {
-            let (r, parts) = (&c.results[ri], captured.get(first..).unwrap_or(&[]));
+            let r = &c.results[ri];
             let Some(at) = &r.at else {
                 continue;
             };
-            let mut check = compare(r, at, parts, o, floor);
-            check.max_abs_error_inherited = compare(r, at, parts, w, floor).max_abs_error;
+            let parts = captured.take(first, at.parts.len());
+            let mut check = compare(r, at, &parts, o, floor);
+            check.max_abs_error_inherited = compare(r, at, &parts, w, floor).max_abs_error;
             checks[ri] = Some(check);
-            given = program_value(at, parts, w).or(given);
+            given = program_value(at, &parts, w).or(given);
         }
         // Each operation after is held to the reference fed the values the
         // program gave it, so that its check measures its own error.
@@ -524,6 +587,14 @@ const SCORE_ULPS: f64 = 2.0;
 /// Keys a chunk of the probabilities-times-values product: the AMP's width.
 const CHUNK: usize = 16;
 
+/// Relative rounding of each exponential the program stores in f16 before the
+/// product reads it (f16's unit roundoff, 2^-11), where the reference keeps
+/// them exact: a probability off by `u` relative moves the sum as a score off
+/// by `u` does. It adds to [`SCORE_ULPS`] ulps of the score, and exceeds them
+/// for scores below a quarter in magnitude: without it the floor missed a
+/// rounding the program makes and the reference does not.
+const EXP_ROUNDING: f64 = 1.0 / 2048.0;
+
 /// The least tolerance of a softmax product: the first-order change of the
 /// product when every score moves by [`SCORE_ULPS`] f16 ulps of itself, what
 /// the program's and the reference's roundings of a score may differ by. A
@@ -532,7 +603,8 @@ const CHUNK: usize = 16;
 /// the sum by `p e |v - out|`. Deep in a tower the scores grow while the
 /// outputs do not, and a rule at the output's magnitude alone would call that
 /// rounding an error. Scores `[.., q, k]`, values `[.., k, d]`. Per query
-/// row and value column `c`, `SCORE_ULPS * sum_j p_j ulp(s_j) |v_jc - out_c|`
+/// row and value column `c`, `sum_j p_j (SCORE_ULPS ulp(s_j) + EXP_ROUNDING)
+/// |v_jc - out_c|`
 /// plus, for the product's f16 chunk partials, the square root of the chunks
 /// times an ulp of the largest running sum (which, where the values cancel, is far above the
 /// output's own magnitude); the worst over rows and columns; rows in parallel.
@@ -573,7 +645,8 @@ fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
         let chunks = (tk.div_ceil(CHUNK) as f64).sqrt();
         let mut bound = vec![0.0f64; d];
         for (j, (&pj, &sj)) in p.iter().zip(row).enumerate() {
-            let w = pj * f64::from(tessera_reference::f16_ulp(sj.abs()));
+            let w =
+                pj * (SCORE_ULPS * f64::from(tessera_reference::f16_ulp(sj.abs())) + EXP_ROUNDING);
             for ((b, &x), &o) in bound.iter_mut().zip(&vg[j * d..(j + 1) * d]).zip(&out) {
                 *b += w * (f64::from(x) - o).abs();
             }
@@ -586,9 +659,7 @@ fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
         bound
             .into_iter()
             .zip(&partial)
-            .map(|(b, &m)| {
-                SCORE_ULPS * b + chunks * f64::from(tessera_reference::f16_ulp(m as f32))
-            })
+            .map(|(b, &m)| b + chunks * f64::from(tessera_reference::f16_ulp(m as f32)))
             .fold(0.0, f64::max)
     };
     let worst = (0..groups * tq)

@@ -19,8 +19,8 @@ pub use estimate::{PlanEstimate, estimate, estimate_steps};
 pub use ir::*;
 pub use lower::{
     Experimental, FIT_SHARE, LowerOptions, WeightDtype, busiest, fit_limit, fit_limit_within,
-    lower, lower_exact, lower_fitted, lower_fitted_shape, lower_shape, max_live_bytes,
-    placement_retry_budget,
+    lower, lower_exact, lower_fitted, lower_fitted_shape, lower_layer_weights, lower_shape,
+    max_live_bytes, placement_retry_budget,
 };
 pub use matmul::{MatmulCost, MatmulMapping, MatmulShape, map_matmul, map_matmul_capped};
 pub use unroll::{Unrolled, unroll};

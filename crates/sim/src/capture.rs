@@ -43,7 +43,8 @@ pub struct Perturb {
 impl Simulator {
     /// The bytes of each of the last run's [`SimOptions::captures`], in request
     /// order: `None` for a point the run never reached (it faulted before) or a
-    /// range outside the tile's memory (or a tile without an image).
+    /// range outside the tile's memory (or a tile without an image), and for
+    /// every capture when [`SimOptions::on_capture`] took them.
     pub fn captured(&self) -> &[Option<Vec<u8>>] {
         &self.captured
     }
@@ -88,11 +89,18 @@ impl Simulator {
             }
             crate::write_code_check(sh, self.layout.start, p.addr, p.len);
         }
-        for (k, c) in opts.captures.iter().enumerate() {
-            if c.at != point || self.captured[k].is_some() {
-                continue;
+        // A point is reached once in a run, so each capture is taken once.
+        let Some(ks) = self.capture_points.remove(&point) else {
+            return;
+        };
+        for k in ks {
+            let c = &opts.captures[k];
+            let bytes = self.read_memory(c.tile, c.addr, c.len).map(<[u8]>::to_vec);
+            match (&opts.on_capture, bytes) {
+                (Some(hook), Some(b)) => (hook.0)(k, b),
+                (None, b) => self.captured[k] = b,
+                (Some(_), None) => {}
             }
-            self.captured[k] = self.read_memory(c.tile, c.addr, c.len).map(<[u8]>::to_vec);
         }
     }
 }

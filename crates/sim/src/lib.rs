@@ -94,6 +94,22 @@ pub struct SimOptions {
     pub perturb: Vec<Perturb>,
     /// Told of every superstep the run completes, for a caller showing progress.
     pub on_superstep: Option<SuperstepHook>,
+    /// Handed each capture's bytes as they are copied out (its index in
+    /// `captures`), which [`Simulator::captured`] then does not keep: a caller
+    /// that consumes them as the run goes holds none it is done with (a whole
+    /// So400m tower's captures at batch 4 are more than the machine's memory).
+    pub on_capture: Option<CaptureHook>,
+}
+
+/// Takes a capture's index in [`SimOptions::captures`] and its bytes. It runs
+/// on the simulator's thread between supersteps, so it should be quick.
+#[derive(Clone)]
+pub struct CaptureHook(pub std::sync::Arc<dyn Fn(usize, Vec<u8>) + Send + Sync>);
+
+impl std::fmt::Debug for CaptureHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CaptureHook")
+    }
 }
 
 /// Called after each superstep with the number completed so far. It runs on the
@@ -116,6 +132,7 @@ impl Default for SimOptions {
             captures: Vec::new(),
             perturb: Vec::new(),
             on_superstep: None,
+            on_capture: None,
         }
     }
 }
@@ -233,6 +250,8 @@ pub struct Simulator {
     dirty: bool,
     /// The last run's captures (`SimOptions::captures`), in request order.
     captured: Vec<Option<Vec<u8>>>,
+    /// Per capture point, the indices of the captures taken there, for the run.
+    capture_points: HashMap<CapturePoint, Vec<usize>>,
     /// Times the last run's tiles have reached each exchange id, for captures.
     exchanges_reached: std::collections::HashMap<u16, u32>,
     /// Wall time of the last run inside its parallel per-tile sections (loading
@@ -402,6 +421,7 @@ impl Simulator {
             dirty: false,
             captured: Vec::new(),
             exchanges_reached: HashMap::new(),
+            capture_points: HashMap::new(),
             parallel,
         })
     }
@@ -488,6 +508,10 @@ impl Simulator {
         }
         self.dirty = true;
         self.captured = vec![None; opts.captures.len()];
+        self.capture_points.clear();
+        for (k, c) in opts.captures.iter().enumerate() {
+            self.capture_points.entry(c.at).or_default().push(k);
+        }
         self.exchanges_reached.clear();
         if opts.preload_bindings {
             self.preload();

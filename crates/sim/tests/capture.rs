@@ -7,7 +7,7 @@ use common::*;
 use tessera_isa::Inst;
 use tessera_machine::Machine;
 use tessera_package::*;
-use tessera_sim::{Capture, CapturePoint, Perturb, SimOptions, Simulator, Status};
+use tessera_sim::{Capture, CaptureHook, CapturePoint, Perturb, SimOptions, Simulator, Status};
 
 /// f16 1.0 in the low half, 2.0 in the high half.
 const ONE_TWO: u32 = 0x4000_3c00;
@@ -73,6 +73,43 @@ fn captures_see_memory_before_the_exchange_and_at_the_end() {
     // A run without captures leaves none from the last run behind.
     sim.run(&SimOptions::default());
     assert!(sim.captured().is_empty());
+}
+
+/// With a hook, each capture's bytes go to it as they are copied out, in the
+/// order the run reaches their points, and the simulator keeps none; what was
+/// never copied out never arrives.
+#[test]
+fn a_capture_hook_takes_each_capture_as_it_is_copied_out() {
+    let mut sim = Simulator::new(&swap_package()).unwrap();
+    let at = |at, tile, addr, len| Capture {
+        at,
+        tile,
+        addr,
+        len,
+    };
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = got.clone();
+    let opts = SimOptions {
+        captures: vec![
+            at(CapturePoint::End, 0, R1, 4),
+            at(CapturePoint::Exchange(7, 0), 0, R1, 4),
+            at(CapturePoint::Exchange(9, 0), 0, R1, 4),
+            at(CapturePoint::End, 5, R1, 4),
+        ],
+        on_capture: Some(CaptureHook(std::sync::Arc::new(move |k, b| {
+            sink.lock().unwrap().push((k, b));
+        }))),
+        ..SimOptions::default()
+    };
+    let r = sim.run(&opts);
+    assert_eq!(r.status, Status::Ok, "{:#?}", r.faults);
+    let got = got.lock().unwrap();
+    let words: Vec<(usize, u32)> = got
+        .iter()
+        .map(|(k, b)| (*k, word(&Some(b.clone()))))
+        .collect();
+    assert_eq!(words, vec![(1, 100), (0, ONE_TWO)]);
+    assert!(sim.captured().iter().all(Option::is_none));
 }
 
 #[test]

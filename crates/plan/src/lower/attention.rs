@@ -911,16 +911,16 @@ fn transposed(
     // Value blocks transposed (rows past the last token zeroed first: the key
     // dimension is padded to 16); per row tile, `Q^T`, `S^T = K Q^T` and the
     // softmax down its columns.
-    let step = lw.compute_step();
+    let (prep, step) = (lw.compute_step(), lw.compute_step());
     let at = |buf| Loc { buf, offset: 0 };
     for t in &trans {
-        transpose_run(lw, op, &t.run, step, t.vpart, at(t.out));
+        transpose_run(lw, op, &t.run, prep, t.vpart, at(t.out));
     }
     for w in &work {
         scores(
             lw,
             op,
-            step,
+            (prep, step),
             (&w.s, w.nbq),
             [w.q_amp, w.qt, w.k, w.st],
             (op.t, tp),
@@ -1360,26 +1360,29 @@ fn single_query(
     Ok(op.context(out))
 }
 
-/// A row tile's `S^T = K Q^T` in `step`: the padding of its `nbq` query blocks
+/// A row tile's `S^T = K Q^T`: in `prep`, the padding of its `nbq` query blocks
 /// (`bufs`: queries, `Q^T`, keys, scores) and of its `kp` stored keys past the
 /// `real` ones zeroed, the queries transposed into the AMP weight layout, and, for
 /// packed heads, the neighbouring heads' rows of `Q^T` zeroed (their columns in
-/// the head's chunks then add nothing to `S^T`).
+/// the head's chunks then add nothing to `S^T`); the product in `step`. Two
+/// steps, with no exchange between them, run as one on the tile, but the
+/// queries as landed are dead before the scores and the AMP's partials exist:
+/// at 27 So400m layers at batch 4 that is what the attention's tiles lack.
 fn scores(
     lw: &mut Lowering<'_>,
     op: &Attention<'_>,
-    step: Step,
+    (prep, step): (Step, Step),
     (s, nbq): (&Slot, u32),
     [q_amp, qt, k, st]: [BufId; 4],
     (real, kp): (u32, u32),
 ) {
     let kc = op.padded().0;
     let at = |buf| Loc { buf, offset: 0 };
-    zero_rows(lw, (s.tile, step), kc, q_amp, (s.rows, nbq * AMP_WIDTH));
-    zero_rows(lw, (s.tile, step), kc, k, (real, kp));
+    zero_rows(lw, (s.tile, prep), kc, q_amp, (s.rows, nbq * AMP_WIDTH));
+    zero_rows(lw, (s.tile, prep), kc, k, (real, kp));
     lw.call(
         s.tile,
-        step,
+        prep,
         TransposeBlocks::new(kc, nbq),
         &[("in", at(q_amp)), ("out", at(qt))],
     );
@@ -1389,7 +1392,7 @@ fn scores(
             if rows > 0 {
                 lw.call(
                     s.tile,
-                    step,
+                    prep,
                     ZeroFill::new(nbq, rows * 32, kc * 512),
                     &[(
                         "out",

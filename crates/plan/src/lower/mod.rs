@@ -1320,33 +1320,53 @@ fn fit(
     opts: &LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
     let limit = fit_limit_within(machine, opts.capacity);
+    let fits = |plan: &TilePlan| max_live_bytes(plan) <= limit;
+    let lower = |o: &LowerOptions| lower_shape(machine, graph, weights, o);
+    let ladder = fit_ladder(opts);
+    let (first, rest) = ladder.split_first().expect("the ladder starts at `opts`");
+    // The first option and the floor (every lever at its least) at once: when
+    // the floor is over the limit too, it is the plan, and the options between
+    // are not lowered. Each lever is there to shrink what a tile holds, so an
+    // option between is not expected to fit where the floor does not (one that would
+    // is given up for the floor, which placement then judges, as it judges the
+    // last plan when nothing fits). At 27 So400m layers each
+    // lowering takes seconds, and a whole tower at batch 2 or 4 is over the
+    // limit at the floor (its weight store alone is half of every tile).
+    let (plan, floor) = match rest.split_last() {
+        Some((last, _)) => {
+            let (plan, floor) = rayon::join(|| lower(first), || lower(last));
+            (plan?, Some((floor, last)))
+        }
+        None => (lower(first)?, None),
+    };
+    resident_fits(machine, &plan, opts.capacity)?;
+    if fits(&plan) {
+        return Ok((plan, first.clone()));
+    }
+    let Some((floor, last)) = floor else {
+        // Nothing to shrink: the plan tried, which placement judges.
+        return Ok((plan, first.clone()));
+    };
+    let floor = floor?;
+    if !fits(&floor) {
+        return Ok((floor, last.clone()));
+    }
     // Each option of the ladder follows from the one before alone, never from
     // its plan, so the next ones are lowered ahead, as many at once as there
     // are threads, and taken in order: the plan is the one a loop lowering one
-    // option at a time would give. At 27 So400m layers each lowering takes
-    // seconds and the ladder runs to its floor.
-    let ladder = fit_ladder(opts);
+    // option at a time would give.
+    let between = &rest[..rest.len() - 1];
     let threads = rayon::current_num_threads().max(1);
-    let mut first = true;
-    let mut last = None;
-    for batch in ladder.chunks(threads) {
-        let plans: Vec<Result<TilePlan, PlanError>> = batch
-            .par_iter()
-            .map(|o| lower_shape(machine, graph, weights, o))
-            .collect();
+    for batch in between.chunks(threads) {
+        let plans: Vec<Result<TilePlan, PlanError>> = batch.par_iter().map(lower).collect();
         for (o, plan) in batch.iter().zip(plans) {
             let plan = plan?;
-            if std::mem::take(&mut first) {
-                resident_fits(machine, &plan, opts.capacity)?;
-            }
-            if max_live_bytes(&plan) <= limit {
+            if fits(&plan) {
                 return Ok((plan, o.clone()));
             }
-            last = Some((plan, o.clone()));
         }
     }
-    // Nothing left to shrink: the last plan tried, which placement judges.
-    last.ok_or_else(|| unsupported("the fit loop tried no options".to_string()))
+    Ok((floor, last.clone()))
 }
 
 /// The options the fit loop tries, in order, from `opts`. First the rounded
@@ -1682,7 +1702,22 @@ pub fn lower_exact(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
-    lower_with(machine, graph, weights, opts, true)
+    lower_with(machine, graph, weights, opts, 1..u32::MAX)
+}
+
+/// [`lower_exact`] with only a layer loop's layers `layers` replayed for their
+/// weights: the bindings of the others hold the first layer's bytes (and the
+/// plan says so, `TilePlan::layer_weights_pending`). The replays are
+/// independent of each other, so the later layers' weights can be made by
+/// several such lowerings at once, each taking its layers' bindings.
+pub fn lower_layer_weights(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    opts: &LowerOptions,
+    layers: std::ops::Range<u32>,
+) -> Result<TilePlan, PlanError> {
+    lower_with(machine, graph, weights, opts, layers)
 }
 
 /// A lowering for its shape only: a layer loop's later layers are not replayed
@@ -1696,7 +1731,7 @@ pub fn lower_shape(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
-    lower_with(machine, graph, weights, opts, false)
+    lower_with(machine, graph, weights, opts, 0..0)
 }
 
 /// Lowers operation `i` by its rule and records the plan's op for it.
@@ -1751,8 +1786,9 @@ struct LoopState {
     /// The body's steps (its carry aside), for the replays to match.
     steps: Vec<StepKind>,
     replay: Option<ctx::Snapshot>,
-    /// Replay later layers for their weights; otherwise skip their operations.
-    replays: bool,
+    /// The later layers replayed for their weights; the others' operations
+    /// are skipped.
+    replays: std::ops::Range<u32>,
     /// The layer whose operations are being skipped.
     skipping: Option<usize>,
 }
@@ -1779,7 +1815,7 @@ impl LoopState {
         if l == 0 {
             self.first = Some(lw.plan.steps.len() as Step);
             lw.begin_body(ls.count());
-        } else if self.replays {
+        } else if self.replays.contains(&(l as u32)) {
             self.replay = Some(lw.begin_replay(l as u32));
         } else {
             self.skipping = Some(l);
@@ -1857,7 +1893,7 @@ fn lower_with(
     graph: &Graph,
     weights: &TensorMap,
     opts: &LowerOptions,
-    layer_weights: bool,
+    replays: std::ops::Range<u32>,
 ) -> Result<TilePlan, PlanError> {
     // The loop (and the staging it needs) only where the graph has identical
     // layers: a one-layer model lowers as it always did.
@@ -1924,7 +1960,7 @@ fn lower_with(
         w.layer_params = Some(layers::params_by_tail(graph));
     }
     let mut body = LoopState {
-        replays: layer_weights,
+        replays,
         ..LoopState::default()
     };
     for i in 0..graph.ops().len() {

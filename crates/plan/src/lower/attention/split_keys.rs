@@ -95,11 +95,23 @@ pub(crate) fn split_geometry(
     let t1 = 2 * bus_pairs.div_ceil(2);
     let t2 = group - t1;
     let (q1, q2) = (nb.div_ceil(t1), nb.div_ceil(t2));
-    // The first run's key blocks: the busiest tile's query-key block products as
-    // small as can be, each run with enough real keys.
+    // The first run's key blocks, each run with enough real keys: the busiest
+    // tile's query-key block products as small as can be or, for memory, its
+    // bytes at the scores' step (the half with fewer query blocks a tile then
+    // takes fewer keys than the products would give it).
+    let dp = d.next_multiple_of(AMP_WIDTH);
+    let bytes = |kbn: u32, q: u32| scores_step_bytes(dp, kbn, q);
     let kb1 = (1..tb)
         .filter(|&k| k * AMP_WIDTH >= MIN_KEYS && t.saturating_sub(k * AMP_WIDTH) >= MIN_KEYS)
-        .min_by_key(|&k| ((q1 * k).max(q2 * (tb - k)), k))?;
+        .min_by_key(|&k| {
+            let products = (q1 * k).max(q2 * (tb - k));
+            let memory = if for_memory {
+                bytes(k, q1).max(bytes(tb - k, q2))
+            } else {
+                0
+            };
+            (memory, products, k)
+        })?;
     let sg = SplitGeometry {
         group,
         halves: [
@@ -124,6 +136,15 @@ pub(crate) fn split_geometry(
     }
     let whole = whole_cost(timing, (t, d, scale), rows_per.div_ceil(AMP_WIDTH));
     (cut_cost(timing, (tq, t, d, scale), &sg) < whole).then_some(sg)
+}
+
+/// Bytes a row tile of a half with `kbn` key blocks and `q` query blocks holds
+/// for its scores' product (heads padded to `dp`): the run's keys, `S^T`, the
+/// AMP's two partial sums and `Q^T`.
+fn scores_step_bytes(dp: u32, kbn: u32, q: u32) -> u64 {
+    let kp = u64::from(kbn * AMP_WIDTH);
+    let (dp, q) = (u64::from(dp), u64::from(q));
+    kp * dp * 2 + q * kp * 32 + 2 * kp * 32 + q * dp * 32
 }
 
 /// Estimated cycles of what differs between the two paths, with whole keys and
@@ -499,9 +520,9 @@ impl KeyCut<'_, '_> {
     /// column maxima.
     fn scores(&self, lw: &mut Lowering<'_>) {
         let op = self.op;
-        let step = lw.compute_step();
+        let (prep, step) = (lw.compute_step(), lw.compute_step());
         for (_, t) in &self.trans {
-            transpose_run(lw, op, &t.run, step, t.vpart, at(t.out));
+            transpose_run(lw, op, &t.run, prep, t.vpart, at(t.out));
         }
         for w in &self.work {
             let half = self.sg.halves[w.half];
@@ -509,7 +530,7 @@ impl KeyCut<'_, '_> {
             scores(
                 lw,
                 op,
-                step,
+                (prep, step),
                 (&w.s, w.nbq),
                 [w.q_amp, w.qt, w.k, w.st],
                 (real, kp),
@@ -735,14 +756,24 @@ mod tests {
             split_geometry(&c600(), 1472, (2, 16, 729, 729), (72, 1.0), false),
             None
         );
-        // For memory, whole bus pairs are cut too: 24 tiles with two query
-        // blocks each on keys 0..448, 22 with three on keys 448..729.
+        // For memory, whole bus pairs are cut too, and the run with fewer
+        // query blocks a tile takes fewer keys than the products would give
+        // it: 24 tiles with two query blocks each on keys 0..400, 22 with three
+        // on keys 400..729, 120,320 bytes at the scores on either (keys
+        // 0..448 would leave the first half 134,144).
         let sg = split_geometry(&c600(), 1472, (2, 16, 729, 729), (72, 1.0), true).expect("cut");
         assert_eq!(sg.group, 46);
         assert_eq!(
             sg.halves.map(|h| (h.tiles, h.kb0, h.kbn, h.qb)),
-            [(24, 0, 28, 2), (22, 28, 18, 3)]
+            [(24, 0, 25, 2), (22, 25, 21, 3)]
         );
+        assert_eq!(scores_step_bytes(80, 25, 2), 120_320);
+        assert_eq!(scores_step_bytes(80, 21, 3), 115_200);
+        assert_eq!(scores_step_bytes(80, 28, 2), 134_144);
+        // At batch 4, for memory: keys 0..384 on the half with four query
+        // blocks a tile, where the products alone give it 0..416.
+        let sg = split_geometry(&c600(), 1472, (4, 16, 729, 729), (72, 1.0), true).expect("cut");
+        assert_eq!(sg.halves.map(|h| (h.kbn, h.qb)), [(24, 4), (22, 5)]);
         // One pair shares its bus pairs with nobody.
         assert_eq!(
             split_geometry(&c600(), 23, (1, 1, 729, 729), (72, 1.0), false),
