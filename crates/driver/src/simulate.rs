@@ -42,6 +42,19 @@ impl Default for SimulateOptions {
     }
 }
 
+/// The simulator's cycle budget for `c`: four times what its plan estimates
+/// and its host phases take (a whole So400m tower at batch 4 streams its
+/// weights for 20.6 M cycles and runs for 30 M, beyond the simulator's default
+/// budget), and never below that default. A runaway loop still times out.
+fn cycle_budget(c: &Compiled) -> u64 {
+    let expected = c.report.estimated.cycles + c.report.host.link_cycles;
+    tessera_sim::DEFAULT_CYCLE_BUDGET.max(expected.saturating_mul(4))
+}
+
+/// Captures copied out and not yet taken by the checks, at most: a few
+/// operations' parts at So400m sizes.
+const CAPTURES_IN_FLIGHT: usize = 1024;
+
 /// A simulated run of a compiled model, split into weight streaming and one
 /// inference.
 pub struct Run {
@@ -120,7 +133,10 @@ pub fn simulate(
     // The checks run beside the simulation, each capture checked and dropped as
     // the run copies it out: a whole So400m tower's captures at batch 4 do not
     // fit in memory together.
-    let (tx, rx) = std::sync::mpsc::channel::<(usize, Vec<u8>)>();
+    // Bounded: where the checks fall behind (they share the threads with the
+    // simulation's per-tile work), the run waits for them rather than queueing
+    // its captures, which at 27 So400m layers and batch 4 grew by 15 MB a second.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(CAPTURES_IN_FLIGHT);
     let hook = CaptureHook(Arc::new(move |k, bytes| {
         // A checker that stopped (on an error it reports) takes no more.
         let _ = tx.send((k, bytes));
@@ -204,6 +220,7 @@ fn simulate_with(
             // The options own the sender, so that it goes with them however the
             // run ends, and the forwarding thread with it.
             let opts = SimOptions {
+                cycle_budget: cycle_budget(c),
                 preload_bindings: false,
                 trace: true,
                 captures,
@@ -212,7 +229,6 @@ fn simulate_with(
                 on_superstep: Some(SuperstepHook(Arc::new(move |n| {
                     let _ = tx.send(n);
                 }))),
-                ..SimOptions::default()
             };
             sim.run(&opts)
         },

@@ -103,7 +103,7 @@ pub fn chrome_trace(
         .map_or(0, |t| t + 1);
     let group = tiles.div_ceil(TILE_TRACKS).max(1);
     name_process(&mut ev, TILES, "tiles");
-    let mut open: HashMap<(u32, u32), (u64, String)> = HashMap::new();
+    let mut open: HashMap<(u32, u32), (u64, std::sync::Arc<str>)> = HashMap::new();
     let mut phase: Option<u64> = None;
     let mut named = std::collections::BTreeSet::new();
     for e in trace {
@@ -258,9 +258,15 @@ mod tests {
             cycle,
             Some(tile),
             if start {
-                TraceKind::KernelStart { symbol, workers }
+                TraceKind::KernelStart {
+                    symbol: symbol.into(),
+                    workers,
+                }
             } else {
-                TraceKind::KernelEnd { symbol, workers }
+                TraceKind::KernelEnd {
+                    symbol: symbol.into(),
+                    workers,
+                }
             },
         )
     }

@@ -42,6 +42,8 @@ pub(crate) struct Tile {
     pub state: TileState,
     pub faults: Vec<Fault>,
     pub trace: Vec<TraceEvent>,
+    /// Each kernel entry's name in the trace, made once.
+    pub names: std::collections::HashMap<u32, std::sync::Arc<str>>,
     /// Workers were started since the last global sync (an exchange must not
     /// follow compute without a sync).
     pub computed_since_sync: bool,
@@ -378,12 +380,19 @@ impl Tile {
         if !tracing {
             return;
         }
-        let (symbol, offset) = symbolize(image, entry);
-        let name = match symbol {
-            Some(s) if offset == 0 => s,
-            Some(s) => format!("{s}+{offset:#x}"),
-            None => format!("{entry:#x}"),
-        };
+        let name = self
+            .names
+            .entry(entry)
+            .or_insert_with(|| {
+                let (symbol, offset) = symbolize(image, entry);
+                match symbol {
+                    Some(s) if offset == 0 => s,
+                    Some(s) => format!("{s}+{offset:#x}"),
+                    None => format!("{entry:#x}"),
+                }
+                .into()
+            })
+            .clone();
         let ctx = Some(Context::Supervisor);
         self.trace.push(TraceEvent {
             cycle: start,
