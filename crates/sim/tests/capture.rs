@@ -40,15 +40,18 @@ fn word(b: &Option<Vec<u8>>) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
-#[test]
-fn captures_see_memory_before_the_exchange_and_at_the_end() {
-    let mut sim = Simulator::new(&swap_package()).unwrap();
-    let at = |at, tile, addr, len| Capture {
+fn at(at: CapturePoint, tile: u32, addr: u32, len: u32) -> Capture {
+    Capture {
         at,
         tile,
         addr,
         len,
-    };
+    }
+}
+
+#[test]
+fn captures_see_memory_before_the_exchange_and_at_the_end() {
+    let mut sim = Simulator::new(&swap_package()).unwrap();
     let opts = SimOptions {
         captures: vec![
             at(CapturePoint::Exchange(7, 0), 0, R1, 4),
@@ -81,12 +84,6 @@ fn captures_see_memory_before_the_exchange_and_at_the_end() {
 #[test]
 fn a_capture_hook_takes_each_capture_as_it_is_copied_out() {
     let mut sim = Simulator::new(&swap_package()).unwrap();
-    let at = |at, tile, addr, len| Capture {
-        at,
-        tile,
-        addr,
-        len,
-    };
     let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = got.clone();
     let opts = SimOptions {

@@ -1347,10 +1347,14 @@ fn fit(
         // Nothing to shrink: the plan tried, which placement judges.
         return Ok((plan, first.clone()));
     };
-    let floor = floor?;
-    if !fits(&floor) {
-        return Ok((floor, last.clone()));
-    }
+    // A floor that cannot be lowered (an activation budget no mapping of some
+    // operation fits: the So400m layer at batch 4) says nothing of the options
+    // between, which are walked as before; its error stands only if the walk
+    // reaches it.
+    let floor = match floor {
+        Ok(f) if !fits(&f) => return Ok((f, last.clone())),
+        f => f,
+    };
     // Each option of the ladder follows from the one before alone, never from
     // its plan, so the next ones are lowered ahead, as many at once as there
     // are threads, and taken in order: the plan is the one a loop lowering one
@@ -1366,7 +1370,7 @@ fn fit(
             }
         }
     }
-    Ok((floor, last.clone()))
+    Ok((floor?, last.clone()))
 }
 
 /// The options the fit loop tries, in order, from `opts`. First the rounded
