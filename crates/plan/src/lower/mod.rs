@@ -1320,57 +1320,72 @@ fn fit(
     opts: &LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
     let limit = fit_limit_within(machine, opts.capacity);
-    let fits = |plan: &TilePlan| max_live_bytes(plan) <= limit;
-    let lower = |o: &LowerOptions| lower_shape(machine, graph, weights, o);
     let ladder = fit_ladder(opts);
-    let (first, rest) = ladder.split_first().expect("the ladder starts at `opts`");
-    // The first option and the floor (every lever at its least) at once: when
-    // the floor is over the limit too, it is the plan, and the options between
-    // are not lowered. Each lever is there to shrink what a tile holds, so an
-    // option between is not expected to fit where the floor does not (one that would
-    // is given up for the floor, which placement then judges, as it judges the
-    // last plan when nothing fits). At 27 So400m layers each
-    // lowering takes seconds, and a whole tower at batch 2 or 4 is over the
-    // limit at the floor (its weight store alone is half of every tile).
-    let (plan, floor) = match rest.split_last() {
-        Some((last, _)) => {
-            let (plan, floor) = rayon::join(|| lower(first), || lower(last));
-            (plan?, Some((floor, last)))
-        }
-        None => (lower(first)?, None),
+    let (plan, i) = walk_ladder(
+        ladder.len(),
+        rayon::current_num_threads().max(1),
+        |i| lower_shape(machine, graph, weights, &ladder[i]),
+        |plan| max_live_bytes(plan) <= limit,
+        |plan| resident_fits(machine, plan, opts.capacity),
+    )?;
+    Ok((plan, ladder[i].clone()))
+}
+
+/// Which of a ladder's `n` options the fit loop takes, lowering option `i`
+/// with `lower`: the first that `fits`, or the last tried. `first` checks the
+/// first plan (what lives for the whole program, which no option shrinks).
+///
+/// The first option and the floor (option `n - 1`, every lever at its least)
+/// are lowered at once: when the floor is over the limit too, it is the plan,
+/// and the options between are not lowered. Each lever is there to shrink what
+/// a tile holds, so an option between is not expected to fit where the floor
+/// does not (one that would is given up for the floor, which placement then
+/// judges, as it judges the last plan when nothing fits). At 27 So400m layers
+/// each lowering takes seconds, and a whole tower at batch 2 or 4 is over the
+/// limit at the floor (its weight store alone is half of every tile). A floor
+/// that cannot be lowered at all (an activation budget no mapping of some
+/// operation fits: the So400m layer at batch 4) says nothing of the options
+/// between, which are walked in order; its error stands only if the walk
+/// reaches it. The options between are lowered ahead, `threads` at once, and
+/// taken in order: each follows from the one before alone, never from its
+/// plan, so the result is the one a loop lowering one option at a time gives.
+fn walk_ladder<T: Send, E: Send>(
+    n: usize,
+    threads: usize,
+    lower: impl Fn(usize) -> Result<T, E> + Sync,
+    fits: impl Fn(&T) -> bool,
+    first: impl FnOnce(&T) -> Result<(), E>,
+) -> Result<(T, usize), E> {
+    let last = n.saturating_sub(1);
+    let (plan, floor) = if last > 0 {
+        let (plan, floor) = rayon::join(|| lower(0), || lower(last));
+        (plan?, Some(floor))
+    } else {
+        (lower(0)?, None)
     };
-    resident_fits(machine, &plan, opts.capacity)?;
+    first(&plan)?;
     if fits(&plan) {
-        return Ok((plan, first.clone()));
+        return Ok((plan, 0));
     }
-    let Some((floor, last)) = floor else {
+    let Some(floor) = floor else {
         // Nothing to shrink: the plan tried, which placement judges.
-        return Ok((plan, first.clone()));
+        return Ok((plan, 0));
     };
-    // A floor that cannot be lowered (an activation budget no mapping of some
-    // operation fits: the So400m layer at batch 4) says nothing of the options
-    // between, which are walked as before; its error stands only if the walk
-    // reaches it.
     let floor = match floor {
-        Ok(f) if !fits(&f) => return Ok((f, last.clone())),
+        Ok(f) if !fits(&f) => return Ok((f, last)),
         f => f,
     };
-    // Each option of the ladder follows from the one before alone, never from
-    // its plan, so the next ones are lowered ahead, as many at once as there
-    // are threads, and taken in order: the plan is the one a loop lowering one
-    // option at a time would give.
-    let between = &rest[..rest.len() - 1];
-    let threads = rayon::current_num_threads().max(1);
-    for batch in between.chunks(threads) {
-        let plans: Vec<Result<TilePlan, PlanError>> = batch.par_iter().map(lower).collect();
-        for (o, plan) in batch.iter().zip(plans) {
+    let between: Vec<usize> = (1..last).collect();
+    for batch in between.chunks(threads.max(1)) {
+        let plans: Vec<Result<T, E>> = batch.par_iter().map(|&i| lower(i)).collect();
+        for (&i, plan) in batch.iter().zip(plans) {
             let plan = plan?;
             if fits(&plan) {
-                return Ok((plan, o.clone()));
+                return Ok((plan, i));
             }
         }
     }
-    Ok((floor?, last.clone()))
+    Ok((floor?, last))
 }
 
 /// The options the fit loop tries, in order, from `opts`. First the rounded
@@ -2024,6 +2039,71 @@ fn lower_with(
         );
     }
     Ok(plan)
+}
+
+#[cfg(test)]
+mod ladder_tests {
+    use super::walk_ladder;
+    use std::sync::Mutex;
+
+    /// Walks a ladder of `n` options whose plans are their bytes (`Err` where
+    /// an option cannot be lowered), fitting at or below `limit`; returns the
+    /// option taken (or the error) and the options lowered.
+    fn walk(
+        plans: &[Result<u32, &'static str>],
+        limit: u32,
+    ) -> (Result<usize, &'static str>, Vec<usize>) {
+        let lowered = Mutex::new(Vec::new());
+        let r = walk_ladder(
+            plans.len(),
+            2,
+            |i| {
+                lowered.lock().unwrap().push(i);
+                plans[i]
+            },
+            |&b| b <= limit,
+            |_| Ok(()),
+        );
+        let mut l = lowered.into_inner().unwrap();
+        l.sort_unstable();
+        (r.map(|(_, i)| i), l)
+    }
+
+    #[test]
+    fn the_ladder_takes_the_first_option_that_fits() {
+        // The first fits: the floor was lowered beside it, nothing else.
+        assert_eq!(walk(&[Ok(5), Ok(9), Ok(3)], 5), (Ok(0), vec![0, 2]));
+        // The floor fits: the first between that fits.
+        assert_eq!(
+            walk(&[Ok(9), Ok(8), Ok(5), Ok(4), Ok(3)], 5),
+            (Ok(2), vec![0, 1, 2, 4])
+        );
+        // None between fits: the floor.
+        assert_eq!(
+            walk(&[Ok(9), Ok(8), Ok(7), Ok(3)], 5),
+            (Ok(3), vec![0, 1, 2, 3])
+        );
+    }
+
+    #[test]
+    fn a_floor_over_the_limit_is_taken_without_the_options_between() {
+        assert_eq!(walk(&[Ok(9), Ok(5), Ok(8), Ok(7)], 5), (Ok(3), vec![0, 3]));
+    }
+
+    #[test]
+    fn a_floor_that_cannot_be_lowered_leaves_the_walk_to_the_options_between() {
+        assert_eq!(
+            walk(&[Ok(9), Ok(8), Ok(4), Err("floor")], 5),
+            (Ok(2), vec![0, 1, 2, 3])
+        );
+        // Reached, its error stands.
+        assert_eq!(
+            walk(&[Ok(9), Ok(8), Err("floor")], 5),
+            (Err("floor"), vec![0, 1, 2])
+        );
+        // The first option's error stands at once.
+        assert_eq!(walk(&[Err("first"), Ok(3)], 5).0, Err("first"));
+    }
 }
 
 #[cfg(test)]
