@@ -459,12 +459,14 @@ pub struct Compiled {
 /// (`Compiled::layer_weights_pending`): the plan is lowered again with every
 /// layer's weights, and the package's weight bindings take its images. The
 /// placement, code and host plan depend on the bindings' sizes and slices only,
-/// and those are checked to be the same.
+/// and those are checked to be the same. `on_layer` is told of each layer
+/// whose weights are made (from the threads making them), for progress.
 pub fn complete_layer_weights(
     machine: &Machine,
     graph: &Graph,
     weights: &TensorMap,
     c: &mut Compiled,
+    on_layer: &(dyn Fn() + Sync),
 ) -> Result<(), CompileError> {
     let Some(o) = c.layer_weights_pending.take() else {
         return Ok(());
@@ -483,7 +485,9 @@ pub fn complete_layer_weights(
     use rayon::prelude::*;
     let fulls = ranges
         .par_iter()
-        .map(|r| tessera_plan::lower_layer_weights(machine, graph, weights, &o, r.clone()))
+        .map(|r| {
+            tessera_plan::lower_layer_weights(machine, graph, weights, &o, r.clone(), on_layer)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let prefix = fulls
         .first()

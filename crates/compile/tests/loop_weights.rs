@@ -38,7 +38,13 @@ fn completing_a_shape_only_compile_gives_the_whole_lowerings_package() {
             "the shape's package holds the first layer's weights for every layer"
         );
         c.layer_weights_pending = Some(o);
-        complete_layer_weights(&machine, &graph, &weights, &mut c).unwrap();
+        let layers = std::sync::atomic::AtomicU32::new(0);
+        let count = || {
+            layers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        };
+        complete_layer_weights(&machine, &graph, &weights, &mut c, &count).unwrap();
+        // Each later layer's weights made once, whatever the threads.
+        assert_eq!(layers.into_inner(), 2);
         assert!(c.layer_weights_pending.is_none());
         assert_eq!(
             write_package(&c.package),

@@ -130,9 +130,21 @@ pub fn compile(
     // Finalists are built for their shape; the selected one gets every layer's
     // weights.
     if c.layer_weights_pending.is_some() {
-        progress.start(Step::LayerWeights, None);
-        let r =
-            tessera_compile::complete_layer_weights(machine, &model.graph, &model.weights, &mut c);
+        // The later layers, told one by one as the threads make them.
+        let later = c.report.loop_count.unwrap_or(1).saturating_sub(1);
+        progress.start(Step::LayerWeights, Some(u64::from(later)));
+        let made = std::sync::atomic::AtomicU64::new(0);
+        let on_layer = || {
+            let n = made.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            progress.advance(n, Some(u64::from(later)));
+        };
+        let r = tessera_compile::complete_layer_weights(
+            machine,
+            &model.graph,
+            &model.weights,
+            &mut c,
+            &on_layer,
+        );
         progress.finish();
         r?;
     }

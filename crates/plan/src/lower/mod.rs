@@ -1721,7 +1721,7 @@ pub fn lower_exact(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
-    lower_with(machine, graph, weights, opts, 1..u32::MAX)
+    lower_with(machine, graph, weights, opts, 1..u32::MAX, &|| {})
 }
 
 /// [`lower_exact`] with only a layer loop's layers `layers` replayed for their
@@ -1729,14 +1729,16 @@ pub fn lower_exact(
 /// plan says so, `TilePlan::layer_weights_pending`). The replays are
 /// independent of each other, so the later layers' weights can be made by
 /// several such lowerings at once, each taking its layers' bindings.
+/// `on_layer` is told of each layer replayed, for a caller showing progress.
 pub fn lower_layer_weights(
     machine: &Machine,
     graph: &Graph,
     weights: &TensorMap,
     opts: &LowerOptions,
     layers: std::ops::Range<u32>,
+    on_layer: &dyn Fn(),
 ) -> Result<TilePlan, PlanError> {
-    lower_with(machine, graph, weights, opts, layers)
+    lower_with(machine, graph, weights, opts, layers, on_layer)
 }
 
 /// A lowering for its shape only: a layer loop's later layers are not replayed
@@ -1750,7 +1752,7 @@ pub fn lower_shape(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
-    lower_with(machine, graph, weights, opts, 0..0)
+    lower_with(machine, graph, weights, opts, 0..0, &|| {})
 }
 
 /// Lowers operation `i` by its rule and records the plan's op for it.
@@ -1845,7 +1847,8 @@ impl LoopState {
     /// After operation `i`: at a layer's last, the body ends with its carry (the
     /// output copied into the buffers its input came in), or the replay is
     /// checked and taken back; either way the layer's output is then where its
-    /// input was, which is what the next layer (or what follows) reads.
+    /// input was, which is what the next layer (or what follows) reads. Says
+    /// whether a replay ended.
     fn after(
         &mut self,
         w: &mut Walker<'_>,
@@ -1853,9 +1856,9 @@ impl LoopState {
         ls: &layers::Layers,
         i: usize,
         waiting: &[usize],
-    ) -> Result<(), PlanError> {
+    ) -> Result<bool, PlanError> {
         let Some(l) = ls.runs.iter().position(|r| r.end == i + 1) else {
-            return Ok(());
+            return Ok(false);
         };
         if !waiting.is_empty() {
             return Err(unsupported(format!(
@@ -1863,6 +1866,7 @@ impl LoopState {
             )));
         }
         let x = w.val(ls.input)?.clone();
+        let mut replayed = false;
         if l == 0 {
             let first = self.first.expect("the body began");
             self.steps = lw.plan.steps[first as usize..].to_vec();
@@ -1895,6 +1899,7 @@ impl LoopState {
             });
         } else if let Some(snap) = self.replay.take() {
             lw.end_replay(snap, &self.steps).map_err(unsupported)?;
+            replayed = true;
         } else {
             self.skipping = None;
             lw.plan.layer_weights_pending = true;
@@ -1903,7 +1908,7 @@ impl LoopState {
             return Err(unsupported(e));
         }
         w.vals.insert(ls.outputs[l], x);
-        Ok(())
+        Ok(replayed)
     }
 }
 
@@ -1913,6 +1918,7 @@ fn lower_with(
     weights: &TensorMap,
     opts: &LowerOptions,
     replays: std::ops::Range<u32>,
+    on_replayed: &dyn Fn(),
 ) -> Result<TilePlan, PlanError> {
     // The loop (and the staging it needs) only where the graph has identical
     // layers: a one-layer model lowers as it always did.
@@ -1997,8 +2003,10 @@ fn lower_with(
                 }
             }
         }
-        if let Some(ls) = &layers {
-            body.after(&mut w, &mut lw, ls, i, &waiting)?;
+        if let Some(ls) = &layers
+            && body.after(&mut w, &mut lw, ls, i, &waiting)?
+        {
+            on_replayed();
         }
     }
     // What still waits has an operand nothing lowers: its rule says why.
