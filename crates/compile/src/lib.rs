@@ -489,15 +489,8 @@ pub fn complete_layer_weights(
             tessera_plan::lower_layer_weights(machine, graph, weights, &o, r.clone(), on_layer)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let prefix = fulls
-        .first()
-        .and_then(|f| f.layer_loop.as_ref())
-        .map_or(String::new(), |lp| lp.prefix.clone());
-    // `layers.<i>.x` is layer i's.
-    let layer_of = |name: &str| -> Option<u32> {
-        let rest = name.strip_prefix(&prefix).filter(|_| !prefix.is_empty())?;
-        rest.split_once('.')?.0.parse().ok()
-    };
+    let lp = fulls.first().and_then(|f| f.layer_loop.clone());
+    let layer_of = |name: &str| lp.as_ref().and_then(|lp| lp.layer_of(name));
     // The products rounded to FP8 in the whole lowering's order: what comes
     // before the layers, the layers in order, what comes after.
     // (before, in or after the layers; layer; rank in its lowering), product.

@@ -13,7 +13,7 @@ use tessera_sim::{
 };
 
 use crate::progress::forwarded;
-use crate::validate::{Captured, Perturbed, Requests, Streamed, requests, stream_checks};
+use crate::validate::{Captured, Perturbed, Requests, Streamed, requests, stream};
 use crate::{Error, Model, Progress, Step};
 
 /// What to record besides the run.
@@ -132,10 +132,9 @@ pub fn simulate(
     };
     // The checks run beside the simulation, each capture checked and dropped as
     // the run copies it out: a whole So400m tower's captures at batch 4 do not
-    // fit in memory together.
-    // Bounded: where the checks fall behind (they share the threads with the
-    // simulation's per-tile work), the run waits for them rather than queueing
-    // its captures, which at 27 So400m layers and batch 4 grew by 15 MB a second.
+    // fit in memory together. The channel is bounded: where the checks fall
+    // behind (they share the threads with the simulation's per-tile work), the
+    // run waits for them rather than queueing its captures.
     let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(CAPTURES_IN_FLIGHT);
     let hook = CaptureHook(Arc::new(move |k, bytes| {
         // A checker that stopped (on an error it reports) takes no more.
@@ -144,7 +143,8 @@ pub fn simulate(
     let (run, streamed) = std::thread::scope(|s| {
         let checker = s.spawn(|| {
             let mut captured = Captured::new(rx);
-            stream_checks(model, compiled, &req, &mut captured)
+            let probes = Some((&req, &mut captured));
+            stream(&model.graph, compiled, model, probes, &|_| {})
         });
         // The hook, and with it the sender, goes with the run's options, so the
         // checker learns the run has ended however it ends.

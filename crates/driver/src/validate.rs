@@ -314,18 +314,6 @@ impl Captured {
     }
 }
 
-/// The per-operation checks of a run with probes, fed its captures as the
-/// simulator copies them out: what [`crate::simulate`] runs beside the
-/// simulation.
-pub(crate) fn stream_checks(
-    model: &Model,
-    c: &Compiled,
-    req: &Requests,
-    captured: &mut Captured,
-) -> Result<Streamed, Error> {
-    stream(&model.graph, c, model, Some((req, captured)), &|_| {})
-}
-
 /// Evaluates the f16-storage reference of the whole model and, with probes,
 /// the same reference fed the program's own values, in lockstep, checking each
 /// readable result as its tensor is computed: its own error (against the
@@ -333,8 +321,10 @@ pub(crate) fn stream_checks(
 /// (against the whole model's). Nothing is kept past its last reader but one
 /// attention's scores and values until its product is checked, so the memory
 /// is one layer's, whatever the depth; keeping every result, as the checks
-/// once did, needed 0.55 GB a So400m layer at batch 2.
-fn stream(
+/// once did, needed 0.55 GB a So400m layer at batch 2. With probes, what
+/// [`crate::simulate`] runs beside the simulation, fed the captures as the
+/// simulator copies them out.
+pub(crate) fn stream(
     g: &Graph,
     c: &Compiled,
     model: &Model,

@@ -290,6 +290,13 @@ impl LayerLoop {
         }
     }
 
+    /// The iteration a body operation named `name` belongs to (`rename`'s
+    /// inverse), `None` for a name outside the loop.
+    pub fn layer_of(&self, name: &str) -> Option<u32> {
+        let rest = name.strip_prefix(&self.prefix)?;
+        rest.split_once('.')?.0.parse().ok()
+    }
+
     pub fn contains(&self, step: Step) -> bool {
         (self.first..=self.last).contains(&step)
     }

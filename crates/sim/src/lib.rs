@@ -102,7 +102,8 @@ pub struct SimOptions {
 }
 
 /// Takes a capture's index in [`SimOptions::captures`] and its bytes. It runs
-/// on the simulator's thread between supersteps, so it should be quick.
+/// on the simulator's thread between supersteps: the run waits while it does,
+/// which a consumer that falls behind may use to hold the run back.
 #[derive(Clone)]
 pub struct CaptureHook(pub std::sync::Arc<dyn Fn(usize, Vec<u8>) + Send + Sync>);
 
@@ -182,9 +183,9 @@ pub enum TraceKind {
     },
     /// `run`/`runall` started `workers` (a bit mask) at `symbol`.
     KernelStart {
-        /// Shared by every event of the tile at the same entry: a whole
-        /// So400m tower at batch 4 traces some 57 million kernel events, and a
-        /// string each was half of the trace's memory.
+        /// Shared by every event of the tile at the same entry, not a string
+        /// an event: a So400m tower at batch 4 traces some 2.1 million kernel
+        /// events a layer.
         symbol: std::sync::Arc<str>,
         workers: u8,
     },

@@ -1721,7 +1721,7 @@ pub fn lower_exact(
     weights: &TensorMap,
     opts: &LowerOptions,
 ) -> Result<TilePlan, PlanError> {
-    lower_with(machine, graph, weights, opts, 1..u32::MAX, &|| {})
+    lower_layer_weights(machine, graph, weights, opts, 1..u32::MAX, &|| {})
 }
 
 /// [`lower_exact`] with only a layer loop's layers `layers` replayed for their
