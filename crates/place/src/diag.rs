@@ -191,7 +191,9 @@ fn missing_capacity(
             extra,
         };
         match Instance::from_tile(m, t, limit) {
-            Ok(inst) => run_ladder(&inst, opts.modes, budget).bases.is_some(),
+            Ok(inst) => run_ladder(&inst, opts.modes, budget, crate::search::Race::Threads)
+                .bases
+                .is_some(),
             Err(_) => false,
         }
     };

@@ -126,7 +126,7 @@ pub(crate) fn ladder(
             run.verdict = Some(SearchVerdict::InfeasibleLiveBytes);
             return run;
         }
-        crate::run_search(&mut run, inst, budget);
+        crate::run_search(&mut run, inst, budget, search::Race::Threads);
     }
     run
 }
@@ -202,7 +202,7 @@ pub(crate) fn minimize(
             if let Some(z) = capped.zones.last_mut() {
                 z.end = target;
             }
-            match search::search(&capped, opts.node_budget / 8) {
+            match search::search(&capped, opts.node_budget / 8, search::Race::Threads) {
                 search::SearchResult::Found { bases: b, nodes } => {
                     out.search_nodes += nodes;
                     let p = peak_of(inst, &b);

@@ -162,7 +162,12 @@ pub(crate) struct LadderRun {
     pub nodes: u64,
 }
 
-pub(crate) fn run_ladder(inst: &Instance, modes: ModeSelect, budget: u64) -> LadderRun {
+pub(crate) fn run_ladder(
+    inst: &Instance,
+    modes: ModeSelect,
+    budget: u64,
+    race: search::Race,
+) -> LadderRun {
     let mut run = LadderRun {
         bases: None,
         mode: None,
@@ -198,14 +203,14 @@ pub(crate) fn run_ladder(inst: &Instance, modes: ModeSelect, budget: u64) -> Lad
             run.verdict = Some(SearchVerdict::InfeasibleLiveBytes);
             return run;
         }
-        run_search(&mut run, inst, budget);
+        run_search(&mut run, inst, budget, race);
     }
     run
 }
 
 /// Runs the bounded search and records its outcome in `run`.
-pub(crate) fn run_search(run: &mut LadderRun, inst: &Instance, budget: u64) {
-    match search::search(inst, budget) {
+pub(crate) fn run_search(run: &mut LadderRun, inst: &Instance, budget: u64, race: search::Race) {
+    match search::search(inst, budget, race) {
         search::SearchResult::Found { bases, nodes } => {
             run.bases = Some(bases);
             run.mode = Some(Mode::Search);
@@ -235,13 +240,22 @@ pub(crate) fn peak_of(inst: &Instance, bases: &[u64]) -> u64 {
 
 /// Places one tile. Every placement returned has passed [`check_placement`].
 pub fn place_tile(m: &Machine, t: &TileProblem, opts: &Options) -> Result<TileOutcome, PlaceError> {
+    place_tile_in(m, t, opts, search::Race::Threads)
+}
+
+fn place_tile_in(
+    m: &Machine,
+    t: &TileProblem,
+    opts: &Options,
+    race: search::Race,
+) -> Result<TileOutcome, PlaceError> {
     let start = Instant::now();
     let limit = SpaceLimit {
         capacity: opts.capacity,
         extra: 0,
     };
     let inst = Instance::from_tile(m, t, limit)?;
-    let run = run_ladder(&inst, opts.modes, opts.node_budget);
+    let run = run_ladder(&inst, opts.modes, opts.node_budget, race);
     let (lower_bound, _) = inst.live_peak();
     let mut out = TileOutcome {
         tile: t.tile,
@@ -329,7 +343,8 @@ pub fn place_tiles(
         {
             return Ok(not_attempted(t, opts));
         }
-        let r = place_tile(m, t, opts);
+        // The tiles keep every core busy: a tile's search orders take turns.
+        let r = place_tile_in(m, t, opts, search::Race::InTurn);
         if matches!(&r, Ok(o) if !o.fits) {
             refused.fetch_add(1, Ordering::Relaxed);
         }

@@ -659,3 +659,34 @@ fn placement_stops_after_enough_refused_tiles() {
             .all(|o| o.as_ref().unwrap().fits)
     );
 }
+
+/// `place_tiles` runs a tile's search orders in turn, `place_tile` races them on
+/// threads: the winner is the order that succeeds after the fewest placements
+/// either way, so every tile gets the same placement (or the same refusal). At
+/// this capacity the second order wins on some tiles (tile 173 among them): in
+/// turn with the first order alone, the test fails.
+#[test]
+fn search_orders_in_turn_place_as_the_race_does() {
+    const CAP: u64 = 48 * 1024;
+    let m = Machine::c600();
+    let tiles: Vec<TileProblem> = (0..200u64)
+        .map(|seed| random_tile(&mut ChaCha8Rng::seed_from_u64(seed), seed as u32))
+        .collect();
+    let opts = Options {
+        modes: ModeSelect::Only(Mode::Search),
+        capacity: Some(CAP),
+        diagnose: false,
+        node_budget: 20_000,
+        ..Options::default()
+    };
+    let in_turn = place_tiles(&m, &tiles, &opts);
+    let mut found = 0;
+    for (t, turn) in tiles.iter().zip(in_turn) {
+        let raced = place_tile(&m, t, &opts).unwrap();
+        let turn = turn.unwrap();
+        assert_eq!(turn.fits, raced.fits, "tile {}", t.tile);
+        assert_eq!(turn.placement, raced.placement, "tile {}", t.tile);
+        found += usize::from(turn.fits);
+    }
+    assert!(found >= 10, "{found}");
+}

@@ -551,6 +551,7 @@ pub struct UlpStats {
 /// The spacing of f16 values at `|x|`: `2^(e-10)` in the binade `[2^e, 2^(e+1))`,
 /// the subnormal spacing `2^-24` below the normal range, and the top binade's spacing
 /// at and beyond the largest finite f16 (so values past it measure as finite).
+#[inline]
 pub fn f16_ulp(x: f32) -> f32 {
     let max_binade = f32::from_bits(f16::MAX.to_f32().to_bits() & 0x7f80_0000);
     // Clearing the mantissa leaves the power of two at the bottom of x's binade.

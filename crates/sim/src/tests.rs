@@ -1354,7 +1354,7 @@ fn parallel_concatenation_is_the_concatenation() {
 #[test]
 fn f8v4tof16_decodes_every_code_as_the_machine_does() {
     use tessera_machine::fp8;
-    for scale in [0i8, 1, -1, 5, -9, 17, -24, 31, -31] {
+    for scale in [0i8, 1, -1, 5, -9, 17, -24, 31, -31, 127, -128] {
         for group in 0..64u8 {
             let codes = [4 * group, 4 * group + 1, 4 * group + 2, 4 * group + 3];
             let r = exec_with::<false>(
