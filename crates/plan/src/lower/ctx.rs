@@ -10,7 +10,7 @@ use tessera_machine::Machine;
 use crate::dist::{DistTensor, Part};
 use crate::ir::*;
 use crate::lower::LowerOptions;
-use tessera_kernels::MemClass;
+use tessera_kernels::{Contract, MemClass};
 
 /// A weight binding under construction: distinct tile images, concatenated.
 #[derive(Default)]
@@ -50,7 +50,15 @@ pub(crate) struct Lowering<'a> {
     layer_images: BTreeMap<(u32, String), LayerImage>,
     /// The first way a replay differed from the body.
     pub replay_error: Option<String>,
+    /// The contracts of the kernels called last, most recent first: a kernel's
+    /// contract counts its code bytes by emitting it, and a rule calls the
+    /// same kernel on tile after tile (a fifth of a 27-layer compile's replays
+    /// went to emitting them again).
+    contracts: Vec<(KernelKind, std::sync::Arc<Contract>)>,
 }
+
+/// Kernels whose contracts [`Lowering::contract`] keeps.
+const CONTRACTS_KEPT: usize = 8;
 
 /// The layer loop's body under construction.
 #[derive(Default)]
@@ -191,7 +199,24 @@ impl<'a> Lowering<'a> {
             replay: None,
             layer_images: BTreeMap::new(),
             replay_error: None,
+            contracts: Vec::new(),
         }
+    }
+
+    /// `kernel`'s contract, made once while the kernel is among the last few
+    /// called.
+    fn contract(&mut self, kernel: &KernelKind) -> std::sync::Arc<Contract> {
+        let hit = self.contracts.iter().position(|(k, _)| k == kernel);
+        let entry = match hit {
+            Some(i) => self.contracts.remove(i),
+            None => {
+                self.contracts.truncate(CONTRACTS_KEPT - 1);
+                (kernel.clone(), std::sync::Arc::new(kernel.contract()))
+            }
+        };
+        let contract = std::sync::Arc::clone(&entry.1);
+        self.contracts.insert(0, entry);
+        contract
     }
 
     /// `name` as the body's operation it stands for: during layer `l`'s replay,
@@ -552,7 +577,7 @@ impl<'a> Lowering<'a> {
         ops: &[(&str, Loc)],
     ) {
         let kernel: KernelKind = kernel.into();
-        let contract = kernel.contract();
+        let contract = self.contract(&kernel);
         let state_op = contract.operands.iter().find(|o| o.name == "state");
         let state_bytes = state_op.map_or(64, |o| o.bytes);
         let state = self.plan.add_buffer(
