@@ -670,7 +670,7 @@ pub(crate) enum Race {
 }
 
 /// One order's outcome: how it ended, its placements, its bases.
-type Found = (Status, u64, Vec<u64>);
+type OrderRun = (Status, u64, Vec<u64>);
 
 /// Runs `f` on a thread of its own with a deep stack: the search recurses once a
 /// placed unit, deep on large problems.
@@ -684,7 +684,7 @@ fn deep<'scope, T: Send + 'scope>(
 }
 
 /// A thread's outcomes; one that panicked or could not start gave up.
-fn joined(h: std::io::Result<std::thread::ScopedJoinHandle<'_, Vec<Found>>>) -> Vec<Found> {
+fn joined(h: std::io::Result<std::thread::ScopedJoinHandle<'_, Vec<OrderRun>>>) -> Vec<OrderRun> {
     h.ok()
         .and_then(|j| j.join().ok())
         .unwrap_or_else(|| vec![(Status::Abort, 0, Vec::new())])
@@ -694,7 +694,7 @@ fn joined(h: std::io::Result<std::thread::ScopedJoinHandle<'_, Vec<Found>>>) -> 
 pub(crate) fn search(inst: &Instance, budget: u64, race: Race) -> SearchResult {
     let prep = prepare(inst);
     let best = AtomicU64::new(u64::MAX);
-    let run = |h: usize| -> Found {
+    let run = |h: usize| -> OrderRun {
         let mut s = Solver::new(inst, &prep, ORDERS[h], h as u64, budget, &best);
         let st = s.solve();
         if st == Status::Found {
@@ -702,7 +702,7 @@ pub(crate) fn search(inst: &Instance, budget: u64, race: Race) -> SearchResult {
         }
         (st, s.places, s.base)
     };
-    let results: Vec<Found> = std::thread::scope(|scope| match race {
+    let results: Vec<OrderRun> = std::thread::scope(|scope| match race {
         Race::Threads => {
             let handles: Vec<_> = (0..ORDERS.len())
                 .map(|h| deep(scope, move || vec![run(h)]))

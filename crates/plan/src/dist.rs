@@ -122,15 +122,18 @@ pub fn redistribute(src: &DistTensor, dst: &DistTensor) -> Result<Vec<Copy>, Dis
         for row in d.rows.clone() {
             let segs = &cover[row as usize];
             let mut col = d.cols.start;
+            // The segment holding `col`: the last one starting at or before it;
+            // the segments are disjoint and sorted, so the one after it holds
+            // the column where it ends, or nothing does.
+            let mut k = segs.partition_point(|s| s.0 <= col).checked_sub(1);
             while col < d.cols.end {
-                // The segment holding `col`: the last one starting at or before it.
-                let k = segs.partition_point(|s| s.0 <= col);
-                let Some(&(_, seg_end, part)) = k.checked_sub(1).map(|k| &segs[k]) else {
+                let Some(&(seg_start, seg_end, part)) = k.and_then(|k| segs.get(k)) else {
                     return Err(DistError::Uncovered { row, col });
                 };
-                if seg_end <= col {
+                if seg_start > col || seg_end <= col {
                     return Err(DistError::Uncovered { row, col });
                 }
+                k = k.map(|k| k + 1);
                 let s = &src.parts[part];
                 let end = seg_end.min(d.cols.end);
                 let src_off = ((row - s.rows.start) * s.width() + (col - s.cols.start)) * eb;
@@ -198,7 +201,8 @@ fn coalesce(
     let mut dsts: Vec<(usize, Loc)> = Vec::new();
     let mut rest = sends;
     for (k, &(buf, offset, bytes)) in pieces.iter().enumerate() {
-        let n = rest.partition_point(|s| s.0 as usize == k);
+        // Usually one send a piece: counted from the front, not searched for.
+        let n = rest.iter().take_while(|s| s.0 as usize == k).count();
         let (mine, after) = rest.split_at(n);
         rest = after;
         let from = Loc { buf, offset };
