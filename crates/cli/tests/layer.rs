@@ -268,7 +268,7 @@ fn no_finalist_fits_exits_1_with_the_out_of_memory_report() {
         "image_size = 112\nchannels = 3\npatch = 14\nwidth = 128\nheads = 2\nmlp_hidden = 512\nlayers = 1\neps = 1e-6\n",
     )
     .unwrap();
-    let (code, text) = tessera(&[
+    let args = [
         "compile",
         "--config",
         c.to_str().unwrap(),
@@ -278,11 +278,32 @@ fn no_finalist_fits_exits_1_with_the_out_of_memory_report() {
         "3",
         "-o",
         o.to_str().unwrap(),
-    ]);
+    ];
+    let (code, text) = tessera(&args);
+    // With `--json` the same refusal is a JSON report on stdout: what is
+    // missing in all and tile by tile, and the message.
+    let json = common::tessera(&[&args[..], &["--json"]].concat());
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("tile(s) do not fit"), "{text}");
     assert!(text.contains("first request refused"), "{text}");
+    assert_eq!(json.code, 1, "{}", json.text());
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).expect("a JSON report");
+    assert_eq!(v["status"], "does_not_fit", "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("tile(s) do not fit"),
+        "{v}"
+    );
+    let tiles = v["tiles"].as_array().expect("tiles");
+    assert!(!tiles.is_empty(), "{v}");
+    // The total is every tile's live bytes over its capacity.
+    let over: Vec<u64> = tiles
+        .iter()
+        .map(|t| t["live_bound_missing"].as_u64().unwrap())
+        .filter(|&b| b > 0)
+        .collect();
+    assert_eq!(v["bytes_over"].as_u64(), Some(over.iter().sum()), "{v}");
+    assert_eq!(v["tiles_over"].as_u64(), Some(over.len() as u64), "{v}");
 }
 
 /// `bench select` simulates every feasible finalist and reports the estimate's

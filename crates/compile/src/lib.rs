@@ -130,10 +130,29 @@ fn does_not_fit(d: &[Diagnosis]) -> String {
         );
     }
     out += ":";
+    let (total, over) = missing_in_all(d);
+    if over > 0 {
+        out += &format!(
+            "\n  in all: {over} tile(s) hold more live bytes than their capacity, {total} bytes over in total (no placement needs less; each tile tried says below what it misses)"
+        );
+    }
     for d in tried {
         out += &format!("\n  {}", shortfall(d));
     }
     out
+}
+
+/// What a chip that does not fit misses at least, and on how many tiles: the
+/// sum of every tile's live bytes over its capacity (the tiles placement did
+/// not try included), a bound no placement beats, where a tile tried also has
+/// the capacity its engine would need, fragmentation included.
+pub fn missing_in_all(d: &[Diagnosis]) -> (u64, usize) {
+    let over: Vec<u64> = d
+        .iter()
+        .map(|d| d.live_bound_missing)
+        .filter(|&b| b > 0)
+        .collect();
+    (over.iter().sum(), over.len())
 }
 
 /// One line per tile: the bytes missing for the whole tile (the host descriptor

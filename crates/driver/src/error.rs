@@ -83,12 +83,40 @@ impl Error {
     /// A compile that did not fit (no finalist did, with the search): a result of
     /// the model and machine rather than a failure of the tool.
     pub fn does_not_fit(&self) -> bool {
-        matches!(
-            self,
-            Error::Compile(
-                CompileError::DoesNotFit(_)
-                    | CompileError::Plan(tessera_plan::PlanError::Resident { .. })
-            )
-        )
+        self.shortfall().is_some()
     }
+
+    /// What a compile that did not fit misses: the tiles over their capacity by
+    /// their live bytes alone, those bytes in all, and each tile's diagnosis
+    /// (none where the plan was refused before placement).
+    pub fn shortfall(&self) -> Option<Shortfall<'_>> {
+        match self {
+            Error::Compile(CompileError::DoesNotFit(d)) => {
+                let (bytes_over, tiles_over) = tessera_compile::missing_in_all(d);
+                Some(Shortfall {
+                    tiles_over,
+                    bytes_over,
+                    tiles: d,
+                })
+            }
+            Error::Compile(CompileError::Plan(tessera_plan::PlanError::Resident {
+                total_missing,
+                tiles,
+                ..
+            })) => Some(Shortfall {
+                tiles_over: *tiles as usize,
+                bytes_over: *total_missing,
+                tiles: &[],
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// See [`Error::shortfall`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Shortfall<'a> {
+    pub tiles_over: usize,
+    pub bytes_over: u64,
+    pub tiles: &'a [tessera_place::Diagnosis],
 }

@@ -296,21 +296,33 @@ fn place_tile_in(
 }
 
 /// The outcome of a tile [`place_tiles`] did not start (see
-/// [`Options::stop_after_refusals`]).
-fn not_attempted(t: &TileProblem, opts: &Options) -> TileOutcome {
+/// [`Options::stop_after_refusals`]), with its live-bytes bound: no placement,
+/// but what the tile holds at its busiest step against its capacity, which
+/// costs next to nothing and lets a report total what the chip misses.
+fn not_attempted(m: &Machine, t: &TileProblem, opts: &Options) -> TileOutcome {
     let after = opts.stop_after_refusals.unwrap_or(0);
+    let mut d = diag::not_attempted(t.tile, after);
+    let limit = SpaceLimit {
+        capacity: opts.capacity,
+        extra: 0,
+    };
+    if let Ok(inst) = Instance::from_tile(m, t, limit) {
+        (d.worst_live, d.worst_step) = inst.live_peak();
+        d.capacity = inst.usable_bytes();
+        d.live_bound_missing = d.worst_live.saturating_sub(d.capacity);
+    }
     TileOutcome {
         tile: t.tile,
         fits: false,
         peak: None,
-        lower_bound: 0,
-        capacity: 0,
+        lower_bound: d.worst_live,
+        capacity: d.capacity,
         mode_used: None,
         search: None,
         search_nodes: 0,
         time_ms: 0.0,
         placement: None,
-        diagnosis: Some(diag::not_attempted(t.tile, after)),
+        diagnosis: Some(d),
     }
 }
 
@@ -341,7 +353,7 @@ pub fn place_tiles(
             .stop_after_refusals
             .is_some_and(|n| refused.load(Ordering::Relaxed) >= n)
         {
-            return Ok(not_attempted(t, opts));
+            return Ok(not_attempted(m, t, opts));
         }
         // The tiles keep every core busy: a tile's search orders take turns.
         let r = place_tile_in(m, t, opts, search::Race::InTurn);

@@ -72,7 +72,19 @@ pub fn compile_or_report(
     match tessera_driver::compile(&p.machine, &p.model, &p.options, &Bars::new(a.json)) {
         Ok(c) => Ok(Ok((c, start.elapsed().as_secs_f64() * 1e3))),
         Err(e) if e.does_not_fit() => {
-            eprintln!("error: {:#}", anyhow::Error::new(e));
+            // The figures a script wants: what is missing, in all and tile by
+            // tile, beside the message the text report prints.
+            let shortfall = a
+                .json
+                .then(|| serde_json::to_value(e.shortfall()))
+                .transpose()?;
+            let message = format!("{:#}", anyhow::Error::new(e));
+            if let Some(mut report) = shortfall {
+                report["status"] = "does_not_fit".into();
+                report["error"] = message.clone().into();
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            }
+            eprintln!("error: {message}");
             Ok(Err(Outcome::Failed))
         }
         Err(e) => Err(e.into()),
