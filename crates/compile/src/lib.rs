@@ -144,15 +144,13 @@ fn does_not_fit(d: &[Diagnosis]) -> String {
 
 /// What a chip that does not fit misses at least, and on how many tiles: the
 /// sum of every tile's live bytes over its capacity (the tiles placement did
-/// not try included), a bound no placement beats, where a tile tried also has
-/// the capacity its engine would need, fragmentation included.
+/// not try included), a bound no placement beats. A tile tried also says what
+/// its engine would need, fragmentation included, in its own line.
 pub fn missing_in_all(d: &[Diagnosis]) -> (u64, usize) {
-    let over: Vec<u64> = d
-        .iter()
+    d.iter()
         .map(|d| d.live_bound_missing)
         .filter(|&b| b > 0)
-        .collect();
-    (over.iter().sum(), over.len())
+        .fold((0, 0), |(bytes, tiles), b| (bytes + b, tiles + 1))
 }
 
 /// One line per tile: the bytes missing for the whole tile (the host descriptor

@@ -15,7 +15,7 @@ use tessera_compile::Compiled;
 
 use tessera_compile::probe::{PlacedPart, ProbeAt, ResultProbe};
 use tessera_graph::{Graph, HostTensor, OpKind, TensorId};
-use tessera_reference::{EvalOptions, Evaluator, Fp8Weight};
+use tessera_reference::{CHUNK, EvalOptions, Evaluator, Fp8Weight};
 use tessera_sim::{Capture, CapturePoint, Perturb, Status};
 
 use crate::{Error, Model, Progress, Run, Step};
@@ -574,23 +574,8 @@ fn softmax_products(
 /// carries the scale, the reference scales the scores after).
 const SCORE_ULPS: f64 = 2.0;
 
-/// Keys a chunk of the probabilities-times-values product: the AMP's width.
-const CHUNK: usize = 16;
-
 /// f16's unit roundoff (2^-11): the largest relative error of one rounding to f16.
 const F16_UNIT: f64 = 1.0 / 2048.0;
-
-/// `tessera_reference::f16_ulp` of an f64, from its exponent bits alone: the
-/// floor asks for two a column at every chunk of every row (millions a
-/// product). Through the conversion and the general function, a quarter of a
-/// batch-4 So400m product's floor (4 of its 64 heads) took 125 ms; with this,
-/// 76 ms, the same floor to the bit.
-fn ulp(x: f64) -> f64 {
-    // The binade of `|x|`, held within f16's normal exponents: below them the
-    // subnormal spacing, above them the top binade's.
-    let e = (((x.to_bits() >> 52) & 0x7ff) as i64 - 1023).clamp(-14, 15);
-    f64::from_bits(((e - 10 + 1023) as u64) << 52)
-}
 
 /// The column softmax's exponential of an f16 argument `a` is within
 /// `2^-11 + EXP_ARG * |a|` of `exp(a)`, relative (its f16 subtraction, then
@@ -644,6 +629,7 @@ fn softmax_floor(s: &HostTensor, v: &HostTensor) -> Option<f32> {
     }
     let elements = (groups * tq * d) as f64;
     let k = (2.0 * (2.0 * elements / FALSE_ALARM).ln()).sqrt();
+    let ulp = |x: f64| f64::from(tessera_reference::f16_ulp(x as f32));
     let row_bound = |r: usize| -> f64 {
         let g = r / tq;
         let vg = &v.data()[g * tk * d..(g + 1) * tk * d];
@@ -949,26 +935,6 @@ mod floor_tests {
         let total: f64 = exact.iter().sum();
         let p: Vec<f32> = exact.iter().map(|&x| r16((x / total) as f32)).collect();
         (program, chunked(&p, &col))
-    }
-
-    /// The floor's own `ulp` is `tessera_reference::f16_ulp` on every f16 value,
-    /// between them, and past both ends of the range.
-    #[test]
-    fn ulp_from_bits_is_f16_ulp() {
-        let mut xs: Vec<f64> = (0..=u16::MAX)
-            .map(|b| f64::from(f16::from_bits(b).to_f32()))
-            .filter(|x| x.is_finite())
-            .collect();
-        let between: Vec<f64> = xs.iter().map(|x| x * 1.000_3).collect();
-        xs.extend(between);
-        xs.extend([0.0, -0.0, 1e-30, 1e5, 65_520.0, -7e6, 3e38]);
-        for x in xs {
-            assert_eq!(
-                super::ulp(x),
-                f64::from(tessera_reference::f16_ulp(x as f32)),
-                "{x}"
-            );
-        }
     }
 
     /// A diffuse attention over 729 keys whose values do not cancel (running

@@ -302,11 +302,16 @@ fn f16_ulp_is_the_spacing_at_the_value() {
     assert_eq!(f16_ulp(0.0), 2f32.powi(-24));
     assert_eq!(f16_ulp(65504.0), 32.0);
     assert_eq!(f16_ulp(1e9), 32.0);
-    // Agrees with stepping to the next f16 wherever f16 is normal and finite.
-    for v in [0.1f32, 0.7, 3.0, 100.0, 1000.0, 30000.0] {
-        let h = f16::from_f32(v);
-        let next = f16::from_bits(h.to_bits() + 1).to_f32();
-        assert_eq!(f16_ulp(h.to_f32()), next - h.to_f32(), "{v}");
+    assert_eq!(f16_ulp(f32::INFINITY), 32.0);
+    assert_eq!(f16_ulp(1e-40), 2f32.powi(-24));
+    // Agrees with stepping to the next f16 at every finite f16 value below the
+    // largest, and between it and the next (in the same binade), either sign.
+    for b in 0..f16::MAX.to_bits() {
+        let (h, next) = (f16::from_bits(b).to_f32(), f16::from_bits(b + 1).to_f32());
+        let spacing = next - h;
+        for v in [h, -h, h + spacing / 3.0, -(h + spacing / 3.0)] {
+            assert_eq!(f16_ulp(v), spacing, "{v}");
+        }
     }
 }
 
