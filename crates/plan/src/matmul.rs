@@ -11,7 +11,7 @@
 
 use crate::PlanError;
 use serde::Serialize;
-use tessera_kernels::{Add, AmpMatmul, Kernel, Rearrange, ReduceAdd, WORKERS};
+use tessera_kernels::{Add, AmpMatmul, Fp8ToF16, Kernel, Rearrange, ReduceAdd, WORKERS};
 use tessera_machine::Machine;
 
 /// AMP chunk width (16 inputs by 16 outputs per weight load): the machine's fact,
@@ -47,6 +47,20 @@ pub struct MatmulShape {
     /// on one inner group's tiles instead (`AmpMatmul::with_bias`), where the
     /// row split lets it.
     pub per_row_bias: bool,
+    /// How each tile's weight block reaches the AMP: costed with the product, so
+    /// that a grid replicating weights pays for moving and widening its replicas.
+    pub feed: WeightFeed,
+}
+
+/// Where a product's weights live and in what form (`LowerOptions::stage_weights`,
+/// `LowerOptions::weight_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Default)]
+pub struct WeightFeed {
+    /// Copied from the weight store into the operation's layout by its staging
+    /// exchange before it runs (else resident in that layout).
+    pub staged: bool,
+    /// Held as FP8 codes and widened to f16 on the tile before the AMP reads them.
+    pub fp8: bool,
 }
 
 impl MatmulShape {
@@ -61,6 +75,7 @@ impl MatmulShape {
             even_rows: true,
             k_parts: 1,
             per_row_bias: false,
+            feed: WeightFeed::default(),
         }
     }
 
@@ -90,11 +105,22 @@ pub struct MatmulCost {
     pub amp: u64,
     /// Receiving and summing partial results of the inner-dimension split.
     pub reduce: u64,
+    /// Receiving the tile's weight block from the store (staged weights).
+    pub stage: u64,
+    /// Widening FP8 weights to f16.
+    pub widen: u64,
 }
 
 impl MatmulCost {
     pub fn total(&self) -> u64 {
-        self.exchange_in + self.rearrange + self.amp + self.reduce
+        self.exchange_in + self.rearrange + self.amp + self.reduce + self.stage + self.widen
+    }
+
+    /// The product done in `passes` row passes on the same tiles: the weights
+    /// are staged and widened once, for every pass.
+    pub fn over_passes(&self, passes: u64) -> u64 {
+        let once = self.stage + self.widen;
+        (self.total() - once) * passes + once
     }
 }
 
@@ -319,6 +345,27 @@ impl MatmulMapping {
         } else {
             Add::new(slab_elems).estimate_cycles_with(t)
         };
+        // A tile's block as the staging exchange brings it (one byte a weight
+        // in FP8, else two) and as the widening reads it: the padding blocks of
+        // whole slabs included, as the lowering packs them.
+        let weight_elems = weight_bytes / 2;
+        let stored = if shape.feed.fp8 {
+            weight_elems
+        } else {
+            weight_bytes
+        };
+        let stage = if shape.feed.staged {
+            u64::from(t.exchange_overhead_cycles) + stored.div_ceil(xbw)
+        } else {
+            0
+        };
+        let widen = if shape.feed.fp8 {
+            u32::try_from(weight_elems)
+                .map(|n| Fp8ToF16::new(n, 0).estimate_cycles_with(t))
+                .unwrap_or(u64::MAX / 8)
+        } else {
+            0
+        };
         MatmulMapping {
             shape,
             pr,
@@ -335,6 +382,8 @@ impl MatmulMapping {
                 rearrange,
                 amp,
                 reduce,
+                stage,
+                widen,
             },
         }
     }
@@ -549,6 +598,57 @@ mod tests {
             MatmulMapping::evaluate(&m, MatmulShape { k: 4096, ..b }, 16, 1, 1),
         );
         assert!(k.bytes_per_tile < r.bytes_per_tile, "{k:?} {r:?}");
+    }
+
+    /// Staged and FP8 weights are costed on the tile's block as the lowering
+    /// packs it: the staging exchange receives one byte a weight in FP8 (two in
+    /// f16) at the exchange rate after its overhead, the widening is the
+    /// kernel's own estimate, both once however many row passes reuse the
+    /// block; and a grid replicating weights pays for its replicas.
+    #[test]
+    fn staged_and_fp8_weights_are_costed_once_a_block() {
+        let m = Machine::c600();
+        let t = &m.timing;
+        let resident = MatmulShape::new(729, 1152, 4304);
+        let feed = |staged, fp8| MatmulShape {
+            feed: WeightFeed { staged, fp8 },
+            ..resident
+        };
+        let (pr, pk, pn) = (3, 9, 54);
+        let r = MatmulMapping::evaluate(&m, resident, pr, pk, pn);
+        assert_eq!((r.cost.stage, r.cost.widen), (0, 0));
+        // 8 chunks and 5 blocks a tile: 10,240 weights.
+        let elems = u64::from(r.chunks_per_tile * r.blocks_per_tile) * 256;
+        assert_eq!(elems, 10_240);
+        assert_eq!(r.weight_bytes, 2 * elems);
+        let over = u64::from(t.exchange_overhead_cycles);
+        let rate = u64::from(t.exchange_bytes_per_cycle);
+        let f16 = MatmulMapping::evaluate(&m, feed(true, false), pr, pk, pn);
+        assert_eq!(f16.cost.stage, over + (2 * elems).div_ceil(rate));
+        assert_eq!(f16.cost.widen, 0);
+        let fp8 = MatmulMapping::evaluate(&m, feed(true, true), pr, pk, pn);
+        assert_eq!(fp8.cost.stage, over + elems.div_ceil(rate));
+        let widen = Fp8ToF16::new(10_240, 0).estimate_cycles_with(t);
+        assert!(widen > 0);
+        assert_eq!(fp8.cost.widen, widen);
+        let resident_fp8 = MatmulMapping::evaluate(&m, feed(false, true), pr, pk, pn);
+        assert_eq!(
+            (resident_fp8.cost.stage, resident_fp8.cost.widen),
+            (0, widen)
+        );
+        for x in [&f16, &fp8, &resident_fp8] {
+            assert_eq!(x.cost.total(), r.cost.total() + x.cost.stage + x.cost.widen);
+            assert_eq!(
+                x.cost.over_passes(3),
+                3 * r.cost.total() + x.cost.stage + x.cost.widen
+            );
+        }
+        // Three times the rows on a third of the row groups: each tile's block
+        // is the same, so is its feed; one row group holding every weight once
+        // over three times the tiles' columns receives a third of it.
+        let spread = MatmulMapping::evaluate(&m, feed(true, true), 1, 9, 162);
+        assert!(spread.cost.stage < fp8.cost.stage, "{spread:?} {fp8:?}");
+        assert!(spread.cost.widen < fp8.cost.widen, "{spread:?} {fp8:?}");
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! with `tessera_machine::fp8`: the tests compare the two on every code, so a
 //! mistake in either shows up as a disagreement rather than being copied.
 
+use std::sync::OnceLock;
+
 use crate::fp;
 
 /// The NaN code; also the f16 NaN the widening produces from it.
@@ -24,9 +26,16 @@ fn parts(code: u8) -> (u32, i32) {
     }
 }
 
+/// `2^k`, exactly, for the exponents FP8 codes and scales reach (`powi` is a
+/// library call, and the widening runs once a weight byte).
+fn pow2(k: i32) -> f64 {
+    debug_assert!((-1022..=1023).contains(&k));
+    f64::from_bits(((1023 + k) as u64) << 52)
+}
+
 fn magnitude(code: u8) -> f64 {
     let (sig, e) = parts(code);
-    f64::from(sig) * 2f64.powi(e)
+    f64::from(sig) * pow2(e)
 }
 
 /// One FP8 code times `2^scale`, rounded once to f16 (to nearest even; out of
@@ -37,7 +46,7 @@ pub(crate) fn to_f16(code: u8, scale: i8) -> u16 {
     }
     let (sig, e) = parts(code & 0x7f);
     // Four significant bits times a power of two: exact in f64.
-    let v = f64::from(sig) * 2f64.powi(e + i32::from(scale));
+    let v = f64::from(sig) * pow2(e + i32::from(scale));
     let h = fp::f64_to_f16(v);
     if code & 0x80 != 0 { h | 0x8000 } else { h }
 }
@@ -52,7 +61,7 @@ pub(crate) fn from_f16(h: u16, scale: i8) -> u8 {
     }
     let sign = if h & 0x8000 != 0 { 0x80 } else { 0 };
     // An f16 times a power of two: exact (infinity stays infinite).
-    let q = f64::from(x.abs()) * 2f64.powi(i32::from(scale));
+    let q = f64::from(x.abs()) * pow2(i32::from(scale));
     if q >= magnitude(TOP) {
         return sign | TOP;
     }
@@ -78,10 +87,19 @@ pub(crate) fn from_f16(h: u16, scale: i8) -> u8 {
     if code == 0 { 0 } else { sign | code }
 }
 
+/// Every code's [`to_f16`] at one scale, made the first time the scale is used:
+/// a kernel widens every weight byte of a layer, at one scale a tensor.
+fn table(scale: i8) -> &'static [u16; 256] {
+    static TABLES: [OnceLock<[u16; 256]>; 256] = [const { OnceLock::new() }; 256];
+    TABLES[usize::from(scale as u8)]
+        .get_or_init(|| std::array::from_fn(|code| to_f16(code as u8, scale)))
+}
+
 /// `f8v4tof16`: the four bytes of `x` (byte 0 first) as four f16 lanes.
 pub(crate) fn widen4(x: u32, scale: i8) -> u64 {
+    let t = table(scale);
     (0..4).fold(0u64, |acc, i| {
-        acc | (u64::from(to_f16((x >> (8 * i)) as u8, scale)) << (16 * i))
+        acc | (u64::from(t[usize::from((x >> (8 * i)) as u8)]) << (16 * i))
     })
 }
 

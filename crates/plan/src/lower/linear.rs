@@ -261,7 +261,7 @@ pub(crate) fn linear(lw: &mut Lowering<'_>, op: &Linear<'_>) -> Result<DistTenso
         } else {
             ""
         },
-        g.map.cost.total() * u64::from(passes),
+        g.map.cost.over_passes(u64::from(passes)),
         100.0 * g.map.peak_share(lw.machine)
     ));
     let mut consts = Consts::default();

@@ -733,6 +733,10 @@ impl<'g> Walker<'g> {
             even_rows: lw.opts.even_rows,
             k_parts: 1,
             per_row_bias,
+            feed: crate::matmul::WeightFeed {
+                staged: lw.opts.staged(),
+                fp8: lw.opts.weight_dtype == WeightDtype::Fp8,
+            },
         };
         let wbytes = u64::from(kp) * u64::from(n) * 2;
         // Staged weights live only while their operation runs, so each linear
@@ -1151,7 +1155,7 @@ fn linear_strategies(
         let pass_budget = budget.saturating_sub(kept);
         match map_matmul_capped(machine, pass_shape, pass_budget, weight_cap) {
             Ok(m) => {
-                let cost = m.cost.total() * runs;
+                let cost = m.cost.over_passes(runs);
                 if best.as_ref().is_none_or(|(c, _)| cost < *c) {
                     best = Some((cost, m));
                 }
@@ -1163,7 +1167,7 @@ fn linear_strategies(
         for m in
             crate::matmul::matmul_front(machine, pass_shape, wide.saturating_sub(kept), weight_cap)
         {
-            let cost = m.cost.total() * runs;
+            let cost = m.cost.over_passes(runs);
             if m.bytes_per_tile <= pass_budget {
                 others.push((cost, m));
             } else {
