@@ -503,10 +503,18 @@ fn transposed_path(
         .flatten();
     if let Some(sg) = split {
         let [h1, h2] = sg.halves;
-        let why = if sg.group == group {
+        let why = if sg.group != group {
+            format!("whole bus pairs; {group} would share one with the next head")
+        } else if lw.opts.cut_keys || lw.opts.experimental.cut_all_keys {
             "for memory: half a head's keys and values a tile".to_string()
         } else {
-            format!("whole bus pairs; {group} would share one with the next head")
+            format!(
+                "fewer block products a tile: {} by {} query and key blocks, against {} by {} with whole keys",
+                h1.qb.max(h2.qb),
+                h1.kbn.max(h2.kbn),
+                rows_per.div_ceil(AMP_WIDTH),
+                tp / AMP_WIDTH
+            )
         };
         lw.plan.decisions.push(format!(
             "{name}: {} x {}, {} each ({why}): keys cut in two runs, {} with {} over keys {}..{}, {} with {} over keys {}..{}; maxima exchanged, query blocks merged in runs of up to {} on both halves' tiles",

@@ -69,9 +69,11 @@ pub(crate) struct SplitGeometry {
 /// worker.
 const MIN_KEYS: u32 = 12;
 
-/// The key cut for these shapes, when the whole-key transposed path's groups are
-/// an odd number of tiles (more than one pair, so that groups share bus pairs) and
-/// the cut's cost ([`cut_cost`]) is below the whole-key path's ([`whole_cost`]);
+/// The key cut for these shapes, when the whole-key transposed path has more
+/// than one pair and the cut's cost ([`cut_cost`]) is below the whole-key
+/// path's ([`whole_cost`]): where its groups are an odd number of tiles, which
+/// share bus pairs, or where half a tile's query block is padding (So400m at
+/// batch 1: 8 query rows a tile, against every key; cut, 16 against half);
 /// or, `for_memory`, wherever the groups have two bus pairs or more, whatever it
 /// costs (`LowerOptions::cut_keys`: half the keys and values a tile).
 pub(crate) fn split_geometry(
@@ -83,9 +85,12 @@ pub(crate) fn split_geometry(
 ) -> Option<SplitGeometry> {
     let pairs = batch * heads;
     let (path, whole, rows_per, ..) = geometry(tiles, false, (batch, heads, tq, t), scale);
-    if path != super::Path::Transposed || pairs < 2 || (whole % 2 == 0 && !for_memory) {
+    if path != super::Path::Transposed || pairs < 2 {
         return None;
     }
+    // An odd group shares a bus pair with the next pair's group, which receives
+    // other keys: its whole-key exchanges run at the single-port rate.
+    let shared = whole % 2 == 1;
     let group = whole - whole % 2;
     let bus_pairs = group / 2;
     if bus_pairs < 2 {
@@ -134,7 +139,7 @@ pub(crate) fn split_geometry(
     if for_memory {
         return Some(sg);
     }
-    let whole = whole_cost(timing, (t, d, scale), rows_per.div_ceil(AMP_WIDTH));
+    let whole = whole_cost(timing, (t, d, scale), rows_per.div_ceil(AMP_WIDTH), shared);
     (cut_cost(timing, (tq, t, d, scale), &sg) < whole).then_some(sg)
 }
 
@@ -149,13 +154,13 @@ fn scores_step_bytes(dp: u32, kbn: u32, q: u32) -> u64 {
 
 /// Estimated cycles of what differs between the two paths, with whole keys and
 /// `nbq` query blocks a tile: the busiest tile's kernels ([`tile_cost`]) and the
-/// keys and values at the single-port rate (the shared bus pairs set the steps'
-/// time).
-fn whole_cost(timing: &Timing, (t, d, scale): (u32, u32, f32), nbq: u32) -> u64 {
+/// keys and values at the single-port rate where groups share bus pairs (they
+/// set the steps' time), else at the paired rate.
+fn whole_cost(timing: &Timing, (t, d, scale): (u32, u32, f32), nbq: u32, shared: bool) -> u64 {
     let tb = t.div_ceil(AMP_WIDTH);
     let softmax = SoftmaxCols::new(nbq, tb * AMP_WIDTH, t, scale).estimate_cycles_with(timing);
-    tile_cost(timing, d, (tb, nbq), softmax)
-        + run_bytes(d, tb) / u64::from(timing.exchange_bytes_per_cycle)
+    let rate = u64::from(timing.exchange_bytes_per_cycle) * if shared { 1 } else { 2 };
+    tile_cost(timing, d, (tb, nbq), softmax) + run_bytes(d, tb) / rate
 }
 
 /// The same with the key cut: each half's busiest tile and its run at the paired
@@ -751,7 +756,18 @@ mod tests {
                 },
             ]
         );
-        // 46 tiles a head: whole bus pairs already.
+        // 92 tiles a head at batch 1, 8 query rows each: half of every query
+        // block padding against all 46 key blocks. Cut, 46 tiles a half, each
+        // with a whole query block against 23 key blocks.
+        let sg = split_geometry(&c600(), 1472, (1, 16, 729, 729), (72, 1.0), false).expect("cut");
+        assert_eq!(sg.group, 92);
+        assert_eq!(
+            sg.halves.map(|h| (h.tiles, h.kb0, h.kbn, h.qb)),
+            [(46, 0, 23, 1), (46, 23, 23, 1)]
+        );
+        // 46 tiles a head at batch 2, whole query blocks and whole bus pairs
+        // already: the cut would give a tile two or three query blocks against
+        // half the keys, more block products than one against all of them.
         assert_eq!(
             split_geometry(&c600(), 1472, (2, 16, 729, 729), (72, 1.0), false),
             None
