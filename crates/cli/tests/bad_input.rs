@@ -382,6 +382,34 @@ fn an_endless_loop_stops_at_the_cycle_budget() {
     );
 }
 
+/// A program longer than the budget times out on every tile; the text report
+/// lists the first timeouts and counts the rest, naming the flag that helps.
+#[test]
+fn timeouts_on_many_tiles_are_counted_not_listed() {
+    let dir = scratch("timeouts");
+    let mut text = String::from(".machine c600\n");
+    for t in 0..12 {
+        text += &format!(".tile {t}\n.section code 0x4c000 rx\nspin{t}:\n    bri spin{t}\n");
+    }
+    let src = write(&dir, "spin.s", &text);
+    let pkg = dir.join("spin.tpk");
+    assert_eq!(tessera(&["asm", s(&src), "-o", s(&pkg)]).code, 0);
+    let r = tessera(&["sim", s(&pkg), "--cycle-budget", "1000"]);
+    assert_eq!(r.code, 1, "{}", r.text());
+    assert_eq!(r.stdout.matches(": Timeout at ").count(), 8, "{}", r.stdout);
+    assert!(
+        r.stdout.contains(
+            "... and 4 more timeouts: 12 contexts on 12 tiles reached the cycle budget of 1000 cycles; a longer program needs a larger --cycle-budget"
+        ),
+        "{}",
+        r.stdout
+    );
+    // JSON keeps every fault.
+    let r = tessera(&["sim", s(&pkg), "--cycle-budget", "1000", "--json"]);
+    assert_eq!(r.code, 1, "{}", r.text());
+    assert_eq!(r.stdout.matches("\"Timeout\"").count(), 12, "{}", r.stdout);
+}
+
 #[test]
 fn bench_place_says_where_the_suites_are() {
     let dir = scratch("bench");

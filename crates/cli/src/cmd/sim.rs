@@ -40,6 +40,9 @@ pub struct BenchSimArgs {
     pub repeats: u32,
 }
 
+/// Timeout faults `tessera sim` lists before it counts the rest.
+const TIMEOUTS_LISTED: usize = 8;
+
 #[derive(Serialize)]
 struct SimJson<'a> {
     status: Status,
@@ -82,12 +85,37 @@ pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
             if report.supersteps == 1 { "" } else { "s" },
             report.instructions
         );
+        // A package longer than the budget times out on every context of every
+        // tile: thousands of identical lines say less than one and a count.
+        let timeout = |f: &&Fault| f.kind == tessera_sim::FaultKind::Timeout;
+        let timeouts = report.faults.iter().filter(timeout).count();
+        let mut listed = 0;
         for f in &report.faults {
+            if timeout(&f) {
+                if listed == TIMEOUTS_LISTED {
+                    continue;
+                }
+                listed += 1;
+            }
             let addr = f
                 .address
                 .map(|a| format!(" [address {a:#x}]"))
                 .unwrap_or_default();
             println!("  {f}{addr}");
+        }
+        if timeouts > listed {
+            let tiles: std::collections::BTreeSet<u32> = report
+                .faults
+                .iter()
+                .filter(timeout)
+                .map(|f| f.tile)
+                .collect();
+            println!(
+                "  ... and {} more timeouts: {timeouts} contexts on {} tiles reached the cycle budget of {} cycles; a longer program needs a larger --cycle-budget",
+                timeouts - listed,
+                tiles.len(),
+                a.cycle_budget
+            );
         }
     }
     Ok(match report.status {
