@@ -375,7 +375,7 @@ fn an_endless_loop_stops_at_the_cycle_budget() {
     assert_eq!(r.code, 1, "{}", r.text());
     assert!(
         r.stdout.contains(
-            "tile 0 supervisor: Timeout at spin+0x0 `bri 0x4c000`: cycle budget of 50000000 cycles exhausted"
+            "tile 0 supervisor: Timeout at spin+0x0 `bri 0x4c000`: cycle budget of 200000000 cycles exhausted"
         ),
         "{}",
         r.stdout
