@@ -53,15 +53,32 @@ pub struct Diagnosis {
     pub not_attempted: bool,
 }
 
-/// The diagnosis of a tile not tried after `after` refusals.
-pub(crate) fn not_attempted(tile: u32, after: usize) -> Diagnosis {
+/// A tile's live bytes at its busiest step, that step, its capacity, and the
+/// bytes the first exceeds the second by: a bound no placement beats, and cheap.
+fn live_bound(inst: &Instance) -> (u64, i64, u64, u64) {
+    let (worst_live, worst_step) = inst.live_peak();
+    let capacity = inst.usable_bytes();
+    (
+        worst_live,
+        worst_step,
+        capacity,
+        worst_live.saturating_sub(capacity),
+    )
+}
+
+/// The diagnosis of a tile not tried after `after` refusals, with the live-bytes
+/// bound of its instance where it has one, so that a report can total what the
+/// chip misses without placing it.
+pub(crate) fn not_attempted(tile: u32, after: usize, inst: Option<&Instance>) -> Diagnosis {
+    let (worst_live, worst_step, capacity, live_bound_missing) =
+        inst.map_or((0, 0, 0, 0), live_bound);
     Diagnosis {
         tile,
         missing_bytes: None,
-        live_bound_missing: 0,
-        worst_step: 0,
-        worst_live: 0,
-        capacity: 0,
+        live_bound_missing,
+        worst_step,
+        worst_live,
+        capacity,
         first_failure: None,
         search: None,
         summary: format!(
@@ -105,9 +122,7 @@ pub(crate) fn diagnose(
     run: &LadderRun,
     opts: &Options,
 ) -> Diagnosis {
-    let (worst_live, worst_step) = inst.live_peak();
-    let capacity = inst.usable_bytes();
-    let live_bound_missing = worst_live.saturating_sub(capacity);
+    let (worst_live, worst_step, capacity, live_bound_missing) = live_bound(inst);
     let first_failure = run.failure.as_ref().map(|f| {
         let u = &inst.units[f.unit];
         FirstFailure {

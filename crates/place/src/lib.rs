@@ -238,6 +238,14 @@ pub(crate) fn peak_of(inst: &Instance, bases: &[u64]) -> u64 {
         .max(inst.base)
 }
 
+/// The space a tile is placed in under `opts`: its capacity, nothing added.
+fn space(opts: &Options) -> SpaceLimit {
+    SpaceLimit {
+        capacity: opts.capacity,
+        extra: 0,
+    }
+}
+
 /// Places one tile. Every placement returned has passed [`check_placement`].
 pub fn place_tile(m: &Machine, t: &TileProblem, opts: &Options) -> Result<TileOutcome, PlaceError> {
     place_tile_in(m, t, opts, search::Race::Threads)
@@ -250,11 +258,7 @@ fn place_tile_in(
     race: search::Race,
 ) -> Result<TileOutcome, PlaceError> {
     let start = Instant::now();
-    let limit = SpaceLimit {
-        capacity: opts.capacity,
-        extra: 0,
-    };
-    let inst = Instance::from_tile(m, t, limit)?;
+    let inst = Instance::from_tile(m, t, space(opts))?;
     let run = run_ladder(&inst, opts.modes, opts.node_budget, race);
     let (lower_bound, _) = inst.live_peak();
     let mut out = TileOutcome {
@@ -301,16 +305,8 @@ fn place_tile_in(
 /// costs next to nothing and lets a report total what the chip misses.
 fn not_attempted(m: &Machine, t: &TileProblem, opts: &Options) -> TileOutcome {
     let after = opts.stop_after_refusals.unwrap_or(0);
-    let mut d = diag::not_attempted(t.tile, after);
-    let limit = SpaceLimit {
-        capacity: opts.capacity,
-        extra: 0,
-    };
-    if let Ok(inst) = Instance::from_tile(m, t, limit) {
-        (d.worst_live, d.worst_step) = inst.live_peak();
-        d.capacity = inst.usable_bytes();
-        d.live_bound_missing = d.worst_live.saturating_sub(d.capacity);
-    }
+    let inst = Instance::from_tile(m, t, space(opts)).ok();
+    let d = diag::not_attempted(t.tile, after, inst.as_ref());
     TileOutcome {
         tile: t.tile,
         fits: false,

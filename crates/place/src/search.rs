@@ -664,8 +664,7 @@ pub(crate) enum Race {
     /// placed in parallel, where the cores are already busy. The work is then
     /// the same whatever the threads' timing (and so are the placements
     /// counted in reports), and one tile's orders do not take cores from
-    /// another tile: So400m's one layer at batch 4 places in 4.1 s and 0.64 M
-    /// placements, raced on threads in 4.6 s and 1.1 M.
+    /// another tile (docs/placement.md has the figures).
     InTurn,
 }
 

@@ -651,6 +651,33 @@ fn placement_stops_after_enough_refused_tiles() {
         let o = o.as_ref().unwrap();
         !o.fits && o.diagnosis.as_ref().is_some_and(|d| !d.not_attempted)
     }));
+    // A tile not attempted still carries its live-bytes bound, the one the
+    // tile's diagnosis gives when it is tried (what a report totals).
+    for o in &out {
+        let d = o.diagnosis.as_ref().unwrap();
+        if !d.not_attempted {
+            continue;
+        }
+        let tried = all[d.tile as usize]
+            .as_ref()
+            .unwrap()
+            .diagnosis
+            .clone()
+            .unwrap();
+        assert!(d.worst_live > 0 && d.capacity > 0, "{d:?}");
+        assert_eq!(
+            (d.worst_live, d.worst_step, d.capacity, d.live_bound_missing),
+            (
+                tried.worst_live,
+                tried.worst_step,
+                tried.capacity,
+                tried.live_bound_missing
+            ),
+            "tile {}",
+            d.tile
+        );
+        assert_eq!((o.lower_bound, o.capacity), (d.worst_live, d.capacity));
+    }
     // Tiles that fit place as they would without it.
     let fitting: Vec<TileProblem> = (0..20).map(|t| tile(t, 100 * 1024)).collect();
     assert!(

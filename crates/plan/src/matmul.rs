@@ -643,9 +643,8 @@ mod tests {
                 3 * r.cost.total() + x.cost.stage + x.cost.widen
             );
         }
-        // Three times the rows on a third of the row groups: each tile's block
-        // is the same, so is its feed; one row group holding every weight once
-        // over three times the tiles' columns receives a third of it.
+        // One row group over 162 column groups (2 blocks a tile where the
+        // replicating grid has 5): a smaller block to receive and widen.
         let spread = MatmulMapping::evaluate(&m, feed(true, true), 1, 9, 162);
         assert!(spread.cost.stage < fp8.cost.stage, "{spread:?} {fp8:?}");
         assert!(spread.cost.widen < fp8.cost.widen, "{spread:?} {fp8:?}");

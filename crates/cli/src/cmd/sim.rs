@@ -87,15 +87,15 @@ pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
         );
         // A package longer than the budget times out on every context of every
         // tile: thousands of identical lines say less than one and a count.
-        let timeout = |f: &&Fault| f.kind == tessera_sim::FaultKind::Timeout;
-        let timeouts = report.faults.iter().filter(timeout).count();
-        let mut listed = 0;
+        let mut timeouts = 0;
+        let mut tiles = std::collections::BTreeSet::new();
         for f in &report.faults {
-            if timeout(&f) {
-                if listed == TIMEOUTS_LISTED {
+            if f.kind == tessera_sim::FaultKind::Timeout {
+                timeouts += 1;
+                tiles.insert(f.tile);
+                if timeouts > TIMEOUTS_LISTED {
                     continue;
                 }
-                listed += 1;
             }
             let addr = f
                 .address
@@ -103,16 +103,10 @@ pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
                 .unwrap_or_default();
             println!("  {f}{addr}");
         }
-        if timeouts > listed {
-            let tiles: std::collections::BTreeSet<u32> = report
-                .faults
-                .iter()
-                .filter(timeout)
-                .map(|f| f.tile)
-                .collect();
+        if timeouts > TIMEOUTS_LISTED {
             println!(
                 "  ... and {} more timeouts: {timeouts} contexts on {} tiles reached the cycle budget of {} cycles; a longer program needs a larger --cycle-budget",
-                timeouts - listed,
+                timeouts - TIMEOUTS_LISTED,
                 tiles.len(),
                 a.cycle_budget
             );
