@@ -138,7 +138,7 @@ impl Default for SimOptions {
     }
 }
 
-/// 200 M cycles: about 133 ms of C600 time, four times the whole So400m tower at
+/// 200 M cycles: about 133 ms of C600 time, nearly four times the whole So400m tower at
 /// batch 4 with its weights streamed first (51 M), which 50 M cut short.
 pub const DEFAULT_CYCLE_BUDGET: u64 = 200_000_000;
 
