@@ -31,6 +31,7 @@ macro_rules! instruction_set {
 
         #[allow(unused_variables)]
         impl Inst {
+            #[inline]
             pub fn pipe(&self) -> Pipe {
                 match self {
                     $( Inst::$V { .. } => Pipe::$pipe, )*
@@ -38,6 +39,7 @@ macro_rules! instruction_set {
             }
 
             /// Control-flow instructions: forbidden inside a repeat body.
+            #[inline]
             pub fn is_control(&self) -> bool {
                 match self {
                     $( Inst::$V { .. } => __has_flag!(control $($flag)*), )*
@@ -45,6 +47,7 @@ macro_rules! instruction_set {
             }
 
             /// Instructions only the supervisor context may execute.
+            #[inline]
             pub fn is_supervisor_only(&self) -> bool {
                 match self {
                     $( Inst::$V { .. } => __has_flag!(supervisor $($flag)*), )*

@@ -12,6 +12,8 @@ use crate::program::{FetchError, Program};
 use std::sync::Arc;
 use tessera_isa::{AReg, FBinOp, FUnOp, FVec, Inst, MReg, Word};
 
+mod feed;
+
 /// Register state, pc, repeat state and clock of one context.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Ctx {
@@ -76,6 +78,7 @@ pub(crate) struct Shared {
 }
 
 /// Per-run constants.
+#[derive(Clone)]
 pub(crate) struct Env {
     pub layout: Layout,
     pub interval: u64,
@@ -90,6 +93,10 @@ pub(crate) struct Env {
     pub f16_exp_issues: u64,
     pub rpt_max: u32,
     pub budget: u64,
+    /// Whether AMP feeder bundles take their fast paths (`feeder_bundle`,
+    /// `feed`). Always on, except where the tests run the general path alone
+    /// as the oracle the fast paths must agree with.
+    pub feed_fast: bool,
 }
 
 /// A fault before it is placed (tile, context, symbol are added by the tile).
@@ -149,12 +156,19 @@ pub(crate) enum Stop {
 }
 
 /// A pending aux-pipe register write (up to a pair), applied after the main-pipe
-/// instruction of the same bundle has read its operands.
+/// instruction of the same bundle has read its operands: the value in bits
+/// 0..64, the first register in 64..72, how many registers (0 to 2) in 72..80.
+/// One integer rather than a struct of mixed widths: the loop keeps it on the
+/// stack across the main instruction, and a struct's fields written one by one
+/// were read back in a wider word, a load that waits for those stores to retire
+/// (it was a twelfth of the interpreter's time).
 #[derive(Clone, Copy)]
-struct AuxOut {
-    d: u8,
-    n: u8,
-    v: [u32; 2],
+struct AuxOut(u128);
+
+impl AuxOut {
+    fn new(d: u8, n: u8, v: u64) -> AuxOut {
+        AuxOut(u128::from(v) | (u128::from(d) << 64) | (u128::from(n) << 72))
+    }
 }
 
 enum Flow {
@@ -411,12 +425,17 @@ pub(crate) fn run_portable<const SUP: bool, const F16C: bool>(
         }
         if let Word::Bundle(m, a) = word
             && !SUP
+            && env.feed_fast
             && pc.is_multiple_of(8)
-            && feeder_bundle::<F16C>(sh, ctx, amp, env, m, a, prev)
+            && feeder_bundle::<F16C>(sh, ctx, amp, env, m, a, ctx.last_issue, prev)
         {
+            ctx.clock += env.amp_extra;
             ctx.m[15] = 0;
             ctx.a[15] = 0;
             advance(ctx, pc, 8);
+            if !sh.code_dirty {
+                feed::feeder_run::<F16C>(sh, ctx, amp, env, &prog);
+            }
             if sh.code_dirty {
                 sh.code_dirty = false;
                 prog = Arc::clone(&sh.prog);
@@ -908,36 +927,25 @@ fn exec_main<const SUP: bool, const F16C: bool>(
 
 #[inline(always)]
 fn apply(ctx: &mut Ctx, out: AuxOut) {
-    let d = usize::from(out.d & 15);
-    if out.n > 0 {
-        ctx.a[d] = out.v[0];
-        if out.n > 1 {
-            ctx.a[(d + 1) & 15] = out.v[1];
+    let d = usize::from((out.0 >> 64) as u8 & 15);
+    let n = (out.0 >> 72) as u8;
+    if n > 0 {
+        ctx.a[d] = out.0 as u32;
+        if n > 1 {
+            ctx.a[(d + 1) & 15] = (out.0 >> 32) as u32;
         }
     }
 }
 
 /// An aux instruction that writes no register (its effect is on the
 /// accumulators).
-const NO_WRITE: AuxOut = AuxOut {
-    d: 0,
-    n: 0,
-    v: [0, 0],
-};
+const NO_WRITE: AuxOut = AuxOut(0);
 
 fn one(d: AReg, v: u32) -> AuxOut {
-    AuxOut {
-        d: d.0,
-        n: 1,
-        v: [v, 0],
-    }
+    AuxOut::new(d.0, 1, u64::from(v))
 }
 fn two(d: AReg, v: u64) -> AuxOut {
-    AuxOut {
-        d: d.0 & 14,
-        n: 2,
-        v: [v as u32, (v >> 32) as u32],
-    }
+    AuxOut::new(d.0 & 14, 2, v)
 }
 
 fn fbin(op: FBinOp, a: f32, b: f32) -> f32 {
@@ -1254,6 +1262,7 @@ fn feeder_bundle<const F16C: bool>(
     env: &Env,
     main: &Inst,
     aux: &Inst,
+    t: u64,
     prev: u64,
 ) -> bool {
     let &Inst::Amp {
@@ -1300,7 +1309,6 @@ fn feeder_bundle<const F16C: bool>(
     if e0 == e1 || e0 == e2 || e1 == e2 {
         return false;
     }
-    let t = ctx.last_issue;
     // A weights hazard: the general path raises it.
     if sh.hz.worker_amp(t).is_err() {
         return false;
@@ -1309,7 +1317,6 @@ fn feeder_bundle<const F16C: bool>(
         .feed(&ctx.m, [p0, p1, ps], [a0, a1, a2], inc0, t, prev);
     let sv = ar2(ctx, s);
     let result = amp_step::<F16C>(amp, &sh.weights, ar2(ctx, inp), ar2(ctx, pin), phase);
-    ctx.clock += env.amp_extra;
     let v0 = rd64(&sh.mem, (a0 - lo) as usize);
     let v1 = rd64(&sh.mem, (a1 - lo) as usize);
     sh.wr(env, a2, (a2 - lo) as usize, &sv.to_le_bytes());

@@ -503,6 +503,7 @@ impl Simulator {
             f16_exp_issues: u64::from(self.machine.timing.f16_exp_issues),
             rpt_max: self.machine.rpt_max_count,
             budget: opts.cycle_budget,
+            feed_fast: true,
         }
     }
 

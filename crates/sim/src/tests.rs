@@ -74,13 +74,23 @@ fn exec_env<const SUP: bool>(
     init: impl FnOnce(&mut Ctx, &mut Shared, &Layout),
     tweak: impl FnOnce(&mut Env),
 ) -> Run {
+    exec_at::<SUP>(CODE, words, init, tweak)
+}
+
+/// [`exec_env`] with the code at `code` rather than at `CODE`.
+fn exec_at<const SUP: bool>(
+    code_at: u32,
+    words: &[Word],
+    init: impl FnOnce(&mut Ctx, &mut Shared, &Layout),
+    tweak: impl FnOnce(&mut Env),
+) -> Run {
     let machine = Machine::c600();
     let layout = Layout::new(&machine);
     let mut code: Vec<Word> = words.to_vec();
     code.push(Word::Single(Inst::Exit));
     // Bundles must be 8-byte aligned: pad as the assembler would.
     let mut laid = Vec::new();
-    let mut at = CODE;
+    let mut at = code_at;
     for w in code {
         if matches!(w, Word::Bundle(..)) && !at.is_multiple_of(8) {
             laid.push(Word::Single(Inst::Nop));
@@ -92,11 +102,11 @@ fn exec_env<const SUP: bool>(
     let bytes = encode(&laid).unwrap();
     let image = TileImage {
         tile: 0,
-        entry: CODE,
+        entry: code_at,
         symbols: vec![],
         segments: vec![Segment {
             name: "code".into(),
-            addr: CODE,
+            addr: code_at,
             size: bytes.len() as u32,
             bytes: bytes.clone(),
             perms: Perms {
@@ -118,7 +128,7 @@ fn exec_env<const SUP: bool>(
         hz: Default::default(),
     };
     let mut ctx = Ctx {
-        pc: CODE,
+        pc: code_at,
         ..Ctx::default()
     };
     init(&mut ctx, &mut sh, &layout);
@@ -132,6 +142,7 @@ fn exec_env<const SUP: bool>(
         f16_exp_issues: 1,
         rpt_max: machine.rpt_max_count,
         budget: 1_000_000,
+        feed_fast: true,
     };
     tweak(&mut env);
     let mut amp = Amp::default();
@@ -139,6 +150,12 @@ fn exec_env<const SUP: bool>(
     // and as compiled for any x86-64 (with written-out ones) must agree on
     // everything (`interp::run` picks one at run time).
     let (mut sh2, mut ctx2, mut amp2) = (sh.clone(), ctx.clone(), amp.clone());
+    // And the general path alone is the oracle for the AMP feeder's fast paths.
+    let (mut sh3, mut ctx3, mut amp3) = (sh.clone(), ctx.clone(), amp.clone());
+    let general = Env {
+        feed_fast: false,
+        ..env.clone()
+    };
     let stop = loop {
         match interp::run::<SUP>(&mut sh, &mut ctx, &mut amp, &env) {
             Stop::Mark { .. } => continue,
@@ -151,11 +168,34 @@ fn exec_env<const SUP: bool>(
             s => break s,
         }
     };
-    assert_eq!(format!("{stop:?}"), format!("{stop2:?}"));
-    assert_eq!(format!("{ctx:?}"), format!("{ctx2:?}"));
-    assert_eq!(format!("{amp:?}"), format!("{amp2:?}"));
-    assert!(sh.mem == sh2.mem, "memory differs between the two loops");
-    assert_eq!(format!("{:?}", sh.hz), format!("{:?}", sh2.hz));
+    let stop3 = loop {
+        match interp::run_portable::<SUP, false>(&mut sh3, &mut ctx3, &mut amp3, &general) {
+            Stop::Mark { .. } => continue,
+            s => break s,
+        }
+    };
+    // A fast path records a run of feeder issues as one batch, which the next
+    // other issue closes; a run that stops on a feeder (a fault, the budget)
+    // leaves it open. Closed, it must be the general path's spans.
+    for (sh, ctx) in [(&mut sh, &ctx), (&mut sh2, &ctx2), (&mut sh3, &ctx3)] {
+        if sh.hz.feeding() {
+            sh.hz.close_feed(&ctx.m, ctx.last_issue);
+        }
+    }
+    for (what, stop2, ctx2, amp2, sh2) in [
+        ("the portable loop", &stop2, &ctx2, &amp2, &sh2),
+        ("the general path", &stop3, &ctx3, &amp3, &sh3),
+    ] {
+        assert_eq!(format!("{stop:?}"), format!("{stop2:?}"), "stop, {what}");
+        assert_eq!(format!("{ctx:?}"), format!("{ctx2:?}"), "context, {what}");
+        assert_eq!(format!("{amp:?}"), format!("{amp2:?}"), "AMP, {what}");
+        assert!(sh.mem == sh2.mem, "memory differs from {what}");
+        assert_eq!(
+            format!("{:?}", sh.hz),
+            format!("{:?}", sh2.hz),
+            "hazards, {what}"
+        );
+    }
     Run {
         ctx,
         sh,
@@ -1467,6 +1507,137 @@ fn f16v8tof8_encodes_every_f16_as_the_machine_does() {
                     f16::from_bits(h)
                 );
             }
+        }
+    }
+}
+
+/// A repeat body of AMP feeder bundles (one row: three plain issues and a
+/// strided one) after `lead` filler words, on pointers `$m1`, `$m2`, `$m3`,
+/// stride `$m9`, count `$m10`. `exec_env` runs it through the fast paths and
+/// through the general path alone, and they must agree on everything: how the
+/// repeat ends, where, at what clock, with what in registers and memory.
+fn feeder_rows(lead: usize) -> Vec<Word> {
+    // `lead` is even, and the nop puts the body on an 8-byte boundary.
+    let mut words = vec![s(Inst::Nop); lead + 1];
+    words.push(s(Inst::Rpt {
+        count: MReg(10),
+        body: 4,
+    }));
+    for phase in 0..4u8 {
+        let (d0, d1, sv, p0, p1, ps) = (AReg(0), AReg(2), AReg(4), MReg(1), MReg(2), MReg(3));
+        let main = if phase == 3 {
+            Inst::Ld2xSt64PaceStride {
+                d0,
+                d1,
+                s: sv,
+                p0,
+                p1,
+                ps,
+                stride: MReg(9),
+            }
+        } else {
+            Inst::Ld2xSt64Pace {
+                d0,
+                d1,
+                s: sv,
+                p0,
+                p1,
+                ps,
+            }
+        };
+        let aux = Inst::Amp {
+            out: AReg(4),
+            inp: AReg(0),
+            pin: AReg(2),
+            phase,
+        };
+        words.push(Word::Bundle(main, aux));
+    }
+    words
+}
+
+/// Fills memory from `R0` and `R1` (64 KiB each) with small f16 values and the
+/// weights with others, so every row's products differ.
+fn feeder_data(sh: &mut Shared, l: &Layout) {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        f16::from_f32(((x >> 40) % 512) as f32 / 256.0 - 1.0)
+    };
+    for base in [R0, R1] {
+        let bytes: Vec<u8> = (0..0x8000).flat_map(|_| next().to_le_bytes()).collect();
+        poke(sh, l, base, &bytes);
+    }
+    for row in sh.weights.iter_mut() {
+        for w in row.iter_mut() {
+            *w = next().to_f32();
+        }
+    }
+}
+
+#[test]
+fn feeder_repeat_bodies_agree_with_the_general_path() {
+    let end = Machine::c600().sram_end();
+    let run = |lead: usize, regs: [u32; 5], tweak: &dyn Fn(&mut Env)| {
+        exec_env::<false>(
+            &feeder_rows(lead),
+            |c, sh, l| {
+                feeder_data(sh, l);
+                [c.m[1], c.m[2], c.m[3], c.m[9], c.m[10]] = regs;
+            },
+            tweak,
+        )
+    };
+    let rows = CODE + 8;
+    // Whole repeats, with and without AMP cycles beyond the issue.
+    for extra in [0, 3] {
+        let r = run(0, [R1, R1 + 0x8000, R0, 5, 300], &|e| e.amp_extra = extra);
+        r.ok();
+        assert_eq!(r.m(1), R1 + 300 * 64);
+        assert_eq!(r.m(3), R0 + 300 * 32);
+    }
+    // The second load runs off the end of memory at the 39th issue (row 9, bundle 2).
+    let r = run(0, [R1, end - 8 * 38, R0, 5, 100], &|_| {});
+    assert_eq!(r.fault().0, FaultKind::InvalidMemoryAddress);
+    assert_eq!((r.fault().2, r.m(2)), (rows + 16, end));
+    // The strided load enters the other's 16 KiB element at row 255, bundle 1.
+    let r = run(0, [R0 + 0x38, R0 + 0x4400, R1, 5, 300], &|_| {});
+    assert_eq!(r.fault().0, FaultKind::MemoryConflict);
+    assert_eq!((r.fault().2, r.m(1)), (rows + 8, R0 + 0x4000));
+    // A negative stride whose next pointer would fall below address zero.
+    let r = run(
+        0,
+        [R0 + 0x100, R1, R1 + 0x8000, (-(R0 as i32) / 8) as u32, 4],
+        &|_| {},
+    );
+    assert_eq!(r.fault().0, FaultKind::InvalidMemoryAddress);
+    // The budget running out at every point of a few rows.
+    for budget in 150..200 {
+        let r = run(0, [R1, R1 + 0x8000, R0, 5, 50], &|e| e.budget = budget);
+        assert_eq!(r.fault().0, FaultKind::Timeout, "budget {budget}");
+    }
+    // Stores that run from data into code (placed after the data here), each
+    // redecoded: into the filler before the repeat from row 8, bundle 2 (the
+    // run of rows must stop there), then into the repeat instruction, then into
+    // the body itself, which row 11 runs. Whatever that makes, all paths agree.
+    let code = R0 + 0x1000;
+    for count in [10, 11, 12] {
+        let r = exec_at::<false>(
+            code,
+            &feeder_rows(16),
+            |c, sh, l| {
+                feeder_data(sh, l);
+                [c.m[1], c.m[2], c.m[3], c.m[9], c.m[10]] =
+                    [R1, R1 + 0x8000, code - 8 * 34, 5, count];
+            },
+            |_| {},
+        );
+        match count {
+            10 => r.ok(),
+            12 => assert_eq!(r.fault().0, FaultKind::InvalidInstruction),
+            _ => {}
         }
     }
 }
