@@ -49,6 +49,11 @@ struct SimJson<'a> {
     cycles: u64,
     supersteps: u32,
     instructions: u64,
+    /// Wall time of the run (loading excluded), and the part of it outside the
+    /// per-tile work that runs in parallel (exchanges, host transfers, syncs),
+    /// the same figures as `tessera run --json`'s.
+    simulate_ms: f64,
+    simulate_serial_ms: f64,
     faults: &'a [Fault],
 }
 
@@ -57,18 +62,23 @@ pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
     let package = tessera_package::read_package_file(&a.input)?;
     let mut sim = Simulator::new(&package)
         .with_context(|| format!("loading {} into the simulator", a.input.display()))?;
+    let (t0, parallel0) = (Instant::now(), sim.parallel_ms());
     let report = sim.run(&SimOptions {
         cycle_budget: a.cycle_budget,
         preload_bindings: a.preload_bindings,
         trace: false,
         ..SimOptions::default()
     });
+    let simulate_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let simulate_serial_ms = (simulate_ms - (sim.parallel_ms() - parallel0)).max(0.0);
     if a.json {
         super::print_json(&SimJson {
             status: report.status,
             cycles: report.cycles,
             supersteps: report.supersteps,
             instructions: report.instructions,
+            simulate_ms,
+            simulate_serial_ms,
             faults: &report.faults,
         })?;
     } else {
