@@ -1248,6 +1248,67 @@ fn ld2xst64(
     Ok(())
 }
 
+/// The operands of a feeder bundle, `{ ld2xst64pace ; amp }` (plain or strided).
+#[derive(Clone, Copy)]
+struct Feeder {
+    /// The load destinations.
+    d: [AReg; 2],
+    /// The stored register.
+    s: AReg,
+    /// The pointers: loads, then the store.
+    p: [MReg; 3],
+    stride: Option<MReg>,
+    out: AReg,
+    inp: AReg,
+    pin: AReg,
+    phase: u8,
+}
+
+impl Feeder {
+    #[inline(always)]
+    fn of(main: &Inst, aux: &Inst) -> Option<Feeder> {
+        let &Inst::Amp {
+            out,
+            inp,
+            pin,
+            phase,
+        } = aux
+        else {
+            return None;
+        };
+        let (d, s, p, stride) = match *main {
+            Inst::Ld2xSt64Pace {
+                d0,
+                d1,
+                s,
+                p0,
+                p1,
+                ps,
+            } => ([d0, d1], s, [p0, p1, ps], None),
+            Inst::Ld2xSt64PaceStride {
+                d0,
+                d1,
+                s,
+                p0,
+                p1,
+                ps,
+                stride,
+            } => ([d0, d1], s, [p0, p1, ps], Some(stride)),
+            _ => return None,
+        };
+        Some(Feeder {
+            d,
+            s,
+            p,
+            stride,
+            out,
+            inp,
+            pin,
+            phase,
+        })
+    }
+}
+
 /// The AMP feeder bundle `{ ld2xst64pace ; amp }`, which dominates matrix
 /// products, when all three accesses are valid and conflict-free. Returns false,
 /// having changed nothing, otherwise: the general path then executes the bundle
@@ -1265,35 +1326,20 @@ fn feeder_bundle<const F16C: bool>(
     t: u64,
     prev: u64,
 ) -> bool {
-    let &Inst::Amp {
+    let Some(Feeder {
+        d: [d0, d1],
+        s,
+        p: [p0, p1, ps],
+        stride,
         out,
         inp,
         pin,
         phase,
-    } = aux
+    }) = Feeder::of(main, aux)
     else {
         return false;
     };
-    let (d0, d1, s, p0, p1, ps, inc0) = match *main {
-        Inst::Ld2xSt64Pace {
-            d0,
-            d1,
-            s,
-            p0,
-            p1,
-            ps,
-        } => (d0, d1, s, p0, p1, ps, 8),
-        Inst::Ld2xSt64PaceStride {
-            d0,
-            d1,
-            s,
-            p0,
-            p1,
-            ps,
-            stride,
-        } => (d0, d1, s, p0, p1, ps, stride_bytes(ctx, stride)),
-        _ => return false,
-    };
+    let inc0 = stride.map_or(8, |r| stride_bytes(ctx, r));
     let (a0, a1, a2) = (mr(ctx, p0), mr(ctx, p1), mr(ctx, ps));
     let l = &env.layout;
     let (lo, hi) = (l.start, l.end - 8);

@@ -10,9 +10,9 @@
 //! into code) the run stops before that issue and leaves it to the general path,
 //! which raises what it raises. Same issues, same order, same clock.
 
-use super::{Amp, Ctx, Env, Shared, amp_step, ar2, feeder_bundle, set_a2, stride_bytes};
+use super::{Amp, Ctx, Env, Feeder, Shared, amp_step, ar2, feeder_bundle, set_a2, stride_bytes};
 use crate::program::Program;
-use tessera_isa::{AReg, Inst, MReg, Word};
+use tessera_isa::{AReg, MReg, Word};
 
 /// The feeder bundles that follow one the main loop has issued, issued here
 /// until the next word is anything else (or would fault, or the budget runs
@@ -135,35 +135,8 @@ impl Body {
             let Ok(Word::Bundle(main, aux)) = prog.fetch(start + 8 * k as u32) else {
                 return None;
             };
-            let &Inst::Amp {
-                out,
-                inp,
-                pin,
-                phase,
-            } = aux
-            else {
-                return None;
-            };
-            let (d0, d1, s, regs, stride) = match *main {
-                Inst::Ld2xSt64Pace {
-                    d0,
-                    d1,
-                    s,
-                    p0,
-                    p1,
-                    ps,
-                } => (d0, d1, s, [p0, p1, ps], None),
-                Inst::Ld2xSt64PaceStride {
-                    d0,
-                    d1,
-                    s,
-                    p0,
-                    p1,
-                    ps,
-                    stride,
-                } => (d0, d1, s, [p0, p1, ps], Some(stride)),
-                _ => return None,
-            };
+            let f = Feeder::of(main, aux)?;
+            let (regs, stride) = (f.p, f.stride);
             if k == 0 {
                 body.regs = regs;
             } else if regs != body.regs {
@@ -176,13 +149,13 @@ impl Body {
                 body.stride = Some(r);
             }
             *op = Op {
-                d0,
-                d1,
-                s,
-                out,
-                inp,
-                pin,
-                phase,
+                d0: f.d[0],
+                d1: f.d[1],
+                s: f.s,
+                out: f.out,
+                inp: f.inp,
+                pin: f.pin,
+                phase: f.phase,
                 strided: stride.is_some(),
             };
         }
