@@ -39,6 +39,8 @@ pub(crate) struct Landing {
     pub from: usize,
     pub src: u32,
     pub bytes: u32,
+    /// The message's number among all messages of the phase.
+    pub msg: usize,
 }
 
 /// A matched phase: each executing tile slot's landings, the cycle its tiles were
@@ -49,11 +51,8 @@ pub(crate) struct Matched {
     pub end: u64,
 }
 
-/// Bytes to write on one tile: (address, bytes).
-type Writes = Vec<(u32, Vec<u8>)>;
-
-/// Matches the logs of the tiles in `executers` (slots that ended phase `id`),
-/// or returns the faults, (slot, cause), in slot order.
+/// Matches the logs of the tiles in `executers` (slots that ended phase `id`,
+/// in increasing order), or returns the faults, (slot, cause), in slot order.
 pub(crate) fn match_phase(
     machine: &Machine,
     layout: &Layout,
@@ -62,68 +61,60 @@ pub(crate) fn match_phase(
     id: u16,
     executers: &[usize],
 ) -> Result<Matched, Vec<(usize, String)>> {
-    let ends = |s: usize| executers.binary_search(&s).is_ok();
+    // Each executer's messages get consecutive numbers, so that the receivers of
+    // a message are counted in a vector, not a map: a phase of a whole tower
+    // lands hundreds of thousands of messages, and this part of the phase is
+    // serial.
+    let mut first_msg = vec![usize::MAX; tiles.len()];
+    let mut messages = 0;
+    for &s in executers {
+        first_msg[s] = messages;
+        messages += tiles[s].sh.xlog.sends.len();
+    }
+    // Every tile's own landings checked apart from the others', in parallel.
+    let resolved: Vec<Result<Vec<Landing>, String>> = executers
+        .par_iter()
+        .map(|&s| landings(layout, tiles, slot_of, &first_msg, id, s))
+        .collect();
     let mut faults = Vec::new();
     let mut lands = Vec::with_capacity(executers.len());
-    // Receivers of each (source slot, message), for the phase's timing.
-    let mut receivers: HashMap<(usize, u16), Vec<u32>> = HashMap::new();
-    for &s in executers {
-        let t = &tiles[s];
-        let mut mine = Vec::with_capacity(t.sh.xlog.recvs.len());
-        let mut fault = None;
-        for &(addr, src, msg) in &t.sh.xlog.recvs {
-            let from = slot_of.get(&src).copied().filter(|&f| ends(f));
-            let Some(from) = from else {
-                fault = Some(format!(
-                    "exchange #{id}: tile {} receives message {msg} of tile {src}, which did not end exchange #{id} in this superstep",
-                    t.id
-                ));
-                break;
-            };
-            let sent = &tiles[from].sh.xlog.sends;
-            let Some(&(src_addr, bytes)) = sent.get(usize::from(msg)) else {
-                fault = Some(format!(
-                    "exchange #{id}: tile {} receives message {msg} of tile {src}, which sent {}",
-                    t.id,
-                    sent.len()
-                ));
-                break;
-            };
-            if !layout.range_ok(addr, bytes) {
-                fault = Some(format!(
-                    "exchange #{id}: message {msg} of tile {src} ({bytes} bytes) lands at {addr:#x}, outside SRAM"
-                ));
-                break;
-            }
-            receivers.entry((from, msg)).or_default().push(t.id);
-            mine.push(Landing {
-                dst: addr,
-                from,
-                src: src_addr,
-                bytes,
-            });
-        }
-        if fault.is_none() {
-            fault = first_overlap(id, t.id, &mine);
-        }
-        match fault {
-            Some(f) => faults.push((s, f)),
-            None => lands.push((s, mine)),
+    for (&s, r) in executers.iter().zip(resolved) {
+        match r {
+            Ok(mine) => lands.push((s, mine)),
+            Err(f) => faults.push((s, f)),
         }
     }
     if !faults.is_empty() {
         return Err(faults);
     }
+    // The receivers of message `m` are `receivers[at[m]..at[m + 1]]`.
+    let mut at = vec![0usize; messages + 1];
+    for (_, mine) in &lands {
+        for l in mine {
+            at[l.msg + 1] += 1;
+        }
+    }
+    for m in 0..messages {
+        at[m + 1] += at[m];
+    }
+    let mut receivers = vec![0u32; at[messages]];
+    let mut next = at.clone();
+    for (s, mine) in &lands {
+        for l in mine {
+            receivers[next[l.msg]] = tiles[*s].id;
+            next[l.msg] += 1;
+        }
+    }
     let mut load = ExchangeLoad::new(machine);
     for &s in executers {
         let t = &tiles[s];
         for (k, &(_, bytes)) in t.sh.xlog.sends.iter().enumerate() {
-            let dsts = u16::try_from(k)
-                .ok()
-                .and_then(|k| receivers.get(&(s, k)))
-                .map(Vec::as_slice)
-                .unwrap_or(&[]);
-            load.add(t.id, u64::from(bytes), dsts.iter().copied());
+            let m = first_msg[s] + k;
+            load.add(
+                t.id,
+                u64::from(bytes),
+                receivers[at[m]..at[m + 1]].iter().copied(),
+            );
         }
     }
     let base = executers
@@ -141,6 +132,57 @@ pub(crate) fn match_phase(
         begin: base,
         end,
     })
+}
+
+/// The messages tile slot `s` receives, each checked against its source's log,
+/// or the first fault among them.
+fn landings(
+    layout: &Layout,
+    tiles: &[Tile],
+    slot_of: &HashMap<u32, usize>,
+    first_msg: &[usize],
+    id: u16,
+    s: usize,
+) -> Result<Vec<Landing>, String> {
+    let t = &tiles[s];
+    let mut mine = Vec::with_capacity(t.sh.xlog.recvs.len());
+    for &(addr, src, msg) in &t.sh.xlog.recvs {
+        // A source that did not end this phase has no message numbers.
+        let from = slot_of
+            .get(&src)
+            .copied()
+            .filter(|&f| first_msg[f] != usize::MAX);
+        let Some(from) = from else {
+            return Err(format!(
+                "exchange #{id}: tile {} receives message {msg} of tile {src}, which did not end exchange #{id} in this superstep",
+                t.id
+            ));
+        };
+        let sent = &tiles[from].sh.xlog.sends;
+        let Some(&(src_addr, bytes)) = sent.get(usize::from(msg)) else {
+            return Err(format!(
+                "exchange #{id}: tile {} receives message {msg} of tile {src}, which sent {}",
+                t.id,
+                sent.len()
+            ));
+        };
+        if !layout.range_ok(addr, bytes) {
+            return Err(format!(
+                "exchange #{id}: message {msg} of tile {src} ({bytes} bytes) lands at {addr:#x}, outside SRAM"
+            ));
+        }
+        mine.push(Landing {
+            dst: addr,
+            from,
+            src: src_addr,
+            bytes,
+            msg: first_msg[from] + usize::from(msg),
+        });
+    }
+    match first_overlap(id, t.id, &mine) {
+        Some(f) => Err(f),
+        None => Ok(mine),
+    }
 }
 
 /// The first two landings of one tile that write the same bytes.
@@ -164,33 +206,35 @@ fn first_overlap(id: u16, tile: u32, lands: &[Landing]) -> Option<String> {
 }
 
 /// Carries out a matched phase: every source read, then every destination
-/// written, the tiles in parallel.
+/// written, the tiles in parallel. A tile's incoming bytes are gathered in one
+/// buffer (one allocation a tile, not a message: a tower's phase lands
+/// hundreds of thousands of messages).
 pub(crate) fn land(tiles: &mut [Tile], layout: &Layout, m: &Matched) {
     let start = layout.start;
-    let data: Vec<(usize, Writes)> = m
+    let data: Vec<Vec<u8>> = m
         .lands
         .par_iter()
-        .map(|(s, ls)| {
-            let bytes = ls
-                .iter()
-                .map(|l| {
-                    let off = (l.src - start) as usize;
-                    let n = l.bytes as usize;
-                    (l.dst, tiles[l.from].sh.mem[off..off + n].to_vec())
-                })
-                .collect();
-            (*s, bytes)
+        .map(|(_, ls)| {
+            let mut buf = Vec::with_capacity(ls.iter().map(|l| l.bytes as usize).sum());
+            for l in ls {
+                let off = (l.src - start) as usize;
+                buf.extend_from_slice(&tiles[l.from].sh.mem[off..off + l.bytes as usize]);
+            }
+            buf
         })
         .collect();
-    let mut by_slot: Vec<Option<Writes>> = (0..tiles.len()).map(|_| None).collect();
-    for (s, d) in data {
-        by_slot[s] = Some(d);
+    let mut by_slot: Vec<Option<(&[Landing], Vec<u8>)>> = (0..tiles.len()).map(|_| None).collect();
+    for ((s, ls), buf) in m.lands.iter().zip(data) {
+        by_slot[*s] = Some((ls, buf));
     }
     tiles.par_iter_mut().zip(by_slot).for_each(|(t, d)| {
-        for (dst, bytes) in d.into_iter().flatten() {
-            let off = (dst - start) as usize;
-            t.sh.mem[off..off + bytes.len()].copy_from_slice(&bytes);
-            crate::write_code_check(&mut t.sh, start, dst, bytes.len() as u32);
+        let Some((ls, buf)) = d else { return };
+        let mut from = 0;
+        for l in ls {
+            let (off, n) = ((l.dst - start) as usize, l.bytes as usize);
+            t.sh.mem[off..off + n].copy_from_slice(&buf[from..from + n]);
+            from += n;
+            crate::write_code_check(&mut t.sh, start, l.dst, l.bytes);
         }
     });
 }

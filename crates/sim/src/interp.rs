@@ -1092,8 +1092,8 @@ mod avx2 {
     use crate::fp::f16c::{narrow, widen};
     use std::arch::x86_64::{
         _mm_add_ps, _mm_loadu_ps, _mm_storeu_ps, _mm256_add_ps, _mm256_castps128_ps256,
-        _mm256_loadu_ps, _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set1_epi32,
-        _mm256_setzero_ps, _mm256_storeu_ps,
+        _mm256_loadu_ps, _mm256_mul_ps, _mm256_permutevar8x32_ps, _mm256_set_m128,
+        _mm256_set1_epi32, _mm256_setzero_ps, _mm256_storeu_ps,
     };
 
     #[target_feature(enable = "avx2,f16c")]
@@ -1122,14 +1122,23 @@ mod avx2 {
                 hi = _mm256_add_ps(hi, _mm256_mul_ps(xk, _mm256_loadu_ps(w.as_ptr().add(8))));
             }
             let lead = amp.lead.as_mut_ptr().add(4 * p);
-            _mm_storeu_ps(lead, _mm_add_ps(_mm_loadu_ps(lead), partial));
+            let quarter = _mm_add_ps(_mm_loadu_ps(lead), partial);
             if p == 3 {
                 _mm256_storeu_ps(amp.latch.as_mut_ptr(), lo);
                 _mm256_storeu_ps(amp.latch.as_mut_ptr().add(8), hi);
-                amp.acc = amp.lead;
+                // The lead row becomes the accumulators: read a quarter at a time,
+                // as its quarters were stored (a wider load of narrower stores
+                // still in flight waits for them to reach the cache), and its last
+                // quarter straight from the register.
+                let row = amp.lead.as_ptr();
+                let acc_lo = _mm256_set_m128(_mm_loadu_ps(row.add(4)), _mm_loadu_ps(row));
+                let acc_hi = _mm256_set_m128(quarter, _mm_loadu_ps(row.add(8)));
+                _mm256_storeu_ps(amp.acc.as_mut_ptr(), acc_lo);
+                _mm256_storeu_ps(amp.acc.as_mut_ptr().add(8), acc_hi);
                 _mm256_storeu_ps(amp.lead.as_mut_ptr(), _mm256_setzero_ps());
                 _mm256_storeu_ps(amp.lead.as_mut_ptr().add(8), _mm256_setzero_ps());
             } else {
+                _mm_storeu_ps(lead, quarter);
                 _mm256_storeu_ps(amp.acc.as_mut_ptr(), lo);
                 _mm256_storeu_ps(amp.acc.as_mut_ptr().add(8), hi);
             }
