@@ -206,35 +206,35 @@ fn first_overlap(id: u16, tile: u32, lands: &[Landing]) -> Option<String> {
 }
 
 /// Carries out a matched phase: every source read, then every destination
-/// written, the tiles in parallel. A tile's incoming bytes are gathered in one
-/// buffer (one allocation a tile, not a message: a tower's phase lands
-/// hundreds of thousands of messages).
-pub(crate) fn land(tiles: &mut [Tile], layout: &Layout, m: &Matched) {
+/// written, the tiles in parallel. A tile's incoming bytes are gathered in its
+/// buffer of `bufs` (one a tile slot, kept by the caller from phase to phase:
+/// a tower's phase lands hundreds of thousands of messages).
+pub(crate) fn land(tiles: &mut [Tile], layout: &Layout, m: &Matched, bufs: &mut Vec<Vec<u8>>) {
     let start = layout.start;
-    let data: Vec<Vec<u8>> = m
-        .lands
-        .par_iter()
-        .map(|(_, ls)| {
-            let mut buf = Vec::with_capacity(ls.iter().map(|l| l.bytes as usize).sum());
-            for l in ls {
-                let off = (l.src - start) as usize;
-                buf.extend_from_slice(&tiles[l.from].sh.mem[off..off + l.bytes as usize]);
-            }
-            buf
-        })
-        .collect();
-    let mut by_slot: Vec<Option<(&[Landing], Vec<u8>)>> = (0..tiles.len()).map(|_| None).collect();
-    for ((s, ls), buf) in m.lands.iter().zip(data) {
-        by_slot[*s] = Some((ls, buf));
+    bufs.resize_with(tiles.len(), Vec::new);
+    let mut by_slot: Vec<&[Landing]> = vec![&[]; tiles.len()];
+    for (s, ls) in &m.lands {
+        by_slot[*s] = ls;
     }
-    tiles.par_iter_mut().zip(by_slot).for_each(|(t, d)| {
-        let Some((ls, buf)) = d else { return };
-        let mut from = 0;
-        for l in ls {
-            let (off, n) = ((l.dst - start) as usize, l.bytes as usize);
-            t.sh.mem[off..off + n].copy_from_slice(&buf[from..from + n]);
-            from += n;
-            crate::write_code_check(&mut t.sh, start, l.dst, l.bytes);
+    let sources: &[Tile] = tiles;
+    bufs.par_iter_mut().zip(&by_slot).for_each(|(buf, ls)| {
+        buf.clear();
+        for l in *ls {
+            let off = (l.src - start) as usize;
+            buf.extend_from_slice(&sources[l.from].sh.mem[off..off + l.bytes as usize]);
         }
     });
+    tiles
+        .par_iter_mut()
+        .zip(bufs.par_iter())
+        .zip(by_slot)
+        .for_each(|((t, buf), ls)| {
+            let mut from = 0;
+            for l in ls {
+                let (off, n) = ((l.dst - start) as usize, l.bytes as usize);
+                t.sh.mem[off..off + n].copy_from_slice(&buf[from..from + n]);
+                from += n;
+                crate::write_code_check(&mut t.sh, start, l.dst, l.bytes);
+            }
+        });
 }

@@ -263,6 +263,10 @@ pub struct Simulator {
     /// the tiles, running them to their next stop): what the rest of a run's wall
     /// time is compared against to find the serial share.
     parallel: std::time::Duration,
+    /// One buffer a tile slot for the bytes an exchange phase lands on it, kept
+    /// from phase to phase so that a phase does not allocate (and fault in)
+    /// fresh pages for every tile's bytes.
+    landing: Vec<Vec<u8>>,
 }
 
 impl Simulator {
@@ -429,6 +433,7 @@ impl Simulator {
             exchanges_reached: HashMap::new(),
             capture_points: HashMap::new(),
             parallel,
+            landing: Vec::new(),
         })
     }
 
@@ -742,7 +747,7 @@ impl Simulator {
             // Matching is mostly serial (its per-tile checks aside); moving the
             // bytes is per-tile work.
             let t0 = std::time::Instant::now();
-            exchange::land(&mut self.tiles, &self.layout, &matched);
+            exchange::land(&mut self.tiles, &self.layout, &matched, &mut self.landing);
             self.parallel += t0.elapsed();
             for &s in &executers {
                 let t = &mut self.tiles[s];
