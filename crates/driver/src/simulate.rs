@@ -68,7 +68,7 @@ pub struct Run {
     pub host_cycles: u64,
     pub simulate_ms: f64,
     /// Of `simulate_ms`, the part outside the simulator's parallel per-tile work
-    /// (loading, exchanges, host transfers, syncs, trace and profile).
+    /// (matching and timing exchanges, host transfers, syncs, the report).
     pub simulate_serial_ms: f64,
     pub(crate) sim: Simulator,
     /// What was copied out for validation, when asked for.

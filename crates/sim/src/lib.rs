@@ -611,9 +611,9 @@ impl Simulator {
     }
 
     /// Milliseconds this simulator has spent in parallel per-tile work since it
-    /// was made (loading the tiles, running them to their next stop); the rest of
-    /// a run's wall time is serial (exchanges, host transfers, syncs, the report
-    /// and trace).
+    /// was made (loading the tiles, running them to their next stop, landing an
+    /// exchange's bytes, sorting the trace); the rest of a run's wall time is
+    /// serial (matching and timing exchanges, host transfers, syncs, the report).
     pub fn parallel_ms(&self) -> f64 {
         self.parallel.as_secs_f64() * 1e3
     }
