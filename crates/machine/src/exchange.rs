@@ -46,6 +46,15 @@ impl Counts {
             None => *self.beyond.entry(tile).or_default() += by,
         }
     }
+
+    fn merge(&mut self, other: &Counts) {
+        for (v, o) in self.dense.iter_mut().zip(&other.dense) {
+            *v += o;
+        }
+        for (&t, &by) in &other.beyond {
+            self.add(t, by);
+        }
+    }
 }
 
 impl ExchangeLoad {
@@ -80,6 +89,13 @@ impl ExchangeLoad {
                 .all(|t| self.dsts.binary_search(&t).is_ok());
             self.received.add(d, if whole { bytes } else { bytes * g });
         }
+    }
+
+    /// Adds the transfers counted in `other` (a load of the same machine), so
+    /// that one phase's transfers can be counted in parts, in parallel.
+    pub fn merge(&mut self, other: &ExchangeLoad) {
+        self.sent.merge(&other.sent);
+        self.received.merge(&other.received);
     }
 
     /// The phase's cycles with no exchange code: the busiest tile's bytes.
@@ -183,6 +199,19 @@ mod tests {
                 "case {case}: {transfers:?}"
             );
             assert_eq!(load.cycles_with(|_| 0), load.cycles(), "case {case}");
+            // Counted in two parts and merged, the same figure.
+            let cut = transfers.len() / 2;
+            let mut parts = [ExchangeLoad::new(&m), ExchangeLoad::new(&m)];
+            for (k, (src, bytes, dsts)) in transfers.iter().enumerate() {
+                parts[usize::from(k >= cut)].add(*src, *bytes, dsts.iter().copied());
+            }
+            let [mut merged, second] = parts;
+            merged.merge(&second);
+            assert_eq!(
+                merged.cycles(),
+                oracle(&m, &transfers),
+                "case {case}, merged"
+            );
             // With code: each tile's code and its own bytes, at each reading of
             // their overlap. Scaled so that either of code and bytes is the
             // shorter on some tiles; tiles past the machine with no bytes are not
