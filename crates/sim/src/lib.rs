@@ -38,7 +38,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tessera_machine::{Machine, MachineError};
-use tessera_package::{BindingKind, HostBinding, Package, TileImage};
+use tessera_package::{BindingKind, Package};
 use tile::{Tile, TileState};
 
 /// Why a package cannot be loaded.
@@ -274,6 +274,24 @@ impl Simulator {
     /// the loader limit when initialised, code 4-byte aligned in an executable
     /// region, no overlaps), bindings and exchange ids, and decodes the code.
     pub fn new(package: &Package) -> Result<Simulator, LoadError> {
+        // The simulator keeps its own copy; the tile images, most of a package's
+        // bytes, are copied in parallel like the rest of loading.
+        let t0 = std::time::Instant::now();
+        let copy = Package {
+            machine_toml: package.machine_toml.clone(),
+            tiles: package.tiles.par_iter().cloned().collect(),
+            exchanges: package.exchanges.clone(),
+            bindings: package.bindings.clone(),
+        };
+        let copied = t0.elapsed();
+        let mut sim = Simulator::from_package(copy)?;
+        sim.parallel += copied;
+        Ok(sim)
+    }
+
+    /// [`Simulator::new`] on a package the caller gives up: nothing copied (a
+    /// whole tower's package is hundreds of megabytes).
+    pub fn from_package(mut package: Package) -> Result<Simulator, LoadError> {
         let machine = Machine::from_toml(&package.machine_toml, "package")?;
         if machine.workers > 6 {
             // `run` encodes worker numbers 0..=5 and the trace keeps worker masks
@@ -385,40 +403,20 @@ impl Simulator {
         }
         // A weight binding starts with the image the package carries; the host
         // streams it in through descriptors like any input.
+        // The contents move to `bindings`: a second copy in the package would
+        // hold every weight image twice.
         let bindings = package
             .bindings
-            .iter()
+            .iter_mut()
             .map(|b| {
-                if b.data.len() == b.bytes as usize {
-                    b.data.clone()
+                let data = std::mem::take(&mut b.data);
+                if data.len() == b.bytes as usize {
+                    data
                 } else {
                     vec![0u8; b.bytes as usize]
                 }
             })
             .collect();
-        // The simulator keeps its own copy; the tile images, most of a package's
-        // bytes, are copied in parallel like the rest of loading.
-        let t0 = std::time::Instant::now();
-        let tiles_copy: Vec<TileImage> = package.tiles.par_iter().cloned().collect();
-        let parallel = parallel + t0.elapsed();
-        let package = Package {
-            machine_toml: package.machine_toml.clone(),
-            tiles: tiles_copy,
-            exchanges: package.exchanges.clone(),
-            // The contents live in `bindings`: a second copy here would hold every
-            // weight image twice.
-            bindings: package
-                .bindings
-                .iter()
-                .map(|b| HostBinding {
-                    name: b.name.clone(),
-                    kind: b.kind,
-                    bytes: b.bytes,
-                    slices: b.slices.clone(),
-                    data: Vec::new(),
-                })
-                .collect(),
-        };
         Ok(Simulator {
             machine,
             package,

@@ -60,7 +60,7 @@ struct SimJson<'a> {
 pub fn run(a: SimArgs) -> anyhow::Result<Outcome> {
     // The package errors name the file already.
     let package = tessera_package::read_package_file(&a.input)?;
-    let mut sim = Simulator::new(&package)
+    let mut sim = Simulator::from_package(package)
         .with_context(|| format!("loading {} into the simulator", a.input.display()))?;
     let (t0, parallel0) = (Instant::now(), sim.parallel_ms());
     let report = sim.run(&SimOptions {
