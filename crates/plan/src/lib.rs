@@ -55,7 +55,7 @@ pub enum PlanError {
     /// states, exchange code) exceeds its SRAM whatever the budgets: no
     /// lowering can fit, so none is placed.
     #[error(
-        "the model cannot fit: tile {tile} holds {needed} bytes for the whole program ({}), above its {available}; {missing} bytes missing on that tile, {total_missing} over the {tiles} tiles short of room",
+        "the model cannot fit: tile {tile} holds {needed} bytes for the whole program ({}), above its {available}; {missing} bytes missing on that tile, {total_missing} over the {tiles} tiles short of room, before any operation's own buffers (what is missing is at least that)",
         .categories.iter().map(|(c, b)| format!("{c} {b}")).collect::<Vec<_>>().join(", ")
     )]
     Resident {
