@@ -55,7 +55,7 @@ pub enum PlanError {
     /// states, exchange code) exceeds its SRAM whatever the budgets: no
     /// lowering can fit, so none is placed.
     #[error(
-        "the model cannot fit: tile {tile} holds {needed} bytes for the whole program ({}), above its {available}; {missing} bytes missing on that tile, {total_missing} over the {tiles} tiles short of room, before any operation's own buffers (what is missing is at least that)",
+        "the model cannot fit: tile {tile} holds {needed} bytes for the whole program ({}), above its {available}; {missing} bytes missing on that tile, {total_missing} over the {tiles} tiles short of room, before any operation's own buffers (what is missing is at least that); this first plan (at the fit loop's starting budgets) with its operations' buffers at each tile's busiest step: {live_missing} bytes over on {live_tiles} tiles",
         .categories.iter().map(|(c, b)| format!("{c} {b}")).collect::<Vec<_>>().join(", ")
     )]
     Resident {
@@ -67,6 +67,11 @@ pub enum PlanError {
         tiles: u32,
         /// Bytes on that tile by category, largest first.
         categories: Vec<(String, u64)>,
+        /// The refused plan's bytes over capacity at each tile's busiest step
+        /// (its buffers live then and its exchange code), summed over the
+        /// tiles over: what that plan misses, not every plan.
+        live_missing: u64,
+        live_tiles: u32,
     },
     #[error("matmul has an empty dimension ({rows}x{k}x{n})")]
     Empty { rows: u32, k: u32, n: u32 },

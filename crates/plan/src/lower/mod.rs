@@ -1481,7 +1481,19 @@ fn resident_fits(
         .map(|(c, b)| (c.to_string(), *b))
         .collect();
     categories.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    // This plan's own buffers too, at each tile's busiest step: what it would
+    // miss, which says more than the whole-program bytes alone.
+    let steps = plan.steps.len().max(1);
+    let live = live_by_tile_and_step(plan);
+    let over: Vec<u64> = live
+        .chunks(steps)
+        .filter_map(|t| t.iter().max().copied())
+        .filter(|&b| b > available)
+        .map(|b| b - available)
+        .collect();
     Err(PlanError::Resident {
+        live_tiles: over.len() as u32,
+        live_missing: over.iter().sum(),
         tile: tile as u32,
         needed,
         available,
@@ -1697,6 +1709,19 @@ pub fn max_live_bytes(plan: &TilePlan) -> u64 {
 /// at the step and the tile's exchange code, which stays for the whole program.
 pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
     let steps = plan.steps.len();
+    live_by_tile_and_step(plan)
+        .into_iter()
+        .enumerate()
+        .max_by_key(|&(i, bytes)| (bytes, std::cmp::Reverse(i)))
+        .map_or((0, 0, 0), |(i, bytes)| {
+            ((i / steps) as u32, (i % steps) as Step, bytes)
+        })
+}
+
+/// Bytes live on each tile at each step (tile-major): the buffers live then and
+/// the tile's exchange code.
+fn live_by_tile_and_step(plan: &TilePlan) -> Vec<u64> {
+    let steps = plan.steps.len();
     let mut live = vec![0u64; plan.tiles as usize * steps];
     let code = crate::exchange_code::code_bytes_per_tile(plan);
     for (t, code) in code.into_iter().enumerate() {
@@ -1709,12 +1734,7 @@ pub fn busiest(plan: &TilePlan) -> (u32, Step, u64) {
             live[b.tile as usize * steps + s as usize] += b.total_bytes();
         }
     }
-    live.into_iter()
-        .enumerate()
-        .max_by_key(|&(i, bytes)| (bytes, std::cmp::Reverse(i)))
-        .map_or((0, 0, 0), |(i, bytes)| {
-            ((i / steps) as u32, (i % steps) as Step, bytes)
-        })
+    live
 }
 
 /// One lowering with exactly `opts` (no fit loop): the plan may not fit, and
