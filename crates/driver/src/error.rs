@@ -97,16 +97,23 @@ impl Error {
                     tiles_over,
                     bytes_over,
                     tiles: d,
+                    whole_program: None,
                 })
             }
             Error::Compile(CompileError::Plan(tessera_plan::PlanError::Resident {
                 total_missing,
                 tiles,
+                floor_missing,
+                floor_tiles,
                 ..
             })) => Some(Shortfall {
-                tiles_over: *tiles as usize,
-                bytes_over: *total_missing,
+                tiles_over: *floor_tiles as usize,
+                bytes_over: *floor_missing,
                 tiles: &[],
+                whole_program: Some(WholeProgram {
+                    tiles_over: *tiles as usize,
+                    bytes_over: *total_missing,
+                }),
             }),
             _ => None,
         }
@@ -119,4 +126,16 @@ pub struct Shortfall<'a> {
     pub tiles_over: usize,
     pub bytes_over: u64,
     pub tiles: &'a [tessera_place::Diagnosis],
+    /// With a plan refused before placement: what lives for the whole program
+    /// alone misses (a lower bound for every plan), beside the totals above,
+    /// which are the plan at the smallest budgets with its busiest steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub whole_program: Option<WholeProgram>,
+}
+
+/// See [`Shortfall::whole_program`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WholeProgram {
+    pub tiles_over: usize,
+    pub bytes_over: u64,
 }

@@ -34,7 +34,7 @@ mod validate;
 
 pub use attribute::{Attribution, Interval, OpRow, attribute, op_flop, superstep_layers};
 pub use compile::{MAX_FINALISTS, Options, compile, median_estimate_error};
-pub use error::{Error, Shortfall};
+pub use error::{Error, Shortfall, WholeProgram};
 pub use html::{chrome_trace, profile_html};
 pub use layers::{LayerRow, SummedOp, layer_of, layers_in, sum_over_layers};
 pub use model::{Import, LayerDims, Model, ModelKind, ModelSpec, Size, onnx_fixed_batch};

@@ -52,13 +52,16 @@ pub enum PlanError {
         scope: String,
     },
     /// What a tile holds for the whole program (weights, their store, vertex
-    /// states, exchange code) exceeds its SRAM whatever the budgets: no
-    /// lowering can fit, so none is placed.
+    /// states, exchange code) exceeds its SRAM at the fit loop's first budgets
+    /// and at its smallest: no lowering is expected to fit, so none is placed.
+    /// The figures from `tile` to `categories` are those of the two plans
+    /// whose `total_missing` is less (`budgets`: "first" or "smallest").
     #[error(
-        "the model cannot fit: tile {tile} holds {needed} bytes for the whole program ({}), above its {available}; {missing} bytes missing on that tile, {total_missing} over the {tiles} tiles short of room, before any operation's own buffers (what is missing is at least that); this first plan (at the fit loop's starting budgets) with its operations' buffers at each tile's busiest step: {live_missing} bytes over on {live_tiles} tiles",
+        "the model cannot fit: what lives for the whole program exceeds a tile at the fit loop's first budgets and at its smallest; at the {budgets} budgets, tile {tile} holds {needed} bytes for the whole program ({}), above its {available}; {missing} bytes missing on that tile, {total_missing} over the {tiles} tiles short of room, before any operation's own buffers (what is missing is at least that); with their operations' buffers at each tile's busiest step, the plan at the smallest budgets misses {floor_missing} bytes on {floor_tiles} tiles, the first {live_missing} on {live_tiles}",
         .categories.iter().map(|(c, b)| format!("{c} {b}")).collect::<Vec<_>>().join(", ")
     )]
     Resident {
+        budgets: String,
         tile: u32,
         needed: u64,
         available: u64,
@@ -72,6 +75,11 @@ pub enum PlanError {
         /// tiles over: what that plan misses, not every plan.
         live_missing: u64,
         live_tiles: u32,
+        /// The same for the plan at the fit loop's smallest budgets (every
+        /// lever at its least, where the loop would have ended): the report's
+        /// total for what the chip misses.
+        floor_missing: u64,
+        floor_tiles: u32,
     },
     #[error("matmul has an empty dimension ({rows}x{k}x{n})")]
     Empty { rows: u32, k: u32, n: u32 },
