@@ -3,6 +3,7 @@
 //! step, or with `cands`, each linear's strategies (estimate, bytes, passes) and
 //! the one chosen, or with `xmsg`, the busiest tile's exchange messages by phase:
 //! `cargo run -p tessera-plan --example dump_plan -- so400m 2 c600 stats`.
+//! `LAYERS=n`, `FP8=1`, `STAGE=1`: depth, FP8 weights, staged weights.
 //! `CHOICE=layers.0.attn.q=6` lowers with that strategy at the fitted budgets
 //! without the fit loop (to see how far it is from fitting).
 use std::collections::BTreeMap;
@@ -14,11 +15,15 @@ use tessera_plan::{LowerOptions, busiest, lower_exact, lower_fitted};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let batch: usize = args.get(2).map_or(2, |b| b.parse().expect("batch"));
-    let cfg = match args.get(1).map(String::as_str) {
+    let mut cfg = match args.get(1).map(String::as_str) {
         Some("base") => EncoderLayerConfig::base(batch),
         Some("so400m") => EncoderLayerConfig::so400m(batch),
         _ => EncoderLayerConfig::tiny(batch),
     };
+    // `LAYERS=n` encoder layers (a layer loop from two).
+    if let Ok(v) = std::env::var("LAYERS") {
+        cfg.layers = v.parse().expect("layers");
+    }
     let machine = Machine::load(args.get(3).map_or("c600", String::as_str)).expect("machine");
     let graph = encoder_layer(&cfg).expect("graph");
     let weights = init_weights(&graph, 1);
@@ -29,6 +34,13 @@ fn main() {
             .map(|x| x.parse::<u64>().expect("KiB") * 1024)
     };
     let mut opts = LowerOptions::default();
+    // `FP8=1` stores weights as FP8, `STAGE=1` stages them as a layer loop does.
+    if std::env::var("FP8").is_ok() {
+        opts.weight_dtype = tessera_plan::WeightDtype::Fp8;
+    }
+    if std::env::var("STAGE").is_ok() {
+        opts.stage_weights = true;
+    }
     if let Some(v) = kib("TW") {
         opts.weight_bytes = v;
     }
