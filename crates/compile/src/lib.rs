@@ -368,6 +368,10 @@ pub struct CompileReport {
     pub weight_dtype: tessera_plan::WeightDtype,
     /// The layer loop's iterations (encoder layers run as one body), if any.
     pub loop_count: Option<u32>,
+    /// The layer loop's linears whose weights stay resident in their compute
+    /// layout, an instance a layer (`LowerOptions::resident`), by body name;
+    /// the others are staged each iteration.
+    pub resident_weights: Vec<String>,
 }
 
 /// Code bytes by category, as placed in the tiles' executable region.
@@ -884,6 +888,7 @@ fn compile_plan_with(
             tessera_plan::WeightDtype::Fp8
         },
         loop_count: plan.layer_loop.as_ref().map(|lp| lp.count),
+        resident_weights: plan.resident_linears(),
     };
     // Profiles and validation see the program as it runs: a layer loop's body
     // once a layer.

@@ -42,6 +42,10 @@ pub struct Options {
     pub loop_layers: bool,
     /// How linears' weights are stored (`LowerOptions::weight_dtype`).
     pub weight_dtype: tessera_plan::WeightDtype,
+    /// Let the planner keep a layer loop's FP8 weights resident in their
+    /// layout where the whole model's memory allows (`LowerOptions::reside`);
+    /// off, every weight is staged each iteration. On by default.
+    pub resident_weights: bool,
     /// Knobs for tests and demonstrations (a kernel mutation among them); all
     /// off by default.
     pub experimental: Experimental,
@@ -57,6 +61,7 @@ impl Default for Options {
             stage_weights: false,
             loop_layers: true,
             weight_dtype: tessera_plan::WeightDtype::F16,
+            resident_weights: true,
             experimental: Experimental::default(),
         }
     }
@@ -78,6 +83,7 @@ impl Options {
         opts.lower.stage_weights = self.stage_weights;
         opts.lower.loop_layers = self.loop_layers;
         opts.lower.weight_dtype = self.weight_dtype;
+        opts.lower.reside = self.resident_weights;
         opts.keep_layouts = self.keep_layouts;
         Ok(opts)
     }

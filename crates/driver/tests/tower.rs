@@ -1,6 +1,7 @@
 //! Whole towers through the library: the tiny configuration with three encoder
 //! layers, lowered once as a loop, compiles, runs and validates operation by
-//! operation in every layer, with f16 and with FP8 weights; and the loop keeps
+//! operation in every layer, with f16 and with FP8 weights (resident in their
+//! layout where the planner keeps them, and all staged); and the loop keeps
 //! the code a tile holds as it was at one layer.
 
 use tessera_driver::{
@@ -72,6 +73,29 @@ fn three_layers_run_as_a_loop_with_fp8_weights() {
         let fc1 = format!("layers.{layer}.mlp.fc1");
         assert!(c.fp8_weights.iter().any(|(n, _, _)| *n == fc1), "{fc1}");
     }
+    // The tiny tower has room: the planner keeps linears' weights resident in
+    // their layout, each layer widening its own instance (every layer's
+    // operations validated above).
+    assert!(
+        c.report
+            .resident_weights
+            .contains(&"layers.0.mlp.fc1".to_string()),
+        "{:?}",
+        c.report.resident_weights
+    );
+}
+
+/// The same with every weight staged each iteration, as a tower without room
+/// for resident weights runs.
+#[test]
+fn three_layers_run_as_a_loop_with_fp8_weights_all_staged() {
+    let o = Options {
+        resident_weights: false,
+        ..opts(WeightDtype::Fp8)
+    };
+    let c = validates(&tower(3), &o);
+    assert_eq!(c.report.loop_count, Some(3));
+    assert!(c.report.resident_weights.is_empty());
 }
 
 /// The loop's code per tile at three layers against one layer's: within 10%,

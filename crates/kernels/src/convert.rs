@@ -10,6 +10,13 @@
 //! the store of its high half; each issue's aux slot converts one half. The first
 //! group's load and low half are peeled before the loop and the last group's high
 //! half after it, so nothing is read past a worker's share.
+//!
+//! The layered form (`Fp8ToF16::layered`) reads `src` in a layer loop's weight
+//! store, where each iteration's instance lies `$m13` (`exchange::LAYER`) bytes
+//! past the first: the supervisor writes the register into every worker's
+//! record before starting them, and each worker adds it to its `src`. That keeps
+//! one vertex state and one snippet for every layer, as the loop needs, at six
+//! supervisor stores and two worker issues a call.
 
 use tessera_isa::{Inst, IntOp};
 use tessera_machine::{Timing, fp8};
@@ -31,10 +38,21 @@ pub struct Fp8ToF16 {
     /// `fp8::decode(src[i], scale)` (then rounded to f16). Within
     /// `fp8::SCALE_MIN..=fp8::SCALE_MAX`.
     pub scale: i8,
+    /// `src` is in a layer loop's weight store, at the current layer's offset
+    /// (`$m13`) past the address the state names.
+    pub layered: bool,
 }
 
 /// A worker record: `src`, `dst`, groups of eight, the scale (sign-extended).
 const STRIDE: u16 = 16;
+/// The layered form's record: the same, then the layer offset the supervisor
+/// writes, padded to keep records 8-byte aligned.
+const LAYERED_STRIDE: u16 = 24;
+/// The record word the layer offset goes to.
+const LAYER_WORD: u16 = 4;
+/// Supervisor bytes of the layered form: the two `setzi`, a store per worker,
+/// `runall` and `sync local`.
+const LAYERED_SNIPPET_BYTES: u32 = 4 * (4 + WORKERS);
 /// Elements a group: one 64-bit load of FP8 bytes, two 64-bit stores of f16.
 const GROUP: u32 = 8;
 /// Issues of a worker with at least one group, beyond two a group: six singles
@@ -49,7 +67,47 @@ impl Fp8ToF16 {
     pub const NAME: &'static str = "fp8_to_f16";
 
     pub fn new(n: u32, scale: i8) -> Fp8ToF16 {
-        Fp8ToF16 { n, scale }
+        Fp8ToF16 {
+            n,
+            scale,
+            layered: false,
+        }
+    }
+
+    /// The layered form: `src` at the current layer's instance of a store.
+    pub fn layered(n: u32, scale: i8) -> Fp8ToF16 {
+        Fp8ToF16 {
+            layered: true,
+            ..Fp8ToF16::new(n, scale)
+        }
+    }
+
+    fn stride(&self) -> u16 {
+        if self.layered { LAYERED_STRIDE } else { STRIDE }
+    }
+
+    /// The layered form's snippet, for a state at `state`.
+    fn layered_snippet(&self, entry: u32, state: u32) -> Vec<tessera_isa::Word> {
+        use tessera_isa::Word;
+        let mut w = vec![
+            Word::Single(crate::asm::setzi(m(0), entry)),
+            Word::Single(crate::asm::setzi(m(1), state)),
+        ];
+        let words = self.stride() / 4;
+        for i in 0..WORKERS as u16 {
+            w.push(Word::Single(crate::asm::st32m(
+                crate::exchange::LAYER,
+                m(1),
+                i * words + LAYER_WORD,
+            )));
+        }
+        w.push(Word::Single(Inst::RunAll {
+            entry: m(0),
+            state: m(1),
+            stride: self.stride(),
+        }));
+        w.push(Word::Single(Inst::SyncLocal));
+        w
     }
 
     /// Each worker's `(first group, groups)`.
@@ -57,18 +115,20 @@ impl Fp8ToF16 {
         split(self.n / GROUP)
     }
 
-    fn worker_issues(groups: u32) -> u64 {
+    fn worker_issues(&self, groups: u32) -> u64 {
         if groups == 0 {
             IDLE_ISSUES
         } else {
-            FIXED_ISSUES + 2 * u64::from(groups)
+            // The layered form loads the offset and adds it.
+            FIXED_ISSUES + 2 * u64::from(self.layered) + 2 * u64::from(groups)
         }
     }
 }
 
 impl Kernel for Fp8ToF16 {
     fn symbol(&self) -> String {
-        format!("{}_n{}_s{}", Self::NAME, self.n, self.scale)
+        let l = if self.layered { "_l" } else { "" };
+        format!("{}_n{}_s{}{l}", Self::NAME, self.n, self.scale)
     }
 
     fn validate(&self) -> Result<(), KernelError> {
@@ -103,10 +163,20 @@ impl Kernel for Fp8ToF16 {
             let mut s = Asm::new(code_base);
             let done = s.label();
             let half = |d: u8, src: u8| Inst::F8v4ToF16 { d: a(d), a: a(src) };
-            // Six singles, so that the first bundle needs no padding.
+            // Six singles (eight layered), so that the first bundle needs no
+            // padding.
             s.i(ld32m(m(3), m(0), 2)); // groups
             s.brz(m(3), done);
             s.i(ld32m(m(2), m(0), 0)); // src
+            if self.layered {
+                s.i(ld32m(m(5), m(0), LAYER_WORD));
+                s.i(Inst::Int {
+                    op: IntOp::Add,
+                    d: m(2),
+                    a: m(2),
+                    b: m(5),
+                });
+            }
             s.i(ld32m(m(4), m(0), 1)); // dst
             s.i(ld32(a(6), m(0), 3)); // scale
             s.i(inti(IntOp::Sub, m(3), m(3), 1));
@@ -164,7 +234,26 @@ impl Kernel for Fp8ToF16 {
         ];
         // One issue loads `src` and stores `dst`.
         separate_all(&mut ops, &["src", "dst"]);
-        simple_contract(self, ops, u32::from(STRIDE) * WORKERS)
+        let mut c = simple_contract(self, ops, u32::from(self.stride()) * WORKERS);
+        if self.layered {
+            c.supervisor_bytes = LAYERED_SNIPPET_BYTES;
+        }
+        c
+    }
+
+    fn supervisor(
+        &self,
+        call: &crate::Call<'_>,
+        code_base: u32,
+    ) -> Result<Vec<tessera_isa::Word>, KernelError> {
+        let _ = code_base;
+        let st = self.state(call.addrs)?;
+        if !self.layered {
+            return crate::runall_snippet(&self.symbol(), call, &st);
+        }
+        // The same address checks as every single-shot snippet.
+        crate::runall_snippet(&self.symbol(), call, &st)?;
+        Ok(self.layered_snippet(call.entry, call.state))
     }
 
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {
@@ -178,17 +267,22 @@ impl Kernel for Fp8ToF16 {
                 .u32(dst + first * GROUP * 2)
                 .u32(groups)
                 .u32(i32::from(self.scale) as u32)
-                .pad_to((i + 1) * usize::from(STRIDE));
+                .pad_to((i + 1) * usize::from(self.stride()));
         }
-        Ok(buf.finish(STRIDE))
+        Ok(buf.finish(self.stride()))
     }
 
     fn estimate_cycles_with(&self, t: &Timing) -> u64 {
-        crate::single_shot_cycles(
-            t,
-            self.shares()
-                .into_iter()
-                .map(|(_, groups)| Self::worker_issues(groups)),
-        )
+        let slots: Vec<u64> = self
+            .shares()
+            .into_iter()
+            .map(|(_, groups)| self.worker_issues(groups))
+            .collect();
+        if self.layered {
+            // Walked: the stores before `runall` issue one a cycle or wait.
+            let words = self.layered_snippet(crate::ESTIMATE_CODE_BASE, 0);
+            return crate::supervisor_cycles(t, &words, |_| slots.clone());
+        }
+        crate::single_shot_cycles(t, slots)
     }
 }

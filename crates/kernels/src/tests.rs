@@ -58,6 +58,7 @@ fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(ColExpShift::new(16, 16, 1, 0.5)),
         Box::new(Fp8ToF16::new(8, 0)),
         Box::new(Fp8ToF16::new(1152, -7)),
+        Box::new(Fp8ToF16::layered(1152, -7)),
     ]
 }
 

@@ -143,6 +143,12 @@ impl KernelKind {
     pub fn contract(&self) -> Contract {
         self.kernel().contract()
     }
+
+    /// Whether the kernel reads `operand` at the layer loop's current offset
+    /// (`$m13`) past its address: only such an operand may be in a weight store.
+    pub fn reads_by_layer(&self, operand: &str) -> bool {
+        matches!(self, KernelKind::Fp8ToF16(k) if k.layered && operand == "src")
+    }
 }
 
 macro_rules! kernel_kind_from {
@@ -443,6 +449,19 @@ pub struct PlanOp {
 }
 
 impl TilePlan {
+    /// The operations whose weights a layered kernel reads from the layer
+    /// loop's store (resident in their layout, `LowerOptions::resident`), in
+    /// name order.
+    pub fn resident_linears(&self) -> Vec<String> {
+        let names: std::collections::BTreeSet<&String> = self
+            .calls
+            .iter()
+            .filter(|c| c.kernel.reads_by_layer("src"))
+            .map(|c| &self.step_ops[c.step as usize])
+            .collect();
+        names.into_iter().cloned().collect()
+    }
+
     pub fn buffer(&self, id: BufId) -> &Buffer {
         &self.buffers[id.0 as usize]
     }

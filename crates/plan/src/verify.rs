@@ -18,7 +18,8 @@
 //! - every output binding's bytes are covered by exactly one slice;
 //! - a layer loop's body (`TilePlan::layer_loop`) is a range of steps the
 //!   program has; a buffer with one instance a layer is a weight store that the
-//!   body's exchanges read and only weight bindings write, each binding slice
+//!   body's exchanges and layered kernels (`KernelKind::reads_by_layer`) read
+//!   and only weight bindings write, each binding slice
 //!   naming an instance the buffer has; a buffer live before the body and used in
 //!   it lives to the body's end (the next iteration reads it again), and only
 //!   such a buffer or one of the body's own is used in the body.
@@ -517,17 +518,43 @@ impl Checker<'_> {
                 ));
             }
         }
-        // Instanced stores: read by the body's exchanges only, written by weight
-        // bindings only, each slice naming an instance.
+        // Instanced stores: read by the body's exchanges and layered kernels
+        // only (each at the iteration's instance), written by weight bindings
+        // only, each slice naming an instance. A kernel that reads it any other
+        // way would read the first layer's weights in every iteration.
         for c in &plan.calls {
             for (name, loc) in &c.operands {
                 if plan
                     .buffers
                     .get(loc.buf.0 as usize)
                     .is_some_and(|b| b.instances > 1)
+                    && !(c.kernel.reads_by_layer(name) && in_body(c.step))
                 {
                     err(format!(
-                        "call {} operand `{name}` uses weight store {}",
+                        "call {} operand `{name}` uses weight store {} {}",
+                        c.kernel.kernel().symbol(),
+                        loc.buf,
+                        if in_body(c.step) {
+                            "but does not read it at the layer's offset"
+                        } else {
+                            "outside the loop's body"
+                        }
+                    ));
+                }
+            }
+        }
+        // And a layered read is of a store: elsewhere the offset would move it
+        // off its buffer.
+        for c in &plan.calls {
+            for (name, loc) in &c.operands {
+                if c.kernel.reads_by_layer(name)
+                    && plan
+                        .buffers
+                        .get(loc.buf.0 as usize)
+                        .is_none_or(|b| b.instances <= 1)
+                {
+                    err(format!(
+                        "call {} reads `{name}` at the layer's offset from {}, not a weight store",
                         c.kernel.kernel().symbol(),
                         loc.buf
                     ));

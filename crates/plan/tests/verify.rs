@@ -259,3 +259,68 @@ fn a_buffer_from_before_the_body_freed_inside_it() {
     let hits = loop_errors(&p);
     assert!(hits.iter().any(|m| m.contains("freed")), "{hits:?}");
 }
+
+/// The tiny tower of three layers as a loop with FP8 weights: the fit loop
+/// keeps some linears' weights resident in their layout, an instance a layer.
+fn looped_fp8() -> (TilePlan, LowerOptions) {
+    let cfg = tessera_graph::EncoderLayerConfig {
+        layers: 3,
+        ..tessera_graph::EncoderLayerConfig::tiny(1)
+    };
+    let graph = tessera_graph::encoder_layer(&cfg).unwrap();
+    let weights = init_weights(&graph, 1);
+    let opts = LowerOptions {
+        weight_dtype: tessera_plan::WeightDtype::Fp8,
+        ..LowerOptions::default()
+    };
+    tessera_plan::lower_fitted(&Machine::small(), &graph, &weights, &opts).unwrap()
+}
+
+/// Calls widening resident weights: layered, reading a weight store.
+fn layered_calls(p: &TilePlan) -> Vec<usize> {
+    (0..p.calls.len())
+        .filter(|&i| p.calls[i].kernel.reads_by_layer("src"))
+        .collect()
+}
+
+#[test]
+fn resident_weights_in_a_loop_keep_every_rule() {
+    let (p, o) = looped_fp8();
+    assert!(!o.resident.is_empty(), "no linear kept resident");
+    let layered = layered_calls(&p);
+    assert!(!layered.is_empty());
+    for &i in &layered {
+        let src = p.calls[i].operands["src"].buf;
+        assert_eq!(p.buffer(src).instances, 3);
+    }
+    assert_eq!(verify(&p), vec![]);
+}
+
+#[test]
+fn a_store_read_without_the_layers_offset() {
+    let (mut p, _) = looped_fp8();
+    let i = layered_calls(&p)[0];
+    let tessera_plan::KernelKind::Fp8ToF16(k) = &mut p.calls[i].kernel else {
+        unreachable!()
+    };
+    k.layered = false;
+    let hits = loop_errors(&p);
+    assert!(
+        hits.iter()
+            .any(|m| m.contains("does not read it at the layer's offset")),
+        "{hits:?}"
+    );
+}
+
+#[test]
+fn a_layered_read_of_a_buffer_that_is_no_store() {
+    let (mut p, _) = looped_fp8();
+    let i = layered_calls(&p)[0];
+    let dst = p.calls[i].operands["dst"];
+    p.calls[i].operands.insert("src".to_string(), dst);
+    let hits = loop_errors(&p);
+    assert!(
+        hits.iter().any(|m| m.contains("not a weight store")),
+        "{hits:?}"
+    );
+}

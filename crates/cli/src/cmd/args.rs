@@ -142,6 +142,11 @@ pub struct ModelArgs {
     /// LayerNorm parameters and activations stay f16)
     #[arg(long, value_enum, default_value = "f16")]
     pub weight_dtype: WeightDtypeArg,
+    /// Stage every FP8 weight of a layer loop into its layout each iteration,
+    /// instead of letting the planner keep linears' weights resident in their
+    /// layout (an instance a layer) where the whole model's memory allows
+    #[arg(long)]
+    pub stage_all_weights: bool,
     /// Whole-model plans to build completely before selecting one (1: the rules'
     /// defaults, no search; at most 64, docs/limits.md)
     #[arg(long, default_value_t = 8, value_parser = finalists_in_range)]
@@ -343,6 +348,7 @@ impl ModelArgs {
                 WeightDtypeArg::F16 => WeightDtype::F16,
                 WeightDtypeArg::Fp8 => WeightDtype::Fp8,
             },
+            resident_weights: !self.stage_all_weights,
             experimental,
         })
     }

@@ -86,6 +86,20 @@ pub fn print_report(r: &CompileReport) {
         t.kernels,
         t.exchange_code
     );
+    if let Some(n) = r.loop_count
+        && r.weight_dtype == tessera_driver::WeightDtype::Fp8
+    {
+        if r.resident_weights.is_empty() {
+            eprintln!(
+                "  layer loop: every weight staged each iteration (no linear's FP8 weights resident in their layout)"
+            );
+        } else {
+            eprintln!(
+                "  layer loop: {}'s FP8 weights resident in their layout ({n} instances each); every other weight, bias and LayerNorm parameter staged each iteration",
+                r.resident_weights.join(", ")
+            );
+        }
+    }
 }
 
 /// The operation table, one row per operation.

@@ -95,6 +95,8 @@ struct RunJson<'a> {
     weight_dtype: &'static str,
     /// Iterations of the layer loop, when the layers ran as one loop body.
     loop_count: Option<u32>,
+    /// The loop's linears whose weights stayed resident in their layout.
+    resident_weights: &'a [String],
     ops: Vec<OpJson<'a>>,
     /// The plan's cycle estimate (tile work without host transfers: compare with
     /// `cycles - host_transfer_cycles`).
@@ -202,6 +204,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<Outcome> {
             layer_cycles: at.layers.iter().map(|l| l.cycles).collect(),
             weight_dtype: c.report.weight_dtype.name(),
             loop_count: c.report.loop_count,
+            resident_weights: &c.report.resident_weights,
             ops: at
                 .ops
                 .iter()

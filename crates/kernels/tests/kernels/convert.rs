@@ -7,7 +7,7 @@ use tessera_kernels::{Fp8ToF16, Kernel, KernelError, Violation};
 use tessera_machine::fp8;
 use tessera_sim::Status;
 
-use crate::harness::{R1, layout, rng, run};
+use crate::harness::{R1, layout, rng, run, run_at_layer};
 
 fn check(n: u32, scale: i8, codes: &[u8]) {
     let k = Fp8ToF16::new(n, scale);
@@ -134,4 +134,37 @@ fn misaligned_source_is_a_violation_and_faults() {
         "{:?}",
         out.violations
     );
+}
+
+/// The layered form reads its layer's instance: `src` plus the loop's offset
+/// (`$m13`), here 0x1000 past codes that would decode differently; the same
+/// call at offset 0 reads the first instance.
+#[test]
+fn the_layered_form_reads_the_current_layers_instance() {
+    let (n, scale) = (200u32, -3i8);
+    let k = Fp8ToF16::layered(n, scale);
+    assert!(k.symbol().ends_with("_l"));
+    let addrs = layout(&k);
+    let src = addrs.get("src").unwrap();
+    let mut r = rng(41);
+    let first: Vec<u8> = (0..n).map(|_| r.random::<u8>()).collect();
+    let later: Vec<u8> = (0..n).map(|_| r.random::<u8>()).collect();
+    for (layer, codes) in [(0u32, &first), (0x1000, &later)] {
+        let out = run_at_layer(
+            &k,
+            &addrs,
+            &[("src", first.clone())],
+            layer,
+            &[(src + 0x1000, later.clone())],
+        );
+        out.assert_ok();
+        let got = out.read_f16("dst", n as usize);
+        for (i, (&c, g)) in codes.iter().zip(&got).enumerate() {
+            let want = fp8::decode(c, scale);
+            assert!(
+                (want.is_nan() && g.is_nan()) || g.to_bits() == f16::from_f32(want).to_bits(),
+                "layer offset {layer:#x} element {i}: code {c:#04x} gave {g}"
+            );
+        }
+    }
 }

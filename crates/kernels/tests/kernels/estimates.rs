@@ -270,5 +270,6 @@ fn fp8_to_f16_estimate_is_exact() {
         (4304, -12),
     ] {
         check_exact(&Fp8ToF16::new(n, scale));
+        check_exact(&Fp8ToF16::layered(n, scale));
     }
 }

@@ -103,6 +103,19 @@ fn segment(name: &str, addr: u32, size: u32, bytes: Vec<u8>, perms: Perms) -> Se
 /// Runs one call of `k` with operands at `addrs` (which must include `state`) and
 /// initial contents `inputs`; operands not in `inputs` start zeroed.
 pub fn run(k: &dyn Kernel, addrs: &OperandAddrs, inputs: &[(&str, Vec<u8>)]) -> Outcome {
+    run_at_layer(k, addrs, inputs, 0, &[])
+}
+
+/// [`run`] as an iteration of a layer loop whose offset (`$m13`) is `layer`, the
+/// supervisor setting it before the kernel's snippet, with `extra` bytes at
+/// their addresses (what the iteration's instance of a store holds).
+pub fn run_at_layer(
+    k: &dyn Kernel,
+    addrs: &OperandAddrs,
+    inputs: &[(&str, Vec<u8>)],
+    layer: u32,
+    extra: &[(u32, Vec<u8>)],
+) -> Outcome {
     let machine = machine();
     let contract = k.contract();
     let violations = contract.check(&machine, addrs);
@@ -122,6 +135,15 @@ pub fn run(k: &dyn Kernel, addrs: &OperandAddrs, inputs: &[(&str, Vec<u8>)]) -> 
         )
         .expect("supervisor snippet");
     assert_eq!(tessera_kernels::code_bytes(&sup), contract.supervisor_bytes);
+    if layer != 0 {
+        sup.insert(
+            0,
+            Word::Single(Inst::Setzi {
+                d: tessera_kernels::exchange::LAYER,
+                imm: layer,
+            }),
+        );
+    }
     sup.push(Word::Single(Inst::Exit));
     let sup_bytes = tessera_isa::encode(&sup).expect("supervisor encodes");
     let state = k.state(addrs).expect("state builds");
@@ -187,6 +209,15 @@ pub fn run(k: &dyn Kernel, addrs: &OperandAddrs, inputs: &[(&str, Vec<u8>)]) -> 
         }
     }
     segments.extend(data);
+    for (i, (addr, bytes)) in extra.iter().enumerate() {
+        segments.push(segment(
+            &format!("extra{i}"),
+            *addr,
+            bytes.len() as u32,
+            bytes.clone(),
+            rw,
+        ));
+    }
     let symbols = vec![
         Symbol {
             name: code.symbol.clone(),

@@ -111,6 +111,9 @@ struct StoreSpread {
     /// (bytes stored, turn, tile), least first.
     queue: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, u32)>>,
     turns: u64,
+    /// Bytes each tile stored outside `take` (resident weights) not yet in
+    /// its queue entry: added when the entry comes up.
+    charged: Vec<u64>,
 }
 
 impl StoreSpread {
@@ -120,6 +123,14 @@ impl StoreSpread {
                 .map(|t| std::cmp::Reverse((0, u64::from(t), t)))
                 .collect(),
             turns: u64::from(tiles),
+            charged: vec![0; tiles as usize],
+        }
+    }
+
+    /// `bytes` stored on `tile` by other means than [`Self::take`].
+    fn charge(&mut self, tile: u32, bytes: u64) {
+        if let Some(c) = self.charged.get_mut(tile as usize) {
+            *c += bytes;
         }
     }
 
@@ -136,6 +147,14 @@ impl StoreSpread {
                 .queue
                 .pop()
                 .expect("an image has no more chunks than tiles");
+            let extra = std::mem::take(&mut self.charged[tile as usize]);
+            if extra > 0 {
+                // Behind by what it stores otherwise: in the queue again at
+                // its true count.
+                self.queue
+                    .push(std::cmp::Reverse((stored + extra, turn, tile)));
+                continue;
+            }
             if !holding.contains(&tile) {
                 break (stored, tile);
             }
@@ -397,46 +416,30 @@ impl<'a> Lowering<'a> {
             if stores.contains_key(name) {
                 continue;
             }
-            let w = self
+            let len = self
                 .weights
-                .get_mut(name)
-                .expect("a fill names its binding");
-            let len = w.image.len() as u32;
+                .get(name)
+                .expect("a fill names its binding")
+                .image
+                .len() as u32;
             let tiles = self.machine.tiles.max(1);
             let chunk = len.div_ceil(tiles).max(STORE_CHUNK_MIN).next_multiple_of(8);
             let mut bufs = Vec::new();
             let mut holding = std::collections::BTreeSet::new();
             // A body's chunk is stored once a layer.
             let instances = u64::from(self.body.as_ref().map_or(1, |b| b.count));
-            w.slices.clear();
+            let mut slices = Vec::new();
             for (i, at) in (0..len).step_by(chunk as usize).enumerate() {
                 let bytes = chunk.min(len - at);
                 let tile = self
                     .spread
                     .take(u64::from(bytes.next_multiple_of(8)) * instances, &holding);
                 holding.insert(tile);
-                let loc = match &mut self.body {
+                let loc = match self.body.is_some() {
                     // The body's chunks on a tile share one store, an instance
                     // a layer: an iteration reads its layer's at one offset.
-                    Some(body) => {
-                        let buf = *body.stores.entry(tile).or_insert_with(|| {
-                            let id = self.plan.add_buffer(
-                                tile,
-                                "layers.store".to_string(),
-                                0,
-                                Category::WeightStore,
-                            );
-                            self.plan.buffers[id.0 as usize].instances = body.count;
-                            self.plan.touch(id, 0);
-                            self.forever.push(id);
-                            id
-                        });
-                        let b = &mut self.plan.buffers[buf.0 as usize];
-                        let offset = b.bytes.next_multiple_of(8);
-                        b.bytes = offset + bytes;
-                        Loc { buf, offset }
-                    }
-                    None => {
+                    true => self.body_store_space(tile, bytes),
+                    false => {
                         let id = self.plan.add_buffer(
                             tile,
                             format!("{}.store{i}", &name["weights/".len()..]),
@@ -448,7 +451,7 @@ impl<'a> Lowering<'a> {
                         Loc { buf: id, offset: 0 }
                     }
                 };
-                w.slices.push(Slice {
+                slices.push(Slice {
                     loc,
                     instance: 0,
                     offset: at,
@@ -456,6 +459,7 @@ impl<'a> Lowering<'a> {
                 });
                 bufs.push(loc);
             }
+            self.weights.get_mut(name).expect("made above").slices = slices;
             stores.insert(name.clone(), (chunk, bufs));
         }
         // One copy per store chunk a compute buffer overlaps; replicas of the
@@ -489,6 +493,76 @@ impl<'a> Lowering<'a> {
                 .copies
                 .push(Copy { src, bytes, dsts });
         }
+    }
+
+    /// `bytes` more of the body's store on `tile` (made on first use: one
+    /// buffer, an instance a layer), 8-byte aligned; where they start.
+    fn body_store_space(&mut self, tile: u32, bytes: u32) -> Loc {
+        let body = self.body.as_mut().expect("a body is open");
+        let buf = *body.stores.entry(tile).or_insert_with(|| {
+            let id =
+                self.plan
+                    .add_buffer(tile, "layers.store".to_string(), 0, Category::WeightStore);
+            self.plan.buffers[id.0 as usize].instances = body.count;
+            self.plan.touch(id, 0);
+            self.forever.push(id);
+            id
+        });
+        let b = &mut self.plan.buffers[buf.0 as usize];
+        let offset = b.bytes.next_multiple_of(8);
+        b.bytes = offset + bytes;
+        Loc { buf, offset }
+    }
+
+    /// Whether the operation being lowered keeps its weights resident in the
+    /// body's store (`LowerOptions::resident`), read by layered kernels.
+    pub fn resident_here(&self, op: &str) -> bool {
+        (self.body.is_some() || self.replay.is_some())
+            && self.opts.resident.contains(self.body_name(op).as_ref())
+    }
+
+    /// A constant of the layer loop's body kept where it is read: `bytes` in
+    /// the tile's store, an instance a layer, which a layered kernel reads at
+    /// the iteration's offset. Its binding and image are as [`Self::constant`]
+    /// makes them (replicas share the image's bytes), so each later layer's
+    /// replay fills its instance the same way.
+    pub fn layer_constant(&mut self, tile: u32, name: String, bytes: Vec<u8>) -> Loc {
+        if self.replay.is_some() {
+            // The body's addresses are the ones kept; a replay only gives bytes.
+            let id = self
+                .plan
+                .add_buffer(tile, name, bytes.len() as u32, Category::Weight);
+            if let Err(e) = self.replayed_constant(&bytes)
+                && self.replay_error.is_none()
+            {
+                self.replay_error = Some(e);
+            }
+            return Loc { buf: id, offset: 0 };
+        }
+        let len = bytes.len() as u32;
+        let loc = self.body_store_space(tile, len);
+        self.spread.charge(
+            tile,
+            u64::from(len.next_multiple_of(8))
+                * u64::from(self.body.as_ref().map_or(1, |b| b.count)),
+        );
+        let binding = format!("weights/{name}");
+        let w = self.weights.entry(binding.clone()).or_default();
+        let offset = *w.offsets.entry(bytes).or_insert_with_key(|b| {
+            let at = w.image.len() as u32;
+            w.image.extend_from_slice(b);
+            at
+        });
+        w.slices.push(Slice {
+            loc,
+            instance: 0,
+            offset,
+            bytes: len,
+        });
+        if let Some(body) = &mut self.body {
+            body.constants.push((binding, offset, len));
+        }
+        loc
     }
 
     /// A new step of `kind` after every step handed out so far.

@@ -690,14 +690,24 @@ impl OnePass<'_, '_> {
             Some(scale) => {
                 let codes = wbytes;
                 let n = codes.len() as u32;
-                let w8 = lw.constant(tile, format!("{}.w8", op.name), codes, Category::Weight);
+                let name = format!("{}.w8", op.name);
+                // Resident in a layer loop: widened from the iteration's
+                // instance in the store, where staged ones are exchanged to.
+                let (src, widen) = if lw.resident_here(op.name) {
+                    (
+                        lw.layer_constant(tile, name, codes),
+                        Fp8ToF16::layered(n, scale),
+                    )
+                } else {
+                    let w8 = lw.constant(tile, name, codes, Category::Weight);
+                    (Loc { buf: w8, offset: 0 }, Fp8ToF16::new(n, scale))
+                };
                 let w = lw.buffer(tile, format!("{}.w", op.name), 2 * n, Category::Weight);
-                let at = |buf| Loc { buf, offset: 0 };
                 lw.call(
                     tile,
                     step,
-                    Fp8ToF16::new(n, scale),
-                    &[("src", at(w8)), ("dst", at(w))],
+                    widen,
+                    &[("src", src), ("dst", Loc { buf: w, offset: 0 })],
                 );
                 w
             }

@@ -97,6 +97,15 @@ pub struct LowerOptions {
     /// budgets alone leave the attention's step over the limit (a whole tower
     /// at batch 2, whose weight store takes half of every tile).
     pub cut_keys: bool,
+    /// Linears of a layer loop's body (by their body names, `layers.0.…`) whose
+    /// FP8 weights stay resident in their compute layout, an instance a layer
+    /// in the tile's store, widened where they lie (`Fp8ToF16::layered`)
+    /// instead of staged by an exchange each iteration: no staging bytes, but
+    /// every replica of every layer held for the whole program. The fit loop
+    /// chooses them within the whole model's memory ([`reside`]).
+    pub resident: std::collections::BTreeSet<String>,
+    /// Let the fit loop choose `resident` linears (on by default).
+    pub reside: bool,
     /// Knobs for tests and demonstrations; all off by default.
     pub experimental: Experimental,
 }
@@ -166,6 +175,8 @@ impl Default for LowerOptions {
             loop_layers: true,
             weight_dtype: WeightDtype::F16,
             cut_keys: false,
+            resident: std::collections::BTreeSet::new(),
+            reside: true,
             experimental: Experimental::default(),
         }
     }
@@ -1300,7 +1311,8 @@ pub fn lower_fitted_shape(
     opts: &LowerOptions,
 ) -> Result<(TilePlan, LowerOptions), PlanError> {
     let (plan, o) = fit(machine, graph, weights, opts)?;
-    grow(machine, graph, weights, plan, o)
+    let (plan, o) = grow(machine, graph, weights, plan, o)?;
+    reside(machine, graph, weights, plan, o)
 }
 
 /// Live bytes a step may take on a tile: [`FIT_SHARE`] of its SRAM.
@@ -1554,6 +1566,79 @@ fn live_shortfall(plan: &TilePlan, available: u64) -> (u64, u32) {
     (over.iter().sum(), over.len() as u32)
 }
 
+/// The residency phase after growth: which of a layer loop's linears keep
+/// their FP8 weights resident in their compute layout (`LowerOptions::resident`)
+/// instead of staging them each iteration, under the whole model's memory.
+/// Resident, a linear's weights take every replica of every layer for the whole
+/// program (its widening buffer's bytes times the depth on each tile) and save
+/// the staging exchange of every iteration. Linears are tried one at a time,
+/// fewest bytes on their busiest tile first, each with those kept so far; one
+/// is kept when the plan's busiest tile stays within the fit limit, what lives
+/// for the whole program still fits, and the whole plan's estimate falls. A
+/// linear whose resident bytes cannot fit beside the plan's (each tile's
+/// busiest step plus them, less its staged copy) is not lowered at all: the
+/// So400m tower, whose store already takes half of every tile, tries none.
+fn reside(
+    machine: &Machine,
+    graph: &Graph,
+    weights: &TensorMap,
+    mut plan: TilePlan,
+    mut o: LowerOptions,
+) -> Result<(TilePlan, LowerOptions), PlanError> {
+    let Some(count) = plan.layer_loop.as_ref().map(|lp| lp.count) else {
+        return Ok((plan, o));
+    };
+    let limit = fit_limit_within(machine, o.capacity);
+    if !o.reside || o.weight_dtype != WeightDtype::Fp8 || max_live_bytes(&plan) > limit {
+        return Ok((plan, o));
+    }
+    let mut best = crate::estimate(machine, &plan).cycles;
+    let prefix = format!("{}0.", layers::PREFIX);
+    let ops: Vec<String> = plan
+        .candidates
+        .iter()
+        .map(|c| c.op.clone())
+        .filter(|op| op.starts_with(&prefix) && !o.resident.contains(op))
+        .collect();
+    // Each linear's bytes a tile once resident, and the bound they give.
+    let tiles = plan.tiles as usize;
+    let busiest: Vec<u64> = {
+        let steps = plan.steps.len().max(1);
+        live_by_tile_and_step(&plan)
+            .chunks(steps)
+            .map(|t| t.iter().copied().max().unwrap_or(0))
+            .collect()
+    };
+    let mut order: Vec<(u64, String)> = Vec::new();
+    for op in ops {
+        let name = format!("{op}.w8");
+        let mut staged = vec![0u64; tiles];
+        for b in plan.buffers.iter().filter(|b| b.name == name) {
+            staged[b.tile as usize] += u64::from(b.bytes);
+        }
+        let resident = |t: usize| staged[t].next_multiple_of(8) * u64::from(count);
+        let most = (0..tiles).map(resident).max().unwrap_or(0);
+        let fits = (0..tiles).all(|t| busiest[t] + resident(t) - staged[t] <= limit);
+        if most > 0 && fits {
+            order.push((most, op));
+        }
+    }
+    order.sort();
+    for (_, op) in order {
+        let mut t = o.clone();
+        t.resident.insert(op);
+        let p = lower_shape(machine, graph, weights, &t)?;
+        if max_live_bytes(&p) > limit || resident_fits(machine, &p, None, t.capacity).is_err() {
+            continue;
+        }
+        let e = crate::estimate(machine, &p).cycles;
+        if e < best {
+            (best, plan, o) = (e, p, t);
+        }
+    }
+    Ok((plan, o))
+}
+
 /// The growth phase after the fit loop. A linear's default strategy keeps within
 /// the activation budget (`transient_bytes`), which is sized for the busiest
 /// linear; its candidate list also holds strategies that need up to two thirds
@@ -1732,7 +1817,17 @@ fn smaller_weight_budget(o: &LowerOptions) -> Option<LowerOptions> {
 /// floor: what a caller tries when placement refuses a plan that the fit loop's
 /// live-byte bound let through (the bound knows nothing of the memory elements
 /// that streamed operands must keep apart, so such a plan is a near miss).
+/// A plan with resident weights first gives them up (every weight staged, the
+/// residency phase off), at the same budget: they are what it chose beyond
+/// the fit loop's plan.
 pub fn placement_retry_budget(o: &LowerOptions) -> Option<LowerOptions> {
+    if !o.resident.is_empty() {
+        return Some(LowerOptions {
+            resident: Default::default(),
+            reside: false,
+            ..o.clone()
+        });
+    }
     (o.weight_bytes > MIN_WEIGHT_BYTES).then(|| LowerOptions {
         weight_bytes: (o.weight_bytes * 7 / 8).max(MIN_WEIGHT_BYTES),
         ..o.clone()
