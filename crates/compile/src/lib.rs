@@ -493,9 +493,10 @@ pub fn complete_layer_weights(
         return Ok(());
     };
     let start = Instant::now();
-    // The later layers split over the threads, one lowering replaying each
-    // part (at 27 So400m layers a replay takes about as long as the body's
-    // lowering): each binding then comes from the lowering that made it.
+    // The later layers split over the threads, one lowering making each
+    // part's weights (from their parameters by the body's recipes, or by
+    // replaying the body where it has none): each binding then comes from the
+    // lowering that made it.
     let count = c.report.loop_count.unwrap_or(1).max(2);
     let parts = (rayon::current_num_threads() as u32).clamp(1, count - 1);
     let per = (count - 1).div_ceil(parts);

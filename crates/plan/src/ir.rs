@@ -321,6 +321,9 @@ pub struct TilePlan {
     /// the first layer's bytes. A finalist compiled from it has its weights
     /// filled in before it is used (`tessera_compile::complete_layer_weights`).
     pub layer_weights_pending: bool,
+    /// The later layers' weights were made from their parameters by the
+    /// body's recipes, not by replaying the body (`lower/recipe.rs`).
+    pub layer_weights_by_recipe: bool,
     pub tiles: u32,
     pub steps: Vec<StepKind>,
     /// The graph operation each step belongs to (empty for host transfers), for

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use half::f16;
 use tessera_machine::Machine;
 
+use super::recipe::{LinearSource, Recipe};
 use crate::dist::{DistTensor, Part};
 use crate::ir::*;
 use crate::lower::LowerOptions;
@@ -69,6 +70,10 @@ struct Body {
     /// Every constant the body made, in order: (binding, offset in its image,
     /// bytes). A replay's `k`-th constant lands where the body's `k`-th did.
     constants: Vec<(String, u32, u32)>,
+    /// How each of them follows from its layer's parameters, where known.
+    recipes: Vec<Option<Recipe>>,
+    /// The linears the recipes name.
+    sources: Vec<LinearSource>,
 }
 
 /// A later layer lowering the body again to produce its weights.
@@ -526,7 +531,13 @@ impl<'a> Lowering<'a> {
     /// the iteration's offset. Its binding and image are as [`Self::constant`]
     /// makes them (replicas share the image's bytes), so each later layer's
     /// replay fills its instance the same way.
-    pub fn layer_constant(&mut self, tile: u32, name: String, bytes: Vec<u8>) -> Loc {
+    pub fn layer_constant(
+        &mut self,
+        tile: u32,
+        name: String,
+        bytes: Vec<u8>,
+        recipe: Option<Recipe>,
+    ) -> Loc {
         if self.replay.is_some() {
             // The body's addresses are the ones kept; a replay only gives bytes.
             let id = self
@@ -561,8 +572,75 @@ impl<'a> Lowering<'a> {
         });
         if let Some(body) = &mut self.body {
             body.constants.push((binding, offset, len));
+            body.recipes.push(recipe);
         }
         loc
+    }
+
+    /// Registers a linear of the body whose constants will carry recipes;
+    /// `None` outside the body (and in a replay, which needs none).
+    pub fn linear_source(&mut self, source: LinearSource) -> Option<usize> {
+        let body = self.body.as_mut()?;
+        body.sources.push(source);
+        Some(body.sources.len() - 1)
+    }
+
+    /// Whether every constant of the lowered body has a recipe, so that later
+    /// layers' images can be made by [`Self::layer_from_recipes`].
+    pub fn recipes_complete(&self) -> bool {
+        self.lowered_body
+            .as_ref()
+            .is_some_and(|b| b.recipes.iter().all(Option::is_some))
+    }
+
+    /// Layer `layer`'s weight images from its parameters (`data`: the body's
+    /// parameter's values in that layer, checked to have `len` of them), by
+    /// the body's recipes, each constant landing where the body's did (as a
+    /// replay's would, with the same checks).
+    pub fn layer_from_recipes<'d>(
+        &mut self,
+        layer: u32,
+        data: &dyn Fn(tessera_graph::TensorId, usize) -> Result<&'d [f32], crate::PlanError>,
+    ) -> Result<(), crate::PlanError> {
+        use super::recipe::Built;
+        use std::sync::Arc;
+        let body = self
+            .lowered_body
+            .as_ref()
+            .expect("the body precedes its layers");
+        let mut built: HashMap<usize, Arc<Built>> = HashMap::new();
+        // Replicas make the same bytes: each distinct recipe once.
+        let mut made: HashMap<String, Arc<Vec<u8>>> = HashMap::new();
+        let mut all = Vec::with_capacity(body.recipes.len());
+        for r in &body.recipes {
+            let r = r.as_ref().expect("recipes_complete was checked");
+            let key = format!("{r:?}");
+            if let Some(b) = made.get(&key) {
+                all.push(Arc::clone(b));
+                continue;
+            }
+            let mut get = |lin: usize| -> Result<Arc<Built>, crate::PlanError> {
+                if let Some(b) = built.get(&lin) {
+                    return Ok(Arc::clone(b));
+                }
+                let b = Arc::new(body.sources[lin].build(data)?);
+                built.insert(lin, Arc::clone(&b));
+                Ok(b)
+            };
+            let b = Arc::new(super::recipe::bytes(r, &body.sources, &mut get, data)?);
+            made.insert(key, Arc::clone(&b));
+            all.push(b);
+        }
+        self.replay = Some(Replay { layer, made: 0 });
+        let mut result = Ok(());
+        for bytes in all {
+            if let Err(e) = self.replayed_constant(&bytes) {
+                result = Err(crate::PlanError::Unsupported(e));
+                break;
+            }
+        }
+        self.replay = None;
+        result
     }
 
     /// A new step of `kind` after every step handed out so far.
@@ -594,6 +672,19 @@ impl<'a> Lowering<'a> {
         name: String,
         bytes: Vec<u8>,
         category: Category,
+    ) -> BufId {
+        self.constant_with(tile, name, bytes, category, None)
+    }
+
+    /// [`Self::constant`], with how its bytes follow from the layer's
+    /// parameters (for a layer loop's body: `recipe.rs`).
+    pub fn constant_with(
+        &mut self,
+        tile: u32,
+        name: String,
+        bytes: Vec<u8>,
+        category: Category,
+        recipe: Option<Recipe>,
     ) -> BufId {
         let id = self
             .plan
@@ -627,6 +718,7 @@ impl<'a> Lowering<'a> {
             // Filled by the staging exchange, live only while the operation runs.
             if let Some(body) = &mut self.body {
                 body.constants.push((binding.clone(), offset, len));
+                body.recipes.push(recipe);
             }
             st.fills.push((id, binding, offset, len));
             return id;

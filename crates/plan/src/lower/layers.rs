@@ -28,6 +28,10 @@ pub(crate) struct Layers {
     pub input: TensorId,
     /// Each layer's output: the next layer's input.
     pub outputs: Vec<TensorId>,
+    /// For each layer, the parameter it reads where the first layer reads
+    /// each of its own (operand for operand), or `None` where one of the
+    /// first layer's parameters stands for two of this layer's.
+    pub params: Vec<Option<HashMap<TensorId, TensorId>>>,
 }
 
 impl Layers {
@@ -82,13 +86,12 @@ pub(crate) fn find(g: &Graph) -> Option<Layers> {
     }
     let outputs: Vec<TensorId> = runs.iter().map(|r| ops[r.end - 1].output).collect();
     let input = single_input(g, &runs[0])?;
+    let mut params = vec![None];
     for (l, r) in runs.iter().enumerate().skip(1) {
         if single_input(g, r)? != outputs[l - 1] {
             return None;
         }
-        if !same_structure(g, &runs[0], r, (input, outputs[l - 1])) {
-            return None;
-        }
+        params.push(same_structure(g, &runs[0], r, (input, outputs[l - 1]))?);
     }
     // Only the next layer (or, for the last, what follows) reads a layer's
     // tensors: the loop keeps nothing of an iteration but its output.
@@ -114,6 +117,7 @@ pub(crate) fn find(g: &Graph) -> Option<Layers> {
         runs,
         input,
         outputs,
+        params,
     })
 }
 
@@ -143,12 +147,15 @@ fn single_input(g: &Graph, r: &Range<usize>) -> Option<TensorId> {
 
 /// Run `b` does what run `a` does: same operations in the same order on
 /// corresponding operands (`inputs`: run `a`'s outside input, run `b`'s).
+/// `None` where it does not; else run `b`'s parameter for each of run `a`'s,
+/// or `None` inside where one of `a`'s stands for two of `b`'s.
 fn same_structure(
     g: &Graph,
     a: &Range<usize>,
     b: &Range<usize>,
     inputs: (TensorId, TensorId),
-) -> bool {
+) -> Option<Option<HashMap<TensorId, TensorId>>> {
+    let mut params: Option<HashMap<TensorId, TensorId>> = Some(HashMap::new());
     let ops = g.ops();
     let mut map: HashMap<TensorId, TensorId> = HashMap::from([(inputs.0, inputs.1)]);
     let own = |r: &Range<usize>| {
@@ -158,7 +165,7 @@ fn same_structure(
     };
     let (a, b) = (own(a), own(b));
     if a.len() != b.len() {
-        return false;
+        return None;
     }
     for (&i, &j) in a.iter().zip(&b) {
         let (x, y) = (&ops[i], &ops[j]);
@@ -169,30 +176,37 @@ fn same_structure(
             || x.kind.mnemonic() != y.kind.mnemonic()
             || !same_attributes(&x.kind, &y.kind)
         {
-            return false;
+            return None;
         }
         let (xs, ys) = (x.kind.inputs(), y.kind.inputs());
         if xs.len() != ys.len() {
-            return false;
+            return None;
         }
         for (&s, &t) in xs.iter().zip(&ys) {
             let ok = match map.get(&s) {
                 Some(&m) => m == t,
                 None => {
                     let (ps, pt) = (g.producer(s), g.producer(t));
-                    is_param(ps)
+                    let ok = is_param(ps)
                         && is_param(pt)
                         && g.shape(s) == g.shape(t)
-                        && layer_index(&ps.name).map(|t| t.1) == layer_index(&pt.name).map(|t| t.1)
+                        && layer_index(&ps.name).map(|t| t.1) == layer_index(&pt.name).map(|t| t.1);
+                    if ok
+                        && let Some(p) = &mut params
+                        && *p.entry(s).or_insert(t) != t
+                    {
+                        params = None;
+                    }
+                    ok
                 }
             };
             if !ok {
-                return false;
+                return None;
             }
         }
         map.insert(x.output, y.output);
     }
-    true
+    Some(params)
 }
 
 /// The attributes of two operations of one kind agree (operands aside): the
@@ -229,6 +243,39 @@ mod tests {
         assert!(g.ops()[l.runs[0].start].name.starts_with("layers.0."));
         assert!(g.ops()[l.runs[2].end - 1].name.starts_with("layers.2."));
         assert_eq!(l.outputs[2], g.ops()[l.runs[2].end - 1].output);
+        // Each later layer's parameters, operand for operand: its own, named
+        // as the first layer's after the prefix.
+        for layer in 1..3 {
+            let params = l.params[layer].as_ref().expect("one for one");
+            assert!(!params.is_empty());
+            for (&a, &b) in params {
+                let (na, nb) = (&g.producer(a).name, &g.producer(b).name);
+                assert_eq!(tail(na), tail(nb), "{na} {nb}");
+                assert!(nb.starts_with(&format!("layers.{layer}.")), "{nb}");
+            }
+        }
+    }
+
+    /// A parameter the first layer reads in two places where a later layer
+    /// reads two: the layers still loop (a replay makes the weights), but
+    /// there is no parameter for parameter correspondence.
+    #[test]
+    fn a_parameter_standing_for_two_gives_no_correspondence() {
+        let text = "x: f16[32, 16] = input \"x\"
+w0: f16[16, 16] = param \"w\" normal(mean=0, std=0.25)
+y0: f16[32, 16] = matmul x, w0  # layers.0.a
+q0: f16[32, 16] = matmul y0, w0  # layers.0.b
+z0: f16[32, 16] = add x, q0  # layers.0.residual
+v1: f16[16, 16] = param \"v\" normal(mean=0, std=0.25)
+y1: f16[32, 16] = matmul z0, w0  # layers.1.a
+q1: f16[32, 16] = matmul y1, v1  # layers.1.b
+z1: f16[32, 16] = add z0, q1  # layers.1.residual
+p: f16[32, 16] = gelu z1  # post
+output \"y\" = p
+";
+        let g = Graph::parse(text).expect("graph");
+        let l = find(&g).expect("two layers");
+        assert_eq!(l.params[1], None);
     }
 
     #[test]

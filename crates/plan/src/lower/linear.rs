@@ -49,6 +49,7 @@ use half::f16;
 use tessera_kernels::{AmpMatmul, Fp8ToF16, Gelu, Rearrange, ReduceAdd, ZeroFill, pack_weights};
 use tessera_machine::fp8;
 
+use super::recipe::Recipe;
 use crate::PlanError;
 use crate::dist::{DistTensor, Part, redistribute};
 use crate::ir::*;
@@ -154,6 +155,9 @@ pub(crate) struct Linear<'a> {
     pub name: &'a str,
     pub x: &'a DistTensor,
     pub w: &'a [f32],
+    /// Where `w` and `bias` come from, in a layer loop's body
+    /// (`Lowering::linear_source`): the constants made record their recipes.
+    pub source: Option<usize>,
     /// Store `w` as FP8 at this scale (`LowerOptions::weight_dtype`).
     pub fp8_scale: Option<i8>,
     pub n: u32,
@@ -196,7 +200,7 @@ pub(crate) fn is_block_layout(t: &DistTensor) -> bool {
 }
 
 /// Weights of one tile of a grid, padded to `padded_blocks` blocks.
-fn packed_weights(
+pub(crate) fn packed_weights(
     w: &[f32],
     n: u32,
     chunks: (u32, u32),
@@ -623,11 +627,18 @@ impl OnePass<'_, '_> {
             if self.bias_in_engine(part, j) {
                 let bias = *consts.engine_bias.entry(tile).or_insert_with(|| {
                     let v = block_bias(op, g.blocks[l], (0, nb_pad), 0);
-                    lw.constant(
+                    lw.constant_with(
                         tile,
                         format!("{}.bias", op.name),
                         f16_bytes(v),
                         Category::Weight,
+                        op.source.map(|lin| Recipe::Bias {
+                            lin,
+                            blocks: g.blocks[l],
+                            first: 0,
+                            count: nb_pad,
+                            rows: 1,
+                        }),
                     )
                 });
                 ops.push((
@@ -685,8 +696,26 @@ impl OnePass<'_, '_> {
                 }
             })
             .clone();
+        let recipe = op.source.map(|lin| Recipe::Weights {
+            lin,
+            parts: (0..parts)
+                .map(|q| {
+                    let (at, pkc) = part_chunks(kc, parts, q);
+                    (c0 + at, pkc)
+                })
+                .collect(),
+            blocks: (b0, nb),
+            nb_pad,
+            fp8: op.fp8_scale,
+        });
         let b = match op.fp8_scale {
-            None => lw.constant(tile, format!("{}.w", op.name), wbytes, Category::Weight),
+            None => lw.constant_with(
+                tile,
+                format!("{}.w", op.name),
+                wbytes,
+                Category::Weight,
+                recipe,
+            ),
             Some(scale) => {
                 let codes = wbytes;
                 let n = codes.len() as u32;
@@ -695,11 +724,11 @@ impl OnePass<'_, '_> {
                 // instance in the store, where staged ones are exchanged to.
                 let (src, widen) = if lw.resident_here(op.name) {
                     (
-                        lw.layer_constant(tile, name, codes),
+                        lw.layer_constant(tile, name, codes, recipe),
                         Fp8ToF16::layered(n, scale),
                     )
                 } else {
-                    let w8 = lw.constant(tile, name, codes, Category::Weight);
+                    let w8 = lw.constant_with(tile, name, codes, Category::Weight, recipe);
                     (Loc { buf: w8, offset: 0 }, Fp8ToF16::new(n, scale))
                 };
                 let w = lw.buffer(tile, format!("{}.w", op.name), 2 * n, Category::Weight);
@@ -976,7 +1005,21 @@ impl OnePass<'_, '_> {
                     let v = (pc.first..pc.first + slab).flat_map(|q| {
                         (r0..r0 + rows).flat_map(move |r| block_bias(op, g.blocks[l], (q, 1), r))
                     });
-                    lw.constant(tile, format!("{name}.bias"), f16_bytes(v), Category::Weight)
+                    // A per-row bias has no source (never in a loop's body).
+                    let recipe = op.source.map(|lin| Recipe::Bias {
+                        lin,
+                        blocks: g.blocks[l],
+                        first: pc.first,
+                        count: slab,
+                        rows,
+                    });
+                    lw.constant_with(
+                        tile,
+                        format!("{name}.bias"),
+                        f16_bytes(v),
+                        Category::Weight,
+                        recipe,
+                    )
                 });
                 Loc { buf, offset: 0 }
             });
@@ -1060,11 +1103,18 @@ impl OnePass<'_, '_> {
         let rows = pc.rows.1;
         let bias = *consts.bias.entry((tile, 0, u32::MAX)).or_insert_with(|| {
             let v = block_bias(op, g.blocks[l], (pc.first, pc.blocks), 0);
-            lw.constant(
+            lw.constant_with(
                 tile,
                 format!("{}.bias", op.name),
                 f16_bytes(v),
                 Category::Weight,
+                op.source.map(|lin| Recipe::Bias {
+                    lin,
+                    blocks: g.blocks[l],
+                    first: pc.first,
+                    count: pc.blocks,
+                    rows: 1,
+                }),
             )
         });
         for q in 0..pc.blocks {

@@ -26,6 +26,7 @@ mod fuse;
 mod layers;
 mod linear;
 mod pooling;
+mod recipe;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -112,7 +113,7 @@ pub struct LowerOptions {
 
 /// Every knob that exists for tests and demonstrations rather than for a normal
 /// compile, in one place: each changes the package or breaks it on purpose. The
-/// lowering reads the first six, the compile after it the rest.
+/// lowering reads the first seven, the compile after it the rest.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Experimental {
     /// Overrides the rearrangement's declared alignment: the seed-bug knob. `None`
@@ -137,6 +138,9 @@ pub struct Experimental {
     /// Lower attentions with a constant query with their projections as they are
     /// (for tests that compare the absorbed lowering with it).
     pub unabsorbed: bool,
+    /// Make a layer loop's later layers' weights by replaying the body for
+    /// each, as before recipes (for the test that compares the two).
+    pub replay_layers: bool,
     /// After placement, move each buffer whose declared alignment is below 8
     /// bytes to an address that is not 8-byte aligned, wherever the placement
     /// checker still accepts the tile: legal under the declared contracts, and
@@ -450,17 +454,19 @@ impl<'g> Walker<'g> {
         let g = f16_bytes(self.g.param_data(gamma, width as usize)?.iter().copied());
         let b = f16_bytes(self.g.param_data(beta, width as usize)?.iter().copied());
         let t = row_wise(lw, &op.name, &xv.t, |lw, tile, step, n, input, out| {
-            let gb = lw.constant(
+            let gb = lw.constant_with(
                 tile,
                 format!("{}.gamma", op.name),
                 g.clone(),
                 Category::Weight,
+                Some(recipe::Recipe::Param(gamma, width as usize)),
             );
-            let bb = lw.constant(
+            let bb = lw.constant_with(
                 tile,
                 format!("{}.beta", op.name),
                 b.clone(),
                 Category::Weight,
+                Some(recipe::Recipe::Param(beta, width as usize)),
             );
             lw.call(
                 tile,
@@ -642,32 +648,53 @@ impl<'g> Walker<'g> {
             )));
         }
         // The weight in stored coordinates: rows follow the input's columns,
-        // columns the output's, zeros in every padding row and column.
-        let mut wp = vec![0f32; (kp * n) as usize];
-        let mut logical_of = vec![(0usize, u32::MAX); n as usize];
-        for (m, (_, wd, _)) in members.iter().enumerate() {
-            let base = m as u32 * per;
-            for r in 0..k_log {
-                let pr = xv.cols.physical(r);
-                for c in 0..n_log {
-                    wp[(pr * n + base + heads.physical(c)) as usize] =
-                        wd[(r * n_log + c) as usize] * scales[m] * pre;
-                }
-            }
-            for c in 0..n_log {
-                logical_of[(base + heads.physical(c)) as usize] = (m, c);
-            }
+        // columns the output's, zeros in every padding row and column. Built
+        // from a description of where each value comes from, which a layer
+        // loop's body keeps to make the later layers' weights
+        // (`recipe.rs`).
+        let mut member_params = vec![(w, fl.bias)];
+        for sib in &fl.siblings {
+            let OpKind::MatMul { b: sb, bias, .. } = sib.kind else {
+                unreachable!("a sibling is a product")
+            };
+            member_params.push((sb, bias));
         }
+        let source = recipe::LinearSource {
+            members: member_params
+                .iter()
+                .zip(&scales)
+                .map(|(&(w, b), &s)| (w, b, s))
+                .collect(),
+            pre,
+            k_log,
+            n_log,
+            per,
+            n,
+            kp,
+            rows: (0..k_log).map(|r| xv.cols.physical(r)).collect(),
+            cols: (0..n_log).map(|c| heads.physical(c)).collect(),
+        };
+        let g = &self.g;
+        let built = source.build(&|t, len| g.param_data(t, len))?;
+        let wp = &built.w;
         let bias_fn = |row: u32, col: u32| -> f32 {
-            let (m, c) = logical_of[col as usize];
-            if c == u32::MAX {
-                return 0.0;
-            }
-            let mut v = members[m].2.map_or(0.0, |b| b[c as usize]);
-            if let Some((data, prow)) = row_const {
-                v += data[((row % prow) * n_log + c) as usize];
-            }
-            v * scales[m] * pre
+            let extra = row_const.map(|(data, prow)| {
+                let c = built.logical[col as usize].1;
+                if c == u32::MAX {
+                    0.0
+                } else {
+                    data[((row % prow) * n_log + c) as usize]
+                }
+            });
+            source.bias_at(&built, col, extra)
+        };
+        // In a layer loop's body, the constants it makes record how they
+        // follow from the parameters (not with a per-row constant, which no
+        // body has).
+        let recipe_source = if row_const.is_none() {
+            lw.linear_source(source.clone())
+        } else {
+            None
         };
 
         let input_from = self.made_by.get(&a).cloned();
@@ -683,7 +710,8 @@ impl<'g> Walker<'g> {
                     &linear::Linear {
                         name: &op.name,
                         x: &xv.t,
-                        w: &wp,
+                        w: wp,
+                        source: recipe_source,
                         fp8_scale,
                         n,
                         bias: &bias_fn,
@@ -1985,6 +2013,8 @@ struct LoopState {
     replays: std::ops::Range<u32>,
     /// The layer whose operations are being skipped.
     skipping: Option<usize>,
+    /// The skipped layer's weights were made by the body's recipes.
+    made_by_recipes: bool,
 }
 
 impl LoopState {
@@ -1992,6 +2022,7 @@ impl LoopState {
     /// operation.
     fn before(
         &mut self,
+        w: &Walker<'_>,
         lw: &mut Lowering<'_>,
         ls: &layers::Layers,
         i: usize,
@@ -2010,7 +2041,41 @@ impl LoopState {
             self.first = Some(lw.plan.steps.len() as Step);
             lw.begin_body(ls.count());
         } else if self.replays.contains(&(l as u32)) {
-            self.replay = Some(lw.begin_replay(l as u32));
+            let params = ls.params[l].as_ref();
+            if let Some(params) =
+                params.filter(|_| lw.recipes_complete() && !lw.opts.experimental.replay_layers)
+            {
+                // The layer's weights from its parameters by the body's
+                // recipes; its operations are not lowered again.
+                let layer = l as u32;
+                lw.layer_from_recipes(layer, &|t, len| {
+                    let own = params.get(&t).ok_or_else(|| {
+                        unsupported(format!(
+                            "layer {layer} has no parameter standing for `{}`",
+                            w.g.graph.producer(t).name
+                        ))
+                    })?;
+                    w.g.param_data(*own, len)
+                })?;
+                // Its products rounded to FP8 as the body's, under its names
+                // (a replay records them as it lowers them).
+                let body = format!("{}0.", layers::PREFIX);
+                let renamed: Vec<(String, i8, f32)> = lw
+                    .plan
+                    .fp8_weights
+                    .iter()
+                    .filter_map(|(n, s, f)| {
+                        let rest = n.strip_prefix(&body)?;
+                        Some((format!("{}{layer}.{rest}", layers::PREFIX), *s, *f))
+                    })
+                    .collect();
+                lw.plan.fp8_weights.extend(renamed);
+                self.made_by_recipes = true;
+                lw.plan.layer_weights_by_recipe = true;
+                self.skipping = Some(l);
+            } else {
+                self.replay = Some(lw.begin_replay(l as u32));
+            }
         } else {
             self.skipping = Some(l);
         }
@@ -2072,6 +2137,9 @@ impl LoopState {
             });
         } else if let Some(snap) = self.replay.take() {
             lw.end_replay(snap, &self.steps).map_err(unsupported)?;
+            replayed = true;
+        } else if std::mem::take(&mut self.made_by_recipes) {
+            self.skipping = None;
             replayed = true;
         } else {
             self.skipping = None;
@@ -2163,7 +2231,7 @@ fn lower_with(
     };
     for i in 0..graph.ops().len() {
         if let Some(ls) = &layers {
-            body.before(&mut lw, ls, i, &waiting)?;
+            body.before(&w, &mut lw, ls, i, &waiting)?;
         }
         if !w.fusion.inside(i) && body.skipping.is_none() {
             if waits(&w, i) {

@@ -287,6 +287,7 @@ impl Walker<'_> {
             super::linear::linear(
                 lw,
                 &super::linear::Linear {
+                    source: None,
                     name: &vname,
                     x: &y,
                     w: &wp,
