@@ -261,18 +261,7 @@ mod tests {
     /// there is no parameter for parameter correspondence.
     #[test]
     fn a_parameter_standing_for_two_gives_no_correspondence() {
-        let text = "x: f16[32, 16] = input \"x\"
-w0: f16[16, 16] = param \"w\" normal(mean=0, std=0.25)
-y0: f16[32, 16] = matmul x, w0  # layers.0.a
-q0: f16[32, 16] = matmul y0, w0  # layers.0.b
-z0: f16[32, 16] = add x, q0  # layers.0.residual
-v1: f16[16, 16] = param \"v\" normal(mean=0, std=0.25)
-y1: f16[32, 16] = matmul z0, w0  # layers.1.a
-q1: f16[32, 16] = matmul y1, v1  # layers.1.b
-z1: f16[32, 16] = add z0, q1  # layers.1.residual
-p: f16[32, 16] = gelu z1  # post
-output \"y\" = p
-";
+        let text = include_str!("../../tests/graphs/shared_param.graph");
         let g = Graph::parse(text).expect("graph");
         let l = find(&g).expect("two layers");
         assert_eq!(l.params[1], None);
