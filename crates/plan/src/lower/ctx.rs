@@ -440,21 +440,20 @@ impl<'a> Lowering<'a> {
                     .spread
                     .take(u64::from(bytes.next_multiple_of(8)) * instances, &holding);
                 holding.insert(tile);
-                let loc = match self.body.is_some() {
-                    // The body's chunks on a tile share one store, an instance
-                    // a layer: an iteration reads its layer's at one offset.
-                    true => self.body_store_space(tile, bytes),
-                    false => {
-                        let id = self.plan.add_buffer(
-                            tile,
-                            format!("{}.store{i}", &name["weights/".len()..]),
-                            bytes,
-                            Category::WeightStore,
-                        );
-                        self.plan.touch(id, 0);
-                        self.forever.push(id);
-                        Loc { buf: id, offset: 0 }
-                    }
+                // The body's chunks on a tile share one store, an instance a
+                // layer: an iteration reads its layer's at one offset.
+                let loc = if self.body.is_some() {
+                    self.body_store_space(tile, bytes)
+                } else {
+                    let id = self.plan.add_buffer(
+                        tile,
+                        format!("{}.store{i}", &name["weights/".len()..]),
+                        bytes,
+                        Category::WeightStore,
+                    );
+                    self.plan.touch(id, 0);
+                    self.forever.push(id);
+                    Loc { buf: id, offset: 0 }
                 };
                 slices.push(Slice {
                     loc,
