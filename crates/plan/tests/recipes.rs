@@ -105,3 +105,24 @@ fn layers_without_parameter_correspondence_are_replayed() {
     assert!(plan.layer_loop.is_some());
     assert!(!plan.layer_weights_by_recipe && !plan.layer_weights_pending);
 }
+
+/// A layer whose last product fuses with an operation after the layer (here
+/// a GELU) would leave the body's result where no iteration ends: such a
+/// tower lowers unrolled, whichever way its weights would have been made.
+#[test]
+fn a_product_fused_across_the_layers_end_lowers_unrolled() {
+    let graph = tessera_graph::Graph::parse(include_str!("graphs/fused_across.graph")).unwrap();
+    let weights = init_weights(&graph, 3);
+    for replay_layers in [false, true] {
+        let o = LowerOptions {
+            experimental: Experimental {
+                replay_layers,
+                ..Experimental::default()
+            },
+            ..LowerOptions::default()
+        };
+        let plan = lower_exact(&Machine::small(), &graph, &weights, &o).unwrap();
+        assert!(plan.layer_loop.is_none());
+        assert_eq!(tessera_plan::verify(&plan), vec![]);
+    }
+}

@@ -1956,6 +1956,26 @@ pub fn lower_shape(
     lower_with(machine, graph, weights, opts, 0..0, &|| {})
 }
 
+/// Whether a fused linear takes in operations of two layers, or of a layer and
+/// what is outside the layers (its epilogue past the layer's last operation).
+fn fusion_crosses_layers(graph: &Graph, fusion: &Fusion<'_>, ls: &layers::Layers) -> bool {
+    let index: HashMap<TensorId, usize> = graph
+        .ops()
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.output, i))
+        .collect();
+    let run = |t: TensorId| {
+        index
+            .get(&t)
+            .and_then(|&i| ls.runs.iter().position(|r| r.contains(&i)))
+    };
+    fusion.linears.iter().any(|l| {
+        let own = run(l.matmul.output);
+        run(l.end) != own || l.siblings.iter().any(|s| run(s.output) != own)
+    })
+}
+
 /// Lowers operation `i` by its rule and records the plan's op for it.
 fn lower_at<'g>(w: &mut Walker<'g>, lw: &mut Lowering<'_>, i: usize) -> Result<(), PlanError> {
     let op = &w.g.graph.ops()[i];
@@ -2180,6 +2200,17 @@ fn lower_with(
     };
     let uses = Uses::new(graph, weights);
     let fusion = fuse::fuse(&uses, machine, opts);
+    if let Some(ls) = &layers
+        && fusion_crosses_layers(graph, &fusion, ls)
+    {
+        // A layer's product fused with what follows the layer: the body
+        // would not end where the layer does. Lowered unrolled instead.
+        let unrolled = LowerOptions {
+            loop_layers: false,
+            ..opts.clone()
+        };
+        return lower_with(machine, graph, weights, &unrolled, replays, on_replayed);
+    }
     let mut w = Walker {
         g: uses,
         fusion,
