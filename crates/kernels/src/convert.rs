@@ -251,9 +251,8 @@ impl Kernel for Fp8ToF16 {
         if !self.layered {
             return crate::runall_snippet(&self.symbol(), call, &st);
         }
-        // The same address checks as every single-shot snippet.
-        crate::runall_snippet(&self.symbol(), call, &st)?;
-        Ok(self.layered_snippet(call.entry, call.state))
+        let state = crate::runall_state(&self.symbol(), call, &st)?;
+        Ok(self.layered_snippet(call.entry, state))
     }
 
     fn state(&self, addrs: &OperandAddrs) -> Result<VertexState, KernelError> {

@@ -242,6 +242,26 @@ pub(crate) fn runall_snippet(
     call: &Call<'_>,
     state: &VertexState,
 ) -> Result<Vec<Word>, KernelError> {
+    let state_addr = runall_state(kernel, call, state)?;
+    Ok(vec![
+        Word::Single(asm::setzi(MReg(0), call.entry)),
+        Word::Single(asm::setzi(MReg(1), state_addr)),
+        Word::Single(Inst::RunAll {
+            entry: MReg(0),
+            state: MReg(1),
+            stride: state.stride,
+        }),
+        Word::Single(Inst::SyncLocal),
+    ])
+}
+
+/// The state address a single-shot call's `runall` takes, once its entry and
+/// it are checked to fit `setzi` and be 4-byte aligned.
+pub(crate) fn runall_state(
+    kernel: &str,
+    call: &Call<'_>,
+    state: &VertexState,
+) -> Result<u32, KernelError> {
     let bad = |what: &str, addr: u32, message: &str| KernelError::BadAddress {
         kernel: kernel.to_string(),
         what: what.to_string(),
@@ -263,16 +283,7 @@ pub(crate) fn runall_snippet(
             "must be 4-byte aligned and below 2^20",
         ));
     }
-    Ok(vec![
-        Word::Single(asm::setzi(MReg(0), call.entry)),
-        Word::Single(asm::setzi(MReg(1), state_addr)),
-        Word::Single(Inst::RunAll {
-            entry: MReg(0),
-            state: MReg(1),
-            stride: state.stride,
-        }),
-        Word::Single(Inst::SyncLocal),
-    ])
+    Ok(state_addr)
 }
 
 /// Worker code with one entry at its start, emitted after the kernel's parameter

@@ -520,44 +520,33 @@ impl Checker<'_> {
         }
         // Instanced stores: read by the body's exchanges and layered kernels
         // only (each at the iteration's instance), written by weight bindings
-        // only, each slice naming an instance. A kernel that reads it any other
-        // way would read the first layer's weights in every iteration.
+        // only, each slice naming an instance. A kernel that reads one any
+        // other way would read the first layer's weights in every iteration,
+        // and a layered read of anything else moves off its buffer.
         for c in &plan.calls {
             for (name, loc) in &c.operands {
-                if plan
+                let store = plan
                     .buffers
                     .get(loc.buf.0 as usize)
-                    .is_some_and(|b| b.instances > 1)
-                    && !(c.kernel.reads_by_layer(name) && in_body(c.step))
-                {
-                    err(format!(
-                        "call {} operand `{name}` uses weight store {} {}",
-                        c.kernel.kernel().symbol(),
-                        loc.buf,
-                        if in_body(c.step) {
-                            "but does not read it at the layer's offset"
-                        } else {
-                            "outside the loop's body"
-                        }
-                    ));
-                }
-            }
-        }
-        // And a layered read is of a store: elsewhere the offset would move it
-        // off its buffer.
-        for c in &plan.calls {
-            for (name, loc) in &c.operands {
-                if c.kernel.reads_by_layer(name)
-                    && plan
-                        .buffers
-                        .get(loc.buf.0 as usize)
-                        .is_none_or(|b| b.instances <= 1)
-                {
-                    err(format!(
-                        "call {} reads `{name}` at the layer's offset from {}, not a weight store",
-                        c.kernel.kernel().symbol(),
+                    .is_some_and(|b| b.instances > 1);
+                let symbol = || c.kernel.kernel().symbol();
+                match (store, c.kernel.reads_by_layer(name), in_body(c.step)) {
+                    (true, _, false) => err(format!(
+                        "call {} operand `{name}` uses weight store {} outside the loop's body",
+                        symbol(),
                         loc.buf
-                    ));
+                    )),
+                    (true, false, true) => err(format!(
+                        "call {} operand `{name}` uses weight store {} but does not read it at the layer's offset",
+                        symbol(),
+                        loc.buf
+                    )),
+                    (false, true, _) => err(format!(
+                        "call {} reads `{name}` at the layer's offset from {}, not a weight store",
+                        symbol(),
+                        loc.buf
+                    )),
+                    _ => {}
                 }
             }
         }

@@ -190,14 +190,20 @@ fn every_error_is_reported_in_one_run() {
     );
 }
 
-/// The tiny tower of three layers lowered as a loop on the `small` machine.
-fn looped() -> TilePlan {
+/// The tiny tower of three layers, and its weights.
+fn tower() -> (tessera_graph::Graph, tessera_graph::TensorMap) {
     let cfg = tessera_graph::EncoderLayerConfig {
         layers: 3,
         ..tessera_graph::EncoderLayerConfig::tiny(1)
     };
     let graph = tessera_graph::encoder_layer(&cfg).unwrap();
     let weights = init_weights(&graph, 1);
+    (graph, weights)
+}
+
+/// The tiny tower lowered as a loop on the `small` machine.
+fn looped() -> TilePlan {
+    let (graph, weights) = tower();
     let opts = LowerOptions {
         loop_layers: true,
         ..LowerOptions::default()
@@ -263,12 +269,7 @@ fn a_buffer_from_before_the_body_freed_inside_it() {
 /// The tiny tower of three layers as a loop with FP8 weights: the fit loop
 /// keeps some linears' weights resident in their layout, an instance a layer.
 fn looped_fp8() -> (TilePlan, LowerOptions) {
-    let cfg = tessera_graph::EncoderLayerConfig {
-        layers: 3,
-        ..tessera_graph::EncoderLayerConfig::tiny(1)
-    };
-    let graph = tessera_graph::encoder_layer(&cfg).unwrap();
-    let weights = init_weights(&graph, 1);
+    let (graph, weights) = tower();
     let opts = LowerOptions {
         weight_dtype: tessera_plan::WeightDtype::Fp8,
         ..LowerOptions::default()

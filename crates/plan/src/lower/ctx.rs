@@ -24,6 +24,20 @@ struct WeightImage {
     slices: Vec<Slice>,
 }
 
+impl WeightImage {
+    /// Where `bytes` are in the image, added at its end unless an earlier
+    /// tile's are the same: tiles that hold identical weights (replicas over
+    /// row groups) share one copy in the host image, several slices at it.
+    fn offset_of(&mut self, bytes: Vec<u8>) -> u32 {
+        let image = &mut self.image;
+        *self.offsets.entry(bytes).or_insert_with_key(|b| {
+            let at = image.len() as u32;
+            image.extend_from_slice(b);
+            at
+        })
+    }
+}
+
 pub(crate) struct Lowering<'a> {
     pub plan: TilePlan,
     weights: BTreeMap<String, WeightImage>,
@@ -558,11 +572,7 @@ impl<'a> Lowering<'a> {
         );
         let binding = format!("weights/{name}");
         let w = self.weights.entry(binding.clone()).or_default();
-        let offset = *w.offsets.entry(bytes).or_insert_with_key(|b| {
-            let at = w.image.len() as u32;
-            w.image.extend_from_slice(b);
-            at
-        });
+        let offset = w.offset_of(bytes);
         w.slices.push(Slice {
             loc,
             instance: 0,
@@ -601,45 +611,38 @@ impl<'a> Lowering<'a> {
         layer: u32,
         data: &dyn Fn(tessera_graph::TensorId, usize) -> Result<&'d [f32], crate::PlanError>,
     ) -> Result<(), crate::PlanError> {
-        use super::recipe::Built;
-        use std::sync::Arc;
         let body = self
             .lowered_body
             .as_ref()
             .expect("the body precedes its layers");
-        let mut built: HashMap<usize, Arc<Built>> = HashMap::new();
-        // Replicas make the same bytes: each distinct recipe once.
-        let mut made: HashMap<String, Arc<Vec<u8>>> = HashMap::new();
-        let mut all = Vec::with_capacity(body.recipes.len());
+        // Every linear the recipes name, then each distinct recipe once
+        // (replicas repeat theirs), then every constant in the body's order.
+        let built = body
+            .sources
+            .iter()
+            .map(|s| s.build(data))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut distinct: HashMap<&Recipe, usize> = HashMap::new();
+        let mut images: Vec<Vec<u8>> = Vec::new();
+        let mut order = Vec::with_capacity(body.recipes.len());
         for r in &body.recipes {
             let r = r.as_ref().expect("recipes_complete was checked");
-            let key = format!("{r:?}");
-            if let Some(b) = made.get(&key) {
-                all.push(Arc::clone(b));
-                continue;
-            }
-            let mut get = |lin: usize| -> Result<Arc<Built>, crate::PlanError> {
-                if let Some(b) = built.get(&lin) {
-                    return Ok(Arc::clone(b));
+            let k = match distinct.get(r) {
+                Some(&k) => k,
+                None => {
+                    images.push(super::recipe::bytes(r, &body.sources, &built, data)?);
+                    distinct.insert(r, images.len() - 1);
+                    images.len() - 1
                 }
-                let b = Arc::new(body.sources[lin].build(data)?);
-                built.insert(lin, Arc::clone(&b));
-                Ok(b)
             };
-            let b = Arc::new(super::recipe::bytes(r, &body.sources, &mut get, data)?);
-            made.insert(key, Arc::clone(&b));
-            all.push(b);
+            order.push(k);
         }
         self.replay = Some(Replay { layer, made: 0 });
-        let mut result = Ok(());
-        for bytes in all {
-            if let Err(e) = self.replayed_constant(&bytes) {
-                result = Err(crate::PlanError::Unsupported(e));
-                break;
-            }
-        }
+        let placed = order
+            .into_iter()
+            .try_for_each(|k| self.replayed_constant(&images[k]));
         self.replay = None;
-        result
+        placed.map_err(crate::PlanError::Unsupported)
     }
 
     /// A new step of `kind` after every step handed out so far.
@@ -698,14 +701,8 @@ impl<'a> Lowering<'a> {
         }
         let binding = format!("weights/{name}");
         let w = self.weights.entry(binding.clone()).or_default();
-        // Tiles that hold identical weights (replicas over row groups) share one
-        // copy in the host image; several tiles' slices point at it.
         let len = bytes.len() as u32;
-        let offset = *w.offsets.entry(bytes).or_insert_with_key(|b| {
-            let at = w.image.len() as u32;
-            w.image.extend_from_slice(b);
-            at
-        });
+        let offset = w.offset_of(bytes);
         if self.body.is_some() && self.staging.is_none() && self.replay_error.is_none() {
             // A resident constant would hold the first layer's values in every
             // iteration.

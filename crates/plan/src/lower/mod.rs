@@ -308,9 +308,6 @@ fn to_u32(v: usize, what: &str) -> Result<u32, PlanError> {
     u32::try_from(v).map_err(|_| unsupported(format!("{what} {v} is too large")))
 }
 
-/// A projection computed with its siblings: the op, its weights and its bias.
-type Member<'g> = (&'g Op, &'g [f32], Option<&'g [f32]>);
-
 struct Walker<'g> {
     g: Uses<'g>,
     /// The fused operations recognised before the walk.
@@ -350,7 +347,7 @@ impl<'g> Walker<'g> {
     fn fp8_scale(
         &self,
         lw: &mut Lowering<'_>,
-        members: &[Member<'g>],
+        members: &[&'g Op],
         params: &[TensorId],
         factors: &[f32],
         pre: f32,
@@ -369,12 +366,12 @@ impl<'g> Walker<'g> {
             if f == 0.0 || !f.is_finite() {
                 return Err(unsupported(format!(
                     "{}: FP8 weights stored times {f}",
-                    members[m].0.name
+                    members[m].name
                 )));
             }
             lw.plan
                 .fp8_weights
-                .push((members[m].0.name.clone(), scale, f));
+                .push((members[m].name.clone(), scale, f));
         }
         Ok(scale)
     }
@@ -560,11 +557,6 @@ impl<'g> Walker<'g> {
             return Err(unsupported(format!("{}: weight must be 2-D", op.name)));
         };
         let (k_log, n_log) = (to_u32(k_log, "k")?, to_u32(n_log, "n")?);
-        let wdata = self.g.param_data(w, (k_log * n_log) as usize)?;
-        let bdata = match fl.bias {
-            Some(b) => Some(self.g.param_data(b, n_log as usize)?),
-            None => None,
-        };
         let row_const: Option<(&[f32], u32)> = match fl.row_const {
             Some(c) => {
                 let pd = self.g.graph.shape(c).dims();
@@ -610,17 +602,16 @@ impl<'g> Walker<'g> {
         if residual.is_some() && heads != Cols::Dense {
             return Err(unsupported(format!("{}: residual into heads", op.name)));
         }
-        let mut members: Vec<Member<'g>> = vec![(op, wdata, bdata)];
+        // The fused products (this one, then its siblings) and each one's
+        // weight and bias parameters.
+        let mut members: Vec<&'g Op> = vec![op];
+        let mut member_params = vec![(w, fl.bias)];
         for sib in &fl.siblings {
             let OpKind::MatMul { b: sb, bias, .. } = sib.kind else {
                 unreachable!("a sibling is a product")
             };
-            let sw = self.g.param_data(sb, (k_log * n_log) as usize)?;
-            let sbd = match bias {
-                Some(b) => Some(self.g.param_data(b, n_log as usize)?),
-                None => None,
-            };
-            members.push((sib, sw, sbd));
+            members.push(sib);
+            member_params.push((sb, bias));
         }
         let scales = fl.scales.clone();
         // A fused GELU reads `x / 2` (`Gelu::with_half_input`): the halving goes
@@ -629,11 +620,7 @@ impl<'g> Walker<'g> {
         let fp8_scale = match lw.opts.weight_dtype {
             WeightDtype::F16 => None,
             WeightDtype::Fp8 => {
-                let mut params = vec![w];
-                params.extend(fl.siblings.iter().filter_map(|s| match s.kind {
-                    OpKind::MatMul { b, .. } => Some(b),
-                    _ => None,
-                }));
+                let params: Vec<TensorId> = member_params.iter().map(|p| p.0).collect();
                 Some(self.fp8_scale(lw, &members, &params, &scales, pre)?)
             }
         };
@@ -652,13 +639,6 @@ impl<'g> Walker<'g> {
         // from a description of where each value comes from, which a layer
         // loop's body keeps to make the later layers' weights
         // (`recipe.rs`).
-        let mut member_params = vec![(w, fl.bias)];
-        for sib in &fl.siblings {
-            let OpKind::MatMul { b: sb, bias, .. } = sib.kind else {
-                unreachable!("a sibling is a product")
-            };
-            member_params.push((sb, bias));
-        }
         let source = recipe::LinearSource {
             members: member_params
                 .iter()
@@ -728,7 +708,7 @@ impl<'g> Walker<'g> {
             cols: heads,
             offset: 0,
         };
-        for (m, (sib, _, _)) in members.iter().enumerate().skip(1) {
+        for (m, sib) in members.iter().enumerate().skip(1) {
             self.mark(sib);
             let sv = Val {
                 offset: m as u32 * per,

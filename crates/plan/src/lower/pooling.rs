@@ -279,9 +279,7 @@ impl Walker<'_> {
         let vname = v_op.name.clone();
         let fp8_scale = match lw.opts.weight_dtype {
             super::WeightDtype::F16 => None,
-            super::WeightDtype::Fp8 => {
-                Some(self.fp8_scale(lw, &[(v_op, wd, bd)], &[wv], &[1.0], 1.0)?)
-            }
+            super::WeightDtype::Fp8 => Some(self.fp8_scale(lw, &[v_op], &[wv], &[1.0], 1.0)?),
         };
         let z = self.mapped_linear(lw, (&vname, None), &y, (n, false), |lw, map| {
             super::linear::linear(

@@ -96,7 +96,7 @@ impl LinearSource {
 }
 
 /// How one body constant's bytes follow from its layer's parameters.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Recipe {
     /// A parameter of `len` values, as f16.
     Param(TensorId, usize),
@@ -122,12 +122,12 @@ pub(crate) enum Recipe {
     },
 }
 
-/// The bytes of `recipe` from the linears' stored weights `built` (by linear)
-/// and the parameters `data` gives.
+/// The bytes of `recipe` from the linears' descriptions `sources`, their
+/// stored weights `built` (by linear) and the parameters `data` gives.
 pub(crate) fn bytes<'d>(
     recipe: &Recipe,
     sources: &[LinearSource],
-    built: &mut dyn FnMut(usize) -> Result<std::sync::Arc<Built>, PlanError>,
+    built: &[Built],
     data: &dyn Fn(TensorId, usize) -> Result<&'d [f32], PlanError>,
 ) -> Result<Vec<u8>, PlanError> {
     Ok(match recipe {
@@ -139,7 +139,7 @@ pub(crate) fn bytes<'d>(
             nb_pad,
             fp8,
         } => {
-            let b = built(*lin)?;
+            let b = &built[*lin];
             let n = sources[*lin].n;
             let f16s: Vec<u8> = parts
                 .iter()
@@ -160,14 +160,14 @@ pub(crate) fn bytes<'d>(
             count,
             rows,
         } => {
-            let b = built(*lin)?;
+            let b = &built[*lin];
             let src = &sources[*lin];
             let mut v = Vec::with_capacity((count * rows * AMP_WIDTH) as usize);
             for q in *first..first + count {
                 let block: Vec<f32> = (0..AMP_WIDTH)
                     .map(|c| {
                         if q < *nb {
-                            src.bias_at(&b, (b0 + q) * AMP_WIDTH + c, None)
+                            src.bias_at(b, (b0 + q) * AMP_WIDTH + c, None)
                         } else {
                             0.0
                         }
