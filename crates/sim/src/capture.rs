@@ -75,7 +75,7 @@ impl Simulator {
     /// Perturbs, then captures, at `point`.
     pub(crate) fn capture_at(&mut self, point: CapturePoint, opts: &SimOptions) {
         for p in opts.perturb.iter().filter(|p| p.at == point) {
-            let Some(&i) = self.slot_of.get(&p.tile) else {
+            let Some(i) = self.slot_of.get(p.tile) else {
                 continue;
             };
             if !self.layout.range_ok(p.addr, p.len) {

@@ -57,7 +57,7 @@ pub(crate) fn match_phase(
     machine: &Machine,
     layout: &Layout,
     tiles: &[Tile],
-    slot_of: &HashMap<u32, usize>,
+    slot_of: &crate::Slots,
     id: u16,
     executers: &[usize],
 ) -> Result<Matched, Vec<(usize, String)>> {
@@ -66,13 +66,6 @@ pub(crate) fn match_phase(
     // lands hundreds of thousands of messages, and this part of the phase is
     // serial.
     let mut first_msg = vec![usize::MAX; tiles.len()];
-    // Tile ids to slots in a vector (the map is for ids past it).
-    let mut dense = vec![usize::MAX; tiles.len()];
-    for (slot, t) in tiles.iter().enumerate() {
-        if let Some(d) = dense.get_mut(t.id as usize) {
-            *d = slot;
-        }
-    }
     let mut messages = 0;
     for &s in executers {
         first_msg[s] = messages;
@@ -81,13 +74,7 @@ pub(crate) fn match_phase(
     // Every tile's own landings checked apart from the others', in parallel.
     let resolved: Vec<Result<Vec<Landing>, String>> = executers
         .par_iter()
-        .map(|&s| {
-            let slot = |src: u32| match dense.get(src as usize) {
-                Some(&d) if d != usize::MAX => Some(d),
-                _ => slot_of.get(&src).copied(),
-            };
-            landings(layout, tiles, slot, &first_msg, id, s)
-        })
+        .map(|&s| landings(layout, tiles, slot_of, &first_msg, id, s))
         .collect();
     let mut faults = Vec::new();
     let mut lands = Vec::with_capacity(executers.len());
@@ -165,7 +152,7 @@ pub(crate) fn match_phase(
 fn landings(
     layout: &Layout,
     tiles: &[Tile],
-    slot_of: impl Fn(u32) -> Option<usize>,
+    slot_of: &crate::Slots,
     first_msg: &[usize],
     id: u16,
     s: usize,
@@ -174,7 +161,7 @@ fn landings(
     let mut mine = Vec::with_capacity(t.sh.xlog.recvs.len());
     for &(addr, src, msg) in &t.sh.xlog.recvs {
         // A source that did not end this phase has no message numbers.
-        let from = slot_of(src).filter(|&f| first_msg[f] != usize::MAX);
+        let from = slot_of.get(src).filter(|&f| first_msg[f] != usize::MAX);
         let Some(from) = from else {
             return Err(format!(
                 "exchange #{id}: tile {} receives message {msg} of tile {src}, which did not end exchange #{id} in this superstep",

@@ -41,6 +41,26 @@ use tessera_machine::{Machine, MachineError};
 use tessera_package::{BindingKind, Package};
 use tile::{Tile, TileState};
 
+/// Each machine tile's index into the simulator's tiles (`usize::MAX`: no
+/// image), a vector over the machine's tiles: exchanges look their sources up
+/// for every message.
+pub(crate) struct Slots(Vec<usize>);
+
+impl Slots {
+    pub(crate) fn get(&self, tile: u32) -> Option<usize> {
+        self.0
+            .get(tile as usize)
+            .copied()
+            .filter(|&s| s != usize::MAX)
+    }
+
+    /// The slot of a tile the package was checked to have an image for.
+    fn of(&self, tile: u32) -> usize {
+        self.get(tile)
+            .expect("a binding's tiles have images (checked at load)")
+    }
+}
+
 /// Why a package cannot be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -248,7 +268,7 @@ pub struct Simulator {
     layout: Layout,
     tiles: Vec<Tile>,
     /// Machine tile -> index into `tiles`.
-    slot_of: HashMap<u32, usize>,
+    slot_of: Slots,
     bindings: Vec<Vec<u8>>,
     binding_index: HashMap<String, usize>,
     exchange_index: HashMap<u16, usize>,
@@ -302,7 +322,7 @@ impl Simulator {
             )));
         }
         let layout = Layout::new(&machine);
-        let mut slot_of = HashMap::new();
+        let mut slot_of = Slots(vec![usize::MAX; machine.tiles as usize]);
         for (i, image) in package.tiles.iter().enumerate() {
             if image.tile >= machine.tiles {
                 return Err(LoadError::TileOutOfRange {
@@ -310,9 +330,10 @@ impl Simulator {
                     tiles: machine.tiles,
                 });
             }
-            if slot_of.insert(image.tile, i).is_some() {
+            if slot_of.get(image.tile).is_some() {
                 return Err(LoadError::DuplicateTile(image.tile));
             }
+            slot_of.0[image.tile as usize] = i;
         }
         // Loading is per-tile work like running: done in parallel, with the first
         // error in tile order reported, so that a bad package says the same thing
@@ -384,7 +405,7 @@ impl Simulator {
                         s.offset, s.bytes, b.bytes
                     )));
                 }
-                if !slot_of.contains_key(&s.tile) {
+                if slot_of.get(s.tile).is_none() {
                     return Err(bad(format!("slice on tile {} which has no image", s.tile)));
                 }
                 if !layout.range_ok(s.tile_addr, s.bytes) {
@@ -467,7 +488,7 @@ impl Simulator {
     /// Bytes of a tile's memory: the loaded image before a run, the final state
     /// after one. `None` for a tile without image or a range outside SRAM.
     pub fn read_memory(&self, tile: u32, addr: u32, len: u32) -> Option<&[u8]> {
-        let t = &self.tiles[*self.slot_of.get(&tile)?];
+        let t = &self.tiles[self.slot_of.get(tile)?];
         if !self.layout.range_ok(addr, len) {
             return None;
         }
@@ -477,7 +498,7 @@ impl Simulator {
 
     /// Writes bytes into a tile's memory before a run (test set-up).
     pub fn write_memory(&mut self, tile: u32, addr: u32, bytes: &[u8]) -> bool {
-        let Some(&i) = self.slot_of.get(&tile) else {
+        let Some(i) = self.slot_of.get(tile) else {
             return false;
         };
         let Ok(len) = u32::try_from(bytes.len()) else {
@@ -646,7 +667,7 @@ impl Simulator {
             }
             for s in &binding.slices {
                 let src = &self.bindings[b][s.offset as usize..(s.offset + s.bytes) as usize];
-                let i = self.slot_of[&s.tile];
+                let i = self.slot_of.of(s.tile);
                 let off = (s.tile_addr - self.layout.start) as usize;
                 self.tiles[i].sh.mem[off..off + src.len()].copy_from_slice(src);
                 write_code_check(
@@ -665,7 +686,7 @@ impl Simulator {
                 continue;
             }
             for s in &binding.slices {
-                let i = self.slot_of[&s.tile];
+                let i = self.slot_of.of(s.tile);
                 let off = (s.tile_addr - self.layout.start) as usize;
                 let src = &self.tiles[i].sh.mem[off..off + s.bytes as usize];
                 self.bindings[b][s.offset as usize..(s.offset + s.bytes) as usize]
