@@ -127,8 +127,10 @@ pub struct Shortfall<'a> {
     pub bytes_over: u64,
     pub tiles: &'a [tessera_place::Diagnosis],
     /// With a plan refused before placement: what lives for the whole program
-    /// alone misses (a lower bound for every plan), beside the totals above,
-    /// which are the plan at the smallest budgets with its busiest steps.
+    /// alone misses, in the plan (of the fit loop's first and smallest
+    /// budgets) that misses less (a lower bound for that plan), beside the
+    /// totals above, which are the plan at the smallest budgets with its
+    /// busiest steps.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub whole_program: Option<WholeProgram>,
 }

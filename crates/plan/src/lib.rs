@@ -70,7 +70,7 @@ pub enum PlanError {
         tiles: u32,
         /// Bytes on that tile by category, largest first.
         categories: Vec<(String, u64)>,
-        /// The refused plan's bytes over capacity at each tile's busiest step
+        /// The first plan's bytes over capacity at each tile's busiest step
         /// (its buffers live then and its exchange code), summed over the
         /// tiles over: what that plan misses, not every plan.
         live_missing: u64,
